@@ -1,3 +1,50 @@
-fn main() {
-    println!("Hello, world!");
+//! The `pkgfs` command: parse arguments, build a plain configuration, run, map the
+//! outcome to an exit status (0 success, 1 failure or problems found, 2 usage).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use pkgfs::cli::{Cli, Command};
+use pkgfs::{daemon, tools};
+
+fn init_logging(level: Option<&str>, default: &str) {
+    let env = env_logger::Env::default().default_filter_or(level.unwrap_or(default));
+    env_logger::Builder::from_env(env).format_timestamp_millis().init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = cli.log_level.clone();
+    let command = match cli.into_command() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("pkgfs: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(level.as_deref(), "warn");
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = match command {
+        Command::Mount(cfg) => daemon::mount(&cfg).map(|()| true),
+        Command::Umount { mountpoint, lazy } => daemon::unmount(&mountpoint, lazy).map(|()| true),
+        Command::Ls { sources, path } => tools::ls(&sources, &path, &mut out),
+        Command::Cat { sources, path } => tools::cat(&sources, &path, &mut out).map(|()| true),
+        Command::Check { sources } => tools::check(&sources, &mut out),
+    };
+    let flushed = out.flush();
+    match (result, flushed) {
+        (Ok(true), Ok(())) => ExitCode::SUCCESS,
+        (Ok(false), Ok(())) => ExitCode::FAILURE,
+        (Err(e), _) => {
+            eprintln!("pkgfs: {e}");
+            ExitCode::FAILURE
+        }
+        (_, Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        (_, Err(e)) => {
+            eprintln!("pkgfs: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,362 @@
+//! Command-line arguments (clap) and their translation into plain configuration.
+//!
+//! Stage one is [`Cli`], exactly what the user typed; stage two is [`Command`], validated
+//! values the rest of the program uses without knowing about clap (the ripgrep/fd split).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::tree::Ownership;
+
+/// Default block cache budget.
+pub const DEFAULT_CACHE: &str = "256M";
+
+/// pkgfs — serve package archives (ZIP, JAR, wheels…) as one merged read-only tree.
+#[derive(Debug, Parser)]
+#[command(name = "pkgfs", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log level: error, warn, info, debug or trace (RUST_LOG overrides it).
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    #[command(subcommand)]
+    command: CliCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CliCommand {
+    /// Mount archives and directories of archives, merged, at MOUNTPOINT.
+    ///
+    /// Each SOURCE is an archive file or a directory whose archives (found by content,
+    /// not extension) are mounted. Later sources win when two provide the same path;
+    /// inside a directory, archives are layered in byte order of their names. Returns
+    /// once the mount answers; the daemon stays in the background unless --foreground.
+    Mount(MountArgs),
+    /// Unmount a pkgfs mount (lazily if it is busy).
+    #[command(alias = "unmount")]
+    Umount(UmountArgs),
+    /// List the merged tree (recursively from PATH) with the package of each entry.
+    ///
+    /// The last argument is taken as PATH when there are several and it does not exist
+    /// on disk.
+    Ls(LsArgs),
+    /// Write one file of the merged tree to standard output.
+    Cat(CatArgs),
+    /// Verify every member (decompress, check CRC), report skipped archives and entries
+    /// and path conflicts. Exits non-zero if anything is unreadable or was skipped.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+struct MountArgs {
+    /// Archive files or directories of archives, lowest layer first.
+    #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
+    sources: Vec<PathBuf>,
+    /// Where to mount.
+    #[arg(value_name = "MOUNTPOINT")]
+    mountpoint: PathBuf,
+    /// Stay in the foreground; unmount on SIGINT/SIGTERM/SIGHUP.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Byte budget of the decompressed-block cache (K, M, G suffixes).
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_CACHE)]
+    cache_size: String,
+    /// Threads serving FUSE requests (default: the number of CPUs, at least 4).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Show every file as owned by this user id.
+    #[arg(long, value_name = "UID")]
+    uid: Option<u32>,
+    /// Show every file as owned by this group id.
+    #[arg(long, value_name = "GID")]
+    gid: Option<u32>,
+    /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf unless root).
+    #[arg(long)]
+    allow_other: bool,
+    /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
+    /// fsname=NAME, uid=N, gid=N, cache_size=SIZE, threads=N, log_file=PATH; options
+    /// mount(8) passes (ro, nosuid, nodev, defaults, nofail, _netdev, x-*) are accepted.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Where the background daemon writes its log (default: discarded once mounted).
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct UmountArgs {
+    /// The mountpoint.
+    mountpoint: PathBuf,
+    /// Detach at once even if busy (otherwise only as a fallback).
+    #[arg(short = 'l', long)]
+    lazy: bool,
+}
+
+#[derive(Debug, Args)]
+struct LsArgs {
+    /// Archive files or directories, then optionally a path inside the merged tree.
+    #[arg(required = true, num_args = 1.., value_name = "SOURCE... [PATH]")]
+    args: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct CatArgs {
+    /// Archive files or directories, then the path of the file inside the merged tree.
+    #[arg(required = true, num_args = 2.., value_name = "SOURCE... PATH")]
+    args: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// Archive files or directories.
+    #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
+    sources: Vec<PathBuf>,
+}
+
+/// Who may access a mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Only the mounting user (FUSE's default).
+    Owner,
+    /// The mounting user and root.
+    RootAndOwner,
+    /// Everyone (`allow_other`).
+    All,
+}
+
+/// Validated settings of `pkgfs mount`.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Sources in layer order.
+    pub sources: Vec<PathBuf>,
+    /// Mountpoint.
+    pub mountpoint: PathBuf,
+    /// Stay attached.
+    pub foreground: bool,
+    /// Cache budget, bytes.
+    pub cache_bytes: u64,
+    /// FUSE worker threads.
+    pub threads: usize,
+    /// Ownership defaults and overrides.
+    pub owner: Ownership,
+    /// Who may access the mount.
+    pub access: Access,
+    /// Mount with `noexec`.
+    pub noexec: bool,
+    /// Mount with `noatime`.
+    pub noatime: bool,
+    /// Name shown in /proc/mounts.
+    pub fsname: String,
+    /// Daemon log destination.
+    pub log_file: Option<PathBuf>,
+}
+
+/// A validated command.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// Mount.
+    Mount(MountConfig),
+    /// Unmount.
+    Umount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Detach immediately.
+        lazy: bool,
+    },
+    /// List.
+    Ls {
+        /// Sources.
+        sources: Vec<PathBuf>,
+        /// Path inside the tree.
+        path: Vec<u8>,
+    },
+    /// Print a file.
+    Cat {
+        /// Sources.
+        sources: Vec<PathBuf>,
+        /// Path inside the tree.
+        path: Vec<u8>,
+    },
+    /// Verify.
+    Check {
+        /// Sources.
+        sources: Vec<PathBuf>,
+    },
+}
+
+/// Parse a byte size such as `512`, `64K`, `256M`, `2G` (binary multiples).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("bad size {s:?}: unknown suffix {c:?} (use K, M, G)")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad size {s:?}: expected a number with an optional K, M or G suffix"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get()).max(4)
+}
+
+impl Cli {
+    /// Validate the arguments into a [`Command`].
+    pub fn into_command(self) -> Result<Command, String> {
+        Ok(match self.command {
+            CliCommand::Mount(m) => Command::Mount(mount_config(m)?),
+            CliCommand::Umount(u) => Command::Umount {
+                mountpoint: u.mountpoint,
+                lazy: u.lazy,
+            },
+            CliCommand::Ls(l) => {
+                let mut args = l.args;
+                let path = if args.len() > 1 && args.last().is_some_and(|p| !p.exists()) {
+                    args.pop().map(|p| p.into_os_string().into_encoded_bytes()).unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                Command::Ls { sources: args, path }
+            }
+            CliCommand::Cat(c) => {
+                let mut args = c.args;
+                let path = args
+                    .pop()
+                    .map(|p| p.into_os_string().into_encoded_bytes())
+                    .ok_or("cat needs a path")?;
+                Command::Cat { sources: args, path }
+            }
+            CliCommand::Check(c) => Command::Check { sources: c.sources },
+        })
+    }
+}
+
+fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
+    // SAFETY: getuid/getgid cannot fail.
+    let (my_uid, my_gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut cfg = MountConfig {
+        fsname: format!(
+            "pkgfs:{}",
+            m.sources.first().map_or_else(String::new, |p| p.display().to_string())
+        ),
+        sources: m.sources,
+        mountpoint: m.mountpoint,
+        foreground: m.foreground,
+        cache_bytes: parse_size(&m.cache_size)?,
+        threads: m.threads.unwrap_or_else(default_threads),
+        owner: Ownership {
+            uid: m.uid.unwrap_or(my_uid),
+            gid: m.gid.unwrap_or(my_gid),
+            force_uid: m.uid.is_some(),
+            force_gid: m.gid.is_some(),
+        },
+        access: if m.allow_other { Access::All } else { Access::Owner },
+        noexec: false,
+        noatime: false,
+        log_file: m.log_file,
+    };
+    for opt in m.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let need = || value.ok_or_else(|| format!("mount option {key} needs a value"));
+        let number = || -> Result<u32, String> {
+            need()?.parse().map_err(|_| format!("mount option {key} needs a number"))
+        };
+        match key {
+            "allow_other" => cfg.access = Access::All,
+            "allow_root" => cfg.access = Access::RootAndOwner,
+            "noexec" => cfg.noexec = true,
+            "exec" => cfg.noexec = false,
+            "noatime" => cfg.noatime = true,
+            "atime" | "relatime" | "strictatime" => cfg.noatime = false,
+            "fsname" => cfg.fsname = need()?.to_string(),
+            "uid" => {
+                cfg.owner.uid = number()?;
+                cfg.owner.force_uid = true;
+            }
+            "gid" => {
+                cfg.owner.gid = number()?;
+                cfg.owner.force_gid = true;
+            }
+            "cache_size" => cfg.cache_bytes = parse_size(need()?)?,
+            "threads" => cfg.threads = number()? as usize,
+            "log_file" => cfg.log_file = Some(PathBuf::from(need()?)),
+            "foreground" => cfg.foreground = true,
+            // Always in force, or meaningless for a read-only FUSE mount: accepted so
+            // fstab lines and mount(8) helpers work.
+            "ro" | "rw" | "nosuid" | "nodev" | "suid" | "dev" | "defaults" | "auto" | "noauto"
+            | "user" | "users" | "nouser" | "nofail" | "_netdev" | "default_permissions"
+            | "async" | "sync" => {}
+            k if k.starts_with("x-") || k.starts_with("comment=") => {}
+            _ => return Err(format!("unknown mount option {opt:?}")),
+        }
+    }
+    if cfg.threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Result<Command, String> {
+        Cli::try_parse_from(args).map_err(|e| e.to_string())?.into_command()
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("256m"), Ok(256 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn mount_options_merge_into_config() {
+        let Command::Mount(c) = cli(&[
+            "pkgfs", "mount", "a.zip", "dir", "/mnt", "-o", "allow_other,uid=5,cache_size=1M,nofail,x-systemd.automount",
+            "--threads", "3",
+        ])
+        .unwrap() else {
+            panic!("not a mount")
+        };
+        assert_eq!(c.sources, [PathBuf::from("a.zip"), PathBuf::from("dir")]);
+        assert_eq!(c.mountpoint, PathBuf::from("/mnt"));
+        assert_eq!(c.access, Access::All);
+        assert_eq!((c.owner.uid, c.owner.force_uid, c.owner.force_gid), (5, true, false));
+        assert_eq!(c.cache_bytes, 1 << 20);
+        assert_eq!(c.threads, 3);
+        assert!(cli(&["pkgfs", "mount", "a", "/m", "-o", "bogus"]).is_err());
+        assert!(cli(&["pkgfs", "mount", "/m"]).is_err(), "a source is required");
+    }
+
+    #[test]
+    fn ls_takes_a_trailing_path_only_if_it_is_not_on_disk() {
+        let Command::Ls { sources, path } = cli(&["pkgfs", "ls", "/", "no/such/dir"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!((sources.len(), path.as_slice()), (1, &b"no/such/dir"[..]));
+        let Command::Ls { sources, path } = cli(&["pkgfs", "ls", "/", "/tmp"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!((sources.len(), path.len()), (2, 0));
+    }
+}

@@ -1,0 +1,316 @@
+//! Mounting and unmounting: the daemon's life cycle.
+//!
+//! `pkgfs mount` without `--foreground` starts a copy of itself in a new session with a
+//! pipe on its standard output, and returns only when that child reports the mount ready
+//! (or exits with the reason it could not mount), so scripts can use the mountpoint at
+//! once. Warnings found while indexing reach the user's terminal; after that the
+//! daemon's log goes to `--log-file` or nowhere.
+//!
+//! In the foreground the main thread blocks SIGINT/SIGTERM/SIGHUP before any worker
+//! starts and waits for them with `sigwait`; on a signal it unmounts (lazily if busy) and
+//! exits. An external `pkgfs umount` ends the session, which wakes the main thread too.
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+
+use crate::cli::{Access, MountConfig};
+use crate::fuse::Fuse;
+use crate::source::{self, LoadOptions};
+
+/// Environment variable that marks the background child of `pkgfs mount`.
+const READY_ENV: &str = "PKGFS_READY_PIPE";
+/// The filesystem subtype: mounts show up as `fuse.pkgfs`.
+pub const SUBTYPE: &str = "pkgfs";
+
+fn os_err(what: &str) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+/// `pkgfs mount`: mount in the foreground, or start a background daemon and wait for it.
+pub fn mount(cfg: &MountConfig) -> Result<(), String> {
+    clear_dead_mount(&cfg.mountpoint);
+    if !source::is_dir(&cfg.mountpoint) {
+        return Err(format!("mountpoint {} is not a directory", cfg.mountpoint.display()));
+    }
+    if cfg.foreground || std::env::var_os(READY_ENV).is_some() {
+        run_foreground(cfg)
+    } else {
+        spawn_background()
+    }
+}
+
+/// Start this same command line again as a daemon and wait for its "ready".
+fn spawn_background() -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .env(READY_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from the terminal's
+    // session so the shell's SIGINT/SIGHUP do not reach it.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim() == "ready" {
+        return Ok(());
+    }
+    let status = child.wait().map_err(|e| format!("daemon: {e}"))?;
+    Err(format!("the daemon exited before the mount was ready ({status})"))
+}
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
+    // Before any thread exists, so every thread inherits the mask and only sigwait sees
+    // these signals.
+    let set = block_signals();
+    raise_fd_limit();
+    let opts = LoadOptions {
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        owner: cfg.owner,
+        cache_bytes: cfg.cache_bytes,
+    };
+    let (fs, report) = source::load(&cfg.sources, &opts).map_err(|e| e.to_string())?;
+    info!(
+        "mounting {} archives ({} skipped) at {}",
+        report.layers.len(),
+        report.skipped.len(),
+        cfg.mountpoint.display()
+    );
+    let mut config = fuser::Config::default();
+    config.mount_options = mount_options(cfg);
+    config.acl = match cfg.access {
+        Access::Owner => fuser::SessionACL::Owner,
+        Access::RootAndOwner => fuser::SessionACL::RootAndOwner,
+        Access::All => fuser::SessionACL::All,
+    };
+    config.n_threads = Some(cfg.threads);
+    config.clone_fd = true;
+    let session = fuser::spawn_mount(Fuse::new(fs), &cfg.mountpoint, &config)
+        .map_err(|e| format!("cannot mount at {}: {e}", cfg.mountpoint.display()))?;
+    raise_readahead(&cfg.mountpoint);
+    info!("mounted at {}", cfg.mountpoint.display());
+    if std::env::var_os(READY_ENV).is_some() {
+        detach_output(cfg.log_file.as_deref());
+    }
+
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let r = session.join();
+        let _ = done_tx.send(r);
+        // SAFETY: signalling our own process to wake the sigwait below.
+        unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
+    });
+    loop {
+        let mut sig = 0;
+        // SAFETY: `set` is an initialised signal set; `sig` is a valid out pointer.
+        if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+            continue;
+        }
+        if sig == libc::SIGUSR1 {
+            info!("unmounted; exiting");
+            break;
+        }
+        info!("signal {sig}: unmounting {}", cfg.mountpoint.display());
+        if let Err(e) = unmount(&cfg.mountpoint, false) {
+            warn!("{e}");
+        }
+        // The session ends once the kernel lets go of the mount.
+        let _ = done_rx.recv_timeout(Duration::from_secs(10));
+        break;
+    }
+    Ok(())
+}
+
+fn mount_options(cfg: &MountConfig) -> Vec<fuser::MountOption> {
+    use fuser::MountOption as O;
+    let mut o = vec![
+        O::RO,
+        O::NoSuid,
+        O::NoDev,
+        O::DefaultPermissions,
+        O::FSName(cfg.fsname.clone()),
+        O::Subtype(SUBTYPE.into()),
+    ];
+    if cfg.noexec {
+        o.push(O::NoExec);
+    }
+    if cfg.noatime {
+        o.push(O::NoAtime);
+    }
+    o
+}
+
+/// Tell the readiness pipe we are mounted, then point stdout and stderr at the log.
+fn detach_output(log_file: Option<&Path>) {
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "ready");
+    let _ = out.flush();
+    let log = log_file.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map_err(|e| warn!("cannot open log file {}: {e}", p.display()))
+            .ok()
+    });
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null").ok();
+    use std::os::fd::AsRawFd;
+    // SAFETY: dup2 onto the standard descriptors of our own process.
+    unsafe {
+        if let Some(n) = &null {
+            libc::dup2(n.as_raw_fd(), 1);
+        }
+        match (&log, &null) {
+            (Some(l), _) => libc::dup2(l.as_raw_fd(), 2),
+            (None, Some(n)) => libc::dup2(n.as_raw_fd(), 2),
+            _ => 0,
+        };
+    }
+}
+
+/// Each archive stays open for the life of the mount: raise the soft descriptor limit to
+/// the hard one so thousands of packages fit.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// Buffered reads arrive as 128 KiB requests unless the mount's backing device allows
+/// more readahead; raise it to 1 MiB (root only; best effort).
+fn raise_readahead(mountpoint: &Path) {
+    let Ok(meta) = std::fs::metadata(mountpoint) else { return };
+    let dev = meta.dev();
+    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+    if let Err(e) = std::fs::write(&path, "1024") {
+        debug!("cannot raise readahead via {path}: {e}");
+    }
+}
+
+/// If `mountpoint` is a dead FUSE mount (its daemon was killed: ENOTCONN), detach it so a
+/// new mount can take its place.
+fn clear_dead_mount(mountpoint: &Path) {
+    if let Err(e) = std::fs::metadata(mountpoint) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            warn!("{} is a dead mount; detaching it", mountpoint.display());
+            let _ = unmount(mountpoint, true);
+        }
+    }
+}
+
+/// The absolute path of `p` as /proc/mounts shows it, without touching `p` itself (a
+/// dead mount cannot be stat'ed).
+fn mount_path(p: &Path) -> PathBuf {
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf())
+    };
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => parent
+            .canonicalize()
+            .map(|c| c.join(name))
+            .unwrap_or(abs.clone()),
+        _ => abs,
+    }
+}
+
+/// The filesystem type mounted at `p`, from /proc/self/mounts.
+fn mounted_type(p: &Path) -> Option<String> {
+    let want = mount_path(p);
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let (_, dir, ty) = (f.next()?, f.next()?, f.next()?);
+            // /proc/mounts escapes spaces and similar as octal.
+            let dir = dir.replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\");
+            (Path::new(&dir) == want).then(|| ty.to_string())
+        })
+        .last()
+}
+
+/// `pkgfs umount`: unmount a pkgfs mount; if it is busy, detach it lazily (the kernel
+/// finishes when the last user leaves).
+pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), String> {
+    match mounted_type(mountpoint) {
+        Some(t) if t == format!("fuse.{SUBTYPE}") => {}
+        Some(t) => return Err(format!("{} is a {t} mount, not pkgfs", mountpoint.display())),
+        None => return Err(format!("{} is not mounted", mountpoint.display())),
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return fusermount(mountpoint, lazy);
+    }
+    let c = CString::new(mount_path(mountpoint).as_os_str().as_bytes())
+        .map_err(|_| "mountpoint contains NUL".to_string())?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EBUSY) && !lazy {
+        warn!("{} is busy; detaching it lazily", mountpoint.display());
+        // SAFETY: as above.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return Ok(());
+        }
+        return Err(os_err("lazy unmount failed"));
+    }
+    Err(format!("cannot unmount {}: {err}", mountpoint.display()))
+}
+
+fn fusermount(mountpoint: &Path, lazy: bool) -> Result<(), String> {
+    let run = |lazy: bool| {
+        let mut c = Command::new("fusermount3");
+        c.arg(if lazy { "-uz" } else { "-u" }).arg(mountpoint);
+        c.status()
+    };
+    match run(lazy) {
+        Ok(s) if s.success() => Ok(()),
+        Ok(_) if !lazy => match run(true) {
+            Ok(s) if s.success() => Ok(()),
+            _ => Err(format!("fusermount3 could not unmount {}", mountpoint.display())),
+        },
+        Ok(_) => Err(format!("fusermount3 could not unmount {}", mountpoint.display())),
+        Err(e) => Err(format!("cannot run fusermount3 (package fuse3): {e}")),
+    }
+}

@@ -1,0 +1,336 @@
+//! The FUSE adapter: the only module that knows the `fuser` crate.
+//!
+//! It translates requests into [`PkgFs`] calls and results into replies, and it tells the
+//! kernel to cache everything, because the archives never change under a mount:
+//! - entries and attributes live for [`TTL`]; failed lookups are answered as a cached
+//!   negative entry (inode 0) so build systems probing include paths cost one request;
+//! - `open` and `opendir` answer `ENOSYS`, which makes the kernel skip OPEN/RELEASE
+//!   entirely and keep page and directory caches (`FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`);
+//! - READDIRPLUS, parallel directory operations and symlink caching are requested.
+//!
+//! Every handler runs under `catch_unwind`: a panic becomes `EIO` for that request and the
+//! worker thread lives on (a dead worker would hang every later access).
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use log::{debug, error};
+
+use crate::error::Error;
+use crate::fs::{Attr, BLKSIZE, PkgFs};
+use crate::tree::Kind;
+
+/// How long the kernel may cache entries and attributes. The tree is immutable for the
+/// life of the mount, so this is as long as the kernel will usefully keep anything.
+pub const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The FUSE filesystem: a [`PkgFs`] behind the `fuser` trait.
+pub struct Fuse {
+    fs: PkgFs,
+}
+
+impl Fuse {
+    /// Wrap a filesystem.
+    pub fn new(fs: PkgFs) -> Self {
+        Fuse { fs }
+    }
+}
+
+fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+/// Run a handler body, turning errors into errno values and panics into `EIO`.
+fn guarded<T>(op: &str, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Errno> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => {
+            if e.is_data_error() {
+                debug!("{op}: {e}");
+            }
+            Err(errno(&e))
+        }
+        Err(_) => {
+            error!("{op}: handler panicked; replying EIO");
+            Err(Errno::EIO)
+        }
+    }
+}
+
+fn file_type(kind: Kind) -> FileType {
+    match kind {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+    }
+}
+
+fn to_system_time(secs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    let t = to_system_time(a.mtime);
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: BLKSIZE,
+        flags: 0,
+    }
+}
+
+/// The attributes of a negative entry: inode 0 tells the kernel to cache the miss.
+fn negative_attr() -> FileAttr {
+    file_attr(&Attr {
+        ino: 0,
+        kind: Kind::File,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        blocks: 0,
+        mtime: 0,
+    })
+}
+
+const GEN: Generation = Generation(0);
+
+impl Filesystem for Fuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for cap in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_NO_OPEN_SUPPORT,
+            InitFlags::FUSE_NO_OPENDIR_SUPPORT,
+        ] {
+            if let Err(missing) = config.add_capabilities(cap) {
+                debug!("kernel lacks capability {missing:?}");
+            }
+        }
+        // Let the kernel read ahead as far as it will: members are immutable.
+        let mut readahead = 1024 * 1024;
+        while let Err(nearest) = config.set_max_readahead(readahead) {
+            if nearest >= readahead {
+                break;
+            }
+            readahead = nearest;
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match guarded("lookup", || self.fs.lookup(parent.0, name.as_bytes())) {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), GEN),
+            Err(e) if e == Errno::ENOENT => reply.entry(&TTL, &negative_attr(), GEN),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match guarded("getattr", || self.fs.getattr(ino.0)) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match guarded("readlink", || self.fs.readlink(ino.0)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // ENOSYS: the kernel stops sending OPEN/RELEASE and keeps the page cache.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // ENOSYS: no OPENDIR/RELEASEDIR, and the kernel caches directory listings.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match guarded("read", || self.fs.read(ino.0, offset, size)) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let r = guarded("readdir", || {
+            self.fs.readdir(ino.0, offset, |e| {
+                reply.add(INodeNo(e.ino), e.next_offset, file_type(e.kind), OsStr::from_bytes(e.name))
+            })
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let r = guarded("readdirplus", || {
+            let mut failed = None;
+            self.fs.readdir(ino.0, offset, |e| match self.fs.getattr(e.ino) {
+                Ok(a) => reply.add(INodeNo(e.ino), e.next_offset, OsStr::from_bytes(e.name), &TTL, &file_attr(&a), GEN),
+                Err(err) => {
+                    failed = Some(err);
+                    true
+                }
+            })?;
+            failed.map_or(Ok(()), Err)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match guarded("statfs", || Ok(self.fs.statfs())) {
+            Ok(s) => reply.statfs(s.blocks, 0, 0, s.files, 0, s.bsize, s.namelen, s.bsize),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        // No extended attributes; ENOSYS makes the kernel stop asking.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    // Write-type operations. The mount is read-only (`ro`), so the kernel refuses most of
+    // these before they arrive; answering EROFS here too keeps the promise if it does not.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _r: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _np: INodeNo,
+        _nn: &OsStr,
+        _f: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _wf: WriteFlags,
+        _flags: OpenFlags,
+        _lo: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _f: i32, reply: ReplyCreate) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn setxattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, _v: &[u8], _f: i32, _p: u32, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+}

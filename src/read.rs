@@ -1,0 +1,426 @@
+//! The read path: member bytes from archives, through the block cache.
+//!
+//! - **Stored** members are served by positional reads straight from the archive file:
+//!   no copy into the cache, and the kernel's page cache of the archive does the rest.
+//!   A stored member up to [`VERIFY_MAX`] bytes is read whole once, the first time, to
+//!   check its CRC; later reads go straight to the file.
+//! - **Compressed** members (deflate, zstd) are decoded in blocks of [`BLOCK_SIZE`]
+//!   decompressed bytes, kept in the shared byte-budgeted [`BlockCache`]. Decoding a
+//!   member is a stream, so a decoder that has produced block *k* is parked and resumed
+//!   for block *k+1*: a sequential read never restarts from the member's start. Fills
+//!   are serialised per member, so concurrent misses on one block share one decompression.
+//! - Every compressed byte read is bounded by the member's compressed size, every output
+//!   buffer by the block size, and the output length is checked against the declared size
+//!   (a stream that says more or less than the directory is corrupt): a lying header
+//!   cannot make pkgfs allocate more than one block. The CRC is checked when a stream
+//!   reaches its end; the block that completes it is only served if it matches.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lru::LruCache;
+
+use crate::archive::zip::{self, METHOD_DEFLATE, METHOD_STORED, METHOD_ZSTD};
+use crate::archive::{Archive, read_exact_at};
+use crate::cache::BlockCache;
+use crate::error::{Error, Result};
+use crate::tree::Member;
+
+/// Decompressed bytes per cache block.
+pub const BLOCK_SIZE: u64 = 256 * 1024;
+/// Stored members up to this size are CRC-checked on first read.
+pub const VERIFY_MAX: u64 = 1024 * 1024;
+/// Compressed input is read in chunks of this size.
+const INPUT_CHUNK: usize = 128 * 1024;
+/// How many members may keep a parked decoder (each holds a window and an input buffer).
+const PARKED_STREAMS: usize = 64;
+
+/// Counters of the read path.
+#[derive(Debug, Default)]
+pub struct ReadStats {
+    /// Bytes read from archive files (compressed or stored data and headers).
+    pub archive_bytes: AtomicU64,
+    /// Bytes produced by decompression.
+    pub decompressed_bytes: AtomicU64,
+    /// Decoders started from a member's beginning.
+    pub streams_started: AtomicU64,
+    /// Blocks produced by decompression.
+    pub blocks_decoded: AtomicU64,
+}
+
+type Slot = Arc<Mutex<Option<Stream>>>;
+
+/// Reads member data for a mounted set of archives.
+pub struct Reader {
+    archives: Vec<Archive>,
+    data_start: Vec<AtomicU64>,
+    verified: Vec<AtomicBool>,
+    cache: BlockCache<(u32, u64)>,
+    streams: Mutex<LruCache<u32, Slot>>,
+    /// Activity counters.
+    pub stats: ReadStats,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Reader {
+    /// A reader over `archives` (indexed as in [`Member::archive`]) for `members` members,
+    /// with a block cache of `cache_bytes`.
+    pub fn new(archives: Vec<Archive>, members: usize, cache_bytes: u64) -> Self {
+        let cap = std::num::NonZeroUsize::new(PARKED_STREAMS).unwrap_or(std::num::NonZeroUsize::MIN);
+        Reader {
+            archives,
+            data_start: (0..members).map(|_| AtomicU64::new(0)).collect(),
+            verified: (0..members).map(|_| AtomicBool::new(false)).collect(),
+            cache: BlockCache::new(cache_bytes),
+            streams: Mutex::new(LruCache::new(cap)),
+            stats: ReadStats::default(),
+        }
+    }
+
+    /// The archives, in mount order.
+    pub fn archives(&self) -> &[Archive] {
+        &self.archives
+    }
+
+    /// The block cache (for statistics).
+    pub fn cache(&self) -> &BlockCache<(u32, u64)> {
+        &self.cache
+    }
+
+    fn archive(&self, m: &Member) -> Result<&Archive> {
+        self.archives
+            .get(m.archive as usize)
+            .ok_or_else(|| Error::Format("member refers to an unknown archive".into()))
+    }
+
+    /// Read up to `len` bytes at `offset` of member number `idx`. Returns fewer bytes only
+    /// at the end of the member.
+    pub fn read(&self, idx: u32, m: &Member, offset: u64, len: u32) -> Result<Vec<u8>> {
+        if m.zip.encrypted {
+            return Err(Error::Unsupported("encrypted member".into()));
+        }
+        if offset >= m.size {
+            return Ok(Vec::new());
+        }
+        let end = m.size.min(offset.saturating_add(u64::from(len)));
+        match m.zip.method {
+            METHOD_STORED => self.read_stored(idx, m, offset, end),
+            METHOD_DEFLATE | METHOD_ZSTD => self.read_compressed(idx, m, offset, end),
+            other => Err(Error::Unsupported(format!(
+                "compression method {other} ({})",
+                method_name(other)
+            ))),
+        }
+    }
+
+    /// Where member `idx`'s data starts, from its local header (read once, then
+    /// remembered), checked to lie inside the archive.
+    fn data_start(&self, idx: u32, m: &Member) -> Result<u64> {
+        let slot = self
+            .data_start
+            .get(idx as usize)
+            .ok_or_else(|| Error::Format("member index out of range".into()))?;
+        let known = slot.load(Ordering::Relaxed);
+        if known != 0 {
+            return Ok(known);
+        }
+        let archive = self.archive(m)?;
+        let mut lfh = [0u8; zip::LFH_LEN];
+        read_exact_at(&archive.file, &mut lfh, m.zip.header_offset)?;
+        self.count_archive_bytes(lfh.len());
+        let start = m.zip.header_offset + zip::local_data_offset(&lfh)?;
+        if start
+            .checked_add(m.zip.compressed_size)
+            .is_none_or(|e| e > archive.size)
+        {
+            return Err(Error::Format(format!(
+                "member data ({} bytes at {start}) runs past the end of the archive ({} bytes)",
+                m.zip.compressed_size, archive.size
+            )));
+        }
+        slot.store(start, Ordering::Relaxed);
+        Ok(start)
+    }
+
+    fn count_archive_bytes(&self, n: usize) {
+        self.stats.archive_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn read_stored(&self, idx: u32, m: &Member, offset: u64, end: u64) -> Result<Vec<u8>> {
+        if m.zip.compressed_size != m.size {
+            return Err(Error::Corrupt(format!(
+                "stored member has compressed size {} but size {}",
+                m.zip.compressed_size, m.size
+            )));
+        }
+        let start = self.data_start(idx, m)?;
+        let file = &self.archive(m)?.file;
+        let verified = &self.verified[idx as usize];
+        if m.size <= VERIFY_MAX && !verified.load(Ordering::Relaxed) {
+            let mut all = vec![0u8; m.size as usize];
+            read_exact_at(file, &mut all, start)?;
+            self.count_archive_bytes(all.len());
+            check_crc(crc32fast::hash(&all), m)?;
+            verified.store(true, Ordering::Relaxed);
+            all.truncate(end as usize);
+            all.drain(..offset as usize);
+            return Ok(all);
+        }
+        let mut buf = vec![0u8; (end - offset) as usize];
+        read_exact_at(file, &mut buf, start + offset)?;
+        self.count_archive_bytes(buf.len());
+        Ok(buf)
+    }
+
+    fn read_compressed(&self, idx: u32, m: &Member, offset: u64, end: u64) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut pos = offset;
+        while pos < end {
+            let bi = pos / BLOCK_SIZE;
+            let block = self.block(idx, m, bi)?;
+            let within = (pos - bi * BLOCK_SIZE) as usize;
+            let take = (block.len().saturating_sub(within) as u64).min(end - pos) as usize;
+            if take == 0 {
+                return Err(Error::Corrupt("decoded block is shorter than expected".into()));
+            }
+            out.extend_from_slice(&block[within..within + take]);
+            pos += take as u64;
+        }
+        Ok(out)
+    }
+
+    /// Decoded block `bi` of member `idx`, from the cache or by decoding.
+    fn block(&self, idx: u32, m: &Member, bi: u64) -> Result<Arc<[u8]>> {
+        let key = (idx, bi);
+        if let Some(b) = self.cache.get(&key) {
+            return Ok(b);
+        }
+        let slot: Slot = lock(&self.streams)
+            .get_or_insert(idx, || Arc::new(Mutex::new(None)))
+            .clone();
+        let mut parked = lock(&slot);
+        // Another thread may have produced the block while we waited for the member.
+        if self.cache.contains(&key) {
+            if let Some(b) = self.cache.get(&key) {
+                return Ok(b);
+            }
+        }
+        let target = bi * BLOCK_SIZE;
+        let mut stream = match parked.take() {
+            Some(s) if s.out_pos <= target => s,
+            _ => {
+                self.stats.streams_started.fetch_add(1, Ordering::Relaxed);
+                Stream::new(m.zip.method, self.data_start(idx, m)?)?
+            }
+        };
+        let archive = self.archive(m)?;
+        loop {
+            let at = stream.out_pos / BLOCK_SIZE;
+            let (data, read) = stream.next_block(&archive.file, m)?;
+            self.count_archive_bytes(read);
+            self.stats.blocks_decoded.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .decompressed_bytes
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            let data: Arc<[u8]> = data.into();
+            self.cache.insert((idx, at), data.clone());
+            if at == bi {
+                if stream.out_pos < m.size {
+                    *parked = Some(stream);
+                }
+                return Ok(data);
+            }
+        }
+    }
+}
+
+fn check_crc(actual: u32, m: &Member) -> Result<()> {
+    if actual != m.zip.crc32 {
+        return Err(Error::Corrupt(format!(
+            "CRC-32 mismatch: data has {actual:08x}, directory says {:08x}",
+            m.zip.crc32
+        )));
+    }
+    Ok(())
+}
+
+/// A human name for a ZIP compression method, for error messages.
+pub fn method_name(method: u16) -> &'static str {
+    match method {
+        0 => "stored",
+        8 => "deflate",
+        9 => "deflate64",
+        12 => "bzip2",
+        14 => "lzma",
+        93 => "zstd",
+        95 => "xz",
+        98 => "ppmd",
+        99 => "AES-encrypted",
+        _ => "unknown",
+    }
+}
+
+enum Codec {
+    Deflate(flate2::Decompress),
+    Zstd(zstd::stream::raw::Decoder<'static>),
+}
+
+/// Outcome of one decoder step.
+struct Step {
+    consumed: usize,
+    produced: usize,
+    ended: bool,
+}
+
+impl Codec {
+    fn step(&mut self, input: &[u8], output: &mut [u8], input_done: bool) -> Result<Step> {
+        match self {
+            Codec::Deflate(d) => {
+                let (in0, out0) = (d.total_in(), d.total_out());
+                let status = d
+                    .decompress(input, output, flate2::FlushDecompress::None)
+                    .map_err(|e| Error::Corrupt(format!("bad deflate stream: {e}")))?;
+                Ok(Step {
+                    consumed: (d.total_in() - in0) as usize,
+                    produced: (d.total_out() - out0) as usize,
+                    ended: status == flate2::Status::StreamEnd,
+                })
+            }
+            Codec::Zstd(z) => {
+                use zstd::stream::raw::Operation;
+                let mut inb = zstd::stream::raw::InBuffer::around(input);
+                let mut outb = zstd::stream::raw::OutBuffer::around(output);
+                let remaining = z
+                    .run(&mut inb, &mut outb)
+                    .map_err(|e| Error::Corrupt(format!("bad zstd stream: {e}")))?;
+                let consumed = inb.pos();
+                Ok(Step {
+                    consumed,
+                    produced: outb.pos(),
+                    ended: remaining == 0 && consumed == input.len() && input_done,
+                })
+            }
+        }
+    }
+}
+
+/// A member's decoder, positioned after the last block it produced.
+struct Stream {
+    codec: Codec,
+    data_start: u64,
+    in_pos: u64,
+    input: Vec<u8>,
+    in_start: usize,
+    out_pos: u64,
+    crc: crc32fast::Hasher,
+    ended: bool,
+}
+
+impl Stream {
+    fn new(method: u16, data_start: u64) -> Result<Stream> {
+        let codec = match method {
+            METHOD_DEFLATE => Codec::Deflate(flate2::Decompress::new(false)),
+            METHOD_ZSTD => Codec::Zstd(
+                zstd::stream::raw::Decoder::new()
+                    .map_err(|e| Error::Io(std::io::Error::other(e)))?,
+            ),
+            other => return Err(Error::Unsupported(format!("compression method {other}"))),
+        };
+        Ok(Stream {
+            codec,
+            data_start,
+            in_pos: 0,
+            input: Vec::new(),
+            in_start: 0,
+            out_pos: 0,
+            crc: crc32fast::Hasher::new(),
+            ended: false,
+        })
+    }
+
+    /// Refill the input buffer if it is empty; returns the bytes read.
+    fn refill(&mut self, file: &File, m: &Member) -> Result<usize> {
+        if self.in_start < self.input.len() || self.in_pos >= m.zip.compressed_size {
+            return Ok(0);
+        }
+        let n = (m.zip.compressed_size - self.in_pos).min(INPUT_CHUNK as u64) as usize;
+        self.input.resize(n, 0);
+        read_exact_at(file, &mut self.input, self.data_start + self.in_pos)?;
+        self.in_pos += n as u64;
+        self.in_start = 0;
+        Ok(n)
+    }
+
+    fn input_done(&self, m: &Member) -> bool {
+        self.in_pos >= m.zip.compressed_size && self.in_start == self.input.len()
+    }
+
+    /// Decode the next block; returns it with the number of archive bytes read.
+    fn next_block(&mut self, file: &File, m: &Member) -> Result<(Vec<u8>, usize)> {
+        let want = (m.size - self.out_pos).min(BLOCK_SIZE) as usize;
+        let mut out = vec![0u8; want];
+        let mut produced = 0;
+        let mut read = 0;
+        while produced < want {
+            read += self.refill(file, m)?;
+            let done = self.in_pos >= m.zip.compressed_size;
+            let step = self.codec.step(&self.input[self.in_start..], &mut out[produced..], done)?;
+            self.in_start += step.consumed;
+            produced += step.produced;
+            if step.ended {
+                self.ended = true;
+                if produced < want {
+                    return Err(Error::Corrupt(format!(
+                        "stream ends after {} bytes, directory says {}",
+                        self.out_pos + produced as u64,
+                        m.size
+                    )));
+                }
+            }
+            if step.consumed == 0 && step.produced == 0 && !step.ended {
+                return Err(Error::Corrupt(if self.input_done(m) {
+                    "compressed data ends early (truncated member)".to_string()
+                } else {
+                    "decoder makes no progress".to_string()
+                }));
+            }
+        }
+        self.crc.update(&out);
+        self.out_pos += want as u64;
+        if self.out_pos == m.size {
+            read += self.finish(file, m)?;
+        }
+        Ok((out, read))
+    }
+
+    /// At the declared end: the stream must end here too, and the CRC must match.
+    fn finish(&mut self, file: &File, m: &Member) -> Result<usize> {
+        let mut read = 0;
+        let mut scratch = [0u8; 1];
+        while !self.ended {
+            read += self.refill(file, m)?;
+            let done = self.in_pos >= m.zip.compressed_size;
+            let step = self.codec.step(&self.input[self.in_start..], &mut scratch, done)?;
+            self.in_start += step.consumed;
+            if step.produced > 0 {
+                return Err(Error::Corrupt(format!(
+                    "stream holds more than the {} bytes the directory says",
+                    m.size
+                )));
+            }
+            if step.ended {
+                break;
+            }
+            if step.consumed == 0 {
+                return Err(Error::Corrupt("stream does not end where the directory says".into()));
+            }
+        }
+        let crc = std::mem::take(&mut self.crc).finalize();
+        check_crc(crc, m)?;
+        Ok(read)
+    }
+}

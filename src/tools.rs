@@ -1,0 +1,188 @@
+//! Offline tools on the same core as the mount: `ls`, `cat` and `check`.
+//!
+//! They build the very same merged tree and read through the very same read path as the
+//! FUSE daemon, so what `pkgfs ls` and `pkgfs cat` show is what a mount would serve, and
+//! `pkgfs check` finds what a mount would answer with EIO, without needing FUSE.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::error::Error;
+use crate::fs::PkgFs;
+use crate::source::{self, LoadOptions, LoadReport, display_archive};
+use crate::tree::{Kind, Ownership, ROOT_INO};
+
+/// Bytes asked for per read when streaming a whole file.
+const CHUNK: u32 = 1 << 20;
+
+fn load(sources: &[PathBuf]) -> Result<(PkgFs, LoadReport), String> {
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let opts = LoadOptions {
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        owner: Ownership {
+            uid,
+            gid,
+            force_uid: false,
+            force_gid: false,
+        },
+        cache_bytes: 64 << 20,
+    };
+    source::load(sources, &opts).map_err(|e| e.to_string())
+}
+
+fn mode_string(kind: Kind, perm: u16) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(match kind {
+        Kind::Dir => 'd',
+        Kind::Symlink => 'l',
+        Kind::File => '-',
+    });
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        s.push(if perm & (0o400 >> i) != 0 { c } else { '-' });
+    }
+    s
+}
+
+/// `pkgfs ls`: one line per entry under `path`, depth first in name order:
+/// mode, owner, size, mtime, path (with `-> target` for symlinks), and the package.
+pub fn ls(sources: &[PathBuf], path: &[u8], out: &mut impl Write) -> Result<bool, String> {
+    let (fs, report) = load(sources)?;
+    let tree = fs.tree();
+    let start = tree
+        .resolve(path)
+        .ok_or_else(|| format!("{}: not in the merged tree", String::from_utf8_lossy(path)))?;
+    let mut stack = vec![start];
+    let mut w = |s: String| out.write_all(s.as_bytes()).map_err(|e| e.to_string());
+    while let Some(ino) = stack.pop() {
+        let Some(node) = tree.node(ino) else { continue };
+        if ino != ROOT_INO {
+            let mut name = String::from_utf8_lossy(&tree.path_of(ino)).into_owned();
+            if node.kind == Kind::Symlink {
+                match fs.readlink(ino) {
+                    Ok(t) => name += &format!(" -> {}", String::from_utf8_lossy(&t)),
+                    Err(e) => name += &format!(" -> ({e})"),
+                }
+            }
+            w(format!(
+                "{} {:>5} {:>5} {:>12} {:>11} {}\t{}\n",
+                mode_string(node.kind, node.perm),
+                node.uid,
+                node.gid,
+                node.size,
+                node.mtime,
+                name,
+                display_archive(&report.layers, node.archive)
+            ))?;
+        }
+        let mut kids: Vec<u64> = tree.children(node).map(|(i, _)| i).collect();
+        kids.reverse();
+        stack.extend(kids);
+    }
+    Ok(report.skipped.is_empty())
+}
+
+/// `pkgfs cat`: write one file of the merged tree to `out`.
+pub fn cat(sources: &[PathBuf], path: &[u8], out: &mut impl Write) -> Result<(), String> {
+    let (fs, _) = load(sources)?;
+    let shown = String::from_utf8_lossy(path).into_owned();
+    let ino = fs
+        .tree()
+        .resolve(path)
+        .ok_or_else(|| format!("{shown}: not in the merged tree"))?;
+    let node = fs.getattr(ino).map_err(|e| format!("{shown}: {e}"))?;
+    if node.kind == Kind::Dir {
+        return Err(format!("{shown}: is a directory"));
+    }
+    if node.kind == Kind::Symlink {
+        let t = fs.readlink(ino).map_err(|e| format!("{shown}: {e}"))?;
+        return out.write_all(&t).map_err(|e| e.to_string());
+    }
+    stream(&fs, ino, |chunk| out.write_all(chunk).map_err(|e| e.to_string()))
+        .map(|_| ())
+        .map_err(|e| format!("{shown}: {e}"))
+}
+
+/// Read a whole file in chunks, handing each to `sink`.
+fn stream(fs: &PkgFs, ino: u64, mut sink: impl FnMut(&[u8]) -> Result<(), String>) -> Result<u64, String> {
+    let mut off = 0u64;
+    loop {
+        let chunk = fs.read(ino, off, CHUNK).map_err(|e: Error| e.to_string())?;
+        if chunk.is_empty() {
+            return Ok(off);
+        }
+        off += chunk.len() as u64;
+        sink(&chunk)?;
+    }
+}
+
+/// `pkgfs check`: verify everything; prints findings to `out`; `Ok(true)` if clean.
+pub fn check(sources: &[PathBuf], out: &mut impl Write) -> Result<bool, String> {
+    let (fs, report) = load(sources)?;
+    let tree = fs.tree();
+    let mut errors = 0usize;
+    let mut w = |s: String| out.write_all(s.as_bytes()).map_err(|e| e.to_string());
+    for (path, e) in &report.skipped {
+        errors += 1;
+        w(format!("error: archive {} skipped: {e}\n", path.display()))?;
+    }
+    for s in &tree.skipped {
+        errors += 1;
+        w(format!(
+            "error: {}: entry {:?} skipped: {}\n",
+            display_archive(&report.layers, s.archive),
+            String::from_utf8_lossy(&s.path),
+            s.reason
+        ))?;
+    }
+    for c in &tree.conflicts {
+        w(format!(
+            "conflict: {}: {} wins over {} ({})\n",
+            String::from_utf8_lossy(&c.path),
+            display_archive(&report.layers, c.winner),
+            display_archive(&report.layers, c.loser),
+            c.reason
+        ))?;
+    }
+    let mut files = 0u64;
+    let mut bytes = 0u64;
+    for ino in 1..=tree.len() as u64 {
+        let Some(node) = tree.node(ino) else { continue };
+        let Some(member) = tree.member(node) else { continue };
+        files += 1;
+        let mut crc = crc32fast::Hasher::new();
+        let result = stream(&fs, ino, |c| {
+            crc.update(c);
+            Ok(())
+        })
+        .and_then(|n| {
+            let sum = crc.clone().finalize();
+            if n != member.size {
+                Err(format!("read {n} bytes, directory says {}", member.size))
+            } else if sum != member.zip.crc32 {
+                Err(format!("CRC-32 {sum:08x}, directory says {:08x}", member.zip.crc32))
+            } else {
+                Ok(n)
+            }
+        });
+        match result {
+            Ok(n) => bytes += n,
+            Err(e) => {
+                errors += 1;
+                w(format!(
+                    "error: {} (from {}): {e}\n",
+                    String::from_utf8_lossy(&tree.path_of(ino)),
+                    display_archive(&report.layers, node.archive)
+                ))?;
+            }
+        }
+    }
+    w(format!(
+        "{} archives ({} skipped, {} ignored), {files} files and symlinks, {bytes} bytes verified, {} conflicts, {errors} errors\n",
+        report.layers.len(),
+        report.skipped.len(),
+        report.ignored.len(),
+        tree.conflicts.len(),
+    ))?;
+    Ok(errors == 0)
+}

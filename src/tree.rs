@@ -1,0 +1,632 @@
+//! The merged tree: every archive's entries folded into one immutable directory tree.
+//!
+//! Building happens once per mount ([`TreeBuilder`]); the result ([`Tree`]) is frozen into
+//! flat arrays so lookups are binary searches and a million entries cost well under a
+//! hundred bytes each. Inode numbers are assigned breadth-first with each directory's
+//! children sorted by name, so a directory's children are a contiguous range of inodes:
+//! a directory node stores only where that range starts and how long it is.
+//!
+//! Merge rules (docs/SEMANTICS.md has the user-facing version):
+//! - layers are applied in order; later layers are "above" earlier ones;
+//! - directories merge; an explicit directory entry sets the directory's metadata, the
+//!   last explicit entry wins; a directory only implied by deeper paths is 0755 with the
+//!   mtime of the last archive that implied it;
+//! - a file or symlink replaces an earlier file or symlink at the same path (a conflict);
+//! - a directory always beats a file or symlink at the same path, whichever comes first,
+//!   so no single stray file can hide a whole subtree (also a conflict).
+
+use std::collections::HashMap;
+
+use crate::archive::{DataRef, Entry, EntryKind, ZipData};
+use crate::path::{self, PathError};
+
+/// Inode number of the root directory.
+pub const ROOT_INO: u64 = 1;
+
+/// Node types in the mounted tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+}
+
+/// Who owns nodes whose archive records no owner, and whether to override recorded ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    /// Default (or forced) user id.
+    pub uid: u32,
+    /// Default (or forced) group id.
+    pub gid: u32,
+    /// Use `uid` for every node, ignoring the archive.
+    pub force_uid: bool,
+    /// Use `gid` for every node, ignoring the archive.
+    pub force_gid: bool,
+}
+
+/// A file's data: which archive and where in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Index of the archive (layer) in mount order.
+    pub archive: u32,
+    /// Location and encoding inside that archive.
+    pub zip: ZipData,
+    /// Uncompressed size.
+    pub size: u64,
+}
+
+/// One node of the frozen tree.
+#[derive(Clone, Copy, Debug)]
+pub struct Node {
+    name_off: u32,
+    name_len: u32,
+    /// Parent inode (the root is its own parent).
+    pub parent: u64,
+    /// Node type.
+    pub kind: Kind,
+    /// Permission bits.
+    pub perm: u16,
+    /// Link count: 2 + subdirectories for a directory, else 1.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// Size: bytes of data, or the target length of a symlink, 0 for a directory.
+    pub size: u64,
+    /// Index of the archive that provides this node (the winning layer).
+    pub archive: u32,
+    /// Directory: first child inode; file/symlink: index into the member table.
+    a: u64,
+    /// Directory: number of children.
+    b: u32,
+}
+
+/// Two layers provided the same path; `winner` is visible, `loser` is not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    /// The normalised path, `/`-separated.
+    pub path: Vec<u8>,
+    /// Archive index of the visible entry.
+    pub winner: u32,
+    /// Archive index of the hidden entry.
+    pub loser: u32,
+    /// Why the loser lost.
+    pub reason: &'static str,
+}
+
+/// An entry that was not mounted and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// Archive index.
+    pub archive: u32,
+    /// The raw stored path.
+    pub path: Vec<u8>,
+    /// Why.
+    pub reason: String,
+}
+
+/// The immutable merged tree.
+#[derive(Debug)]
+pub struct Tree {
+    nodes: Vec<Node>,
+    names: Vec<u8>,
+    members: Vec<Member>,
+    /// Paths provided by more than one layer.
+    pub conflicts: Vec<Conflict>,
+    /// Entries that were refused.
+    pub skipped: Vec<Skipped>,
+    /// Sum of the sizes of all files.
+    pub total_bytes: u64,
+}
+
+impl Tree {
+    /// The node of inode `ino`, if it exists.
+    pub fn node(&self, ino: u64) -> Option<&Node> {
+        let idx = usize::try_from(ino.checked_sub(1)?).ok()?;
+        self.nodes.get(idx)
+    }
+
+    /// Number of inodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the tree holds only the root.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.len() <= 1
+    }
+
+    /// Name of a node (empty for the root).
+    pub fn name(&self, node: &Node) -> &[u8] {
+        let start = node.name_off as usize;
+        &self.names[start..start + node.name_len as usize]
+    }
+
+    /// Number of file and symlink members.
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The member table entry of a file or symlink.
+    pub fn member(&self, node: &Node) -> Option<&Member> {
+        match node.kind {
+            Kind::Dir => None,
+            _ => self.members.get(node.a as usize),
+        }
+    }
+
+    /// The index of a file's member (stable for the mount; used as a cache key).
+    pub fn member_index(&self, node: &Node) -> Option<u32> {
+        match node.kind {
+            Kind::Dir => None,
+            _ => Some(node.a as u32),
+        }
+    }
+
+    /// Children of a directory as `(inode, node)` pairs in name order.
+    pub fn children(&self, dir: &Node) -> impl Iterator<Item = (u64, &Node)> {
+        let (first, count) = match dir.kind {
+            Kind::Dir => (dir.a, u64::from(dir.b)),
+            _ => (0, 0),
+        };
+        (first..first + count).filter_map(move |ino| self.node(ino).map(|n| (ino, n)))
+    }
+
+    /// Number of children of a directory.
+    pub fn child_count(&self, dir: &Node) -> u32 {
+        if dir.kind == Kind::Dir { dir.b } else { 0 }
+    }
+
+    /// Find `name` in directory `dir`.
+    pub fn lookup(&self, dir: &Node, name: &[u8]) -> Option<u64> {
+        if dir.kind != Kind::Dir {
+            return None;
+        }
+        let first = usize::try_from(dir.a.checked_sub(1)?).ok()?;
+        let slice = self.nodes.get(first..first + dir.b as usize)?;
+        slice
+            .binary_search_by(|n| self.name(n).cmp(name))
+            .ok()
+            .map(|i| (first + i + 1) as u64)
+    }
+
+    /// Resolve a `/`-separated path from the root (no symlinks are followed).
+    pub fn resolve(&self, path: &[u8]) -> Option<u64> {
+        let mut ino = ROOT_INO;
+        for comp in path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".") {
+            ino = self.lookup(self.node(ino)?, comp)?;
+        }
+        Some(ino)
+    }
+
+    /// The full path of an inode, `/`-separated, without a leading slash.
+    pub fn path_of(&self, mut ino: u64) -> Vec<u8> {
+        let mut parts = Vec::new();
+        while ino != ROOT_INO {
+            let Some(node) = self.node(ino) else { break };
+            parts.push(self.name(node));
+            ino = node.parent;
+        }
+        parts.reverse();
+        parts.join(&b'/')
+    }
+}
+
+/// A node while the tree is being built.
+struct Building {
+    name: Vec<u8>,
+    kind: Kind,
+    perm: u16,
+    mtime: i64,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    archive: u32,
+    explicit: bool,
+    member: Option<Member>,
+    children: HashMap<Vec<u8>, usize>,
+}
+
+/// Folds layers into a [`Tree`].
+pub struct TreeBuilder {
+    nodes: Vec<Building>,
+    owner: Ownership,
+    conflicts: Vec<Conflict>,
+    skipped: Vec<Skipped>,
+}
+
+impl TreeBuilder {
+    /// A builder holding only the root directory.
+    pub fn new(owner: Ownership) -> Self {
+        let root = Building {
+            name: Vec::new(),
+            kind: Kind::Dir,
+            perm: 0o755,
+            mtime: 0,
+            uid: owner.uid,
+            gid: owner.gid,
+            size: 0,
+            archive: 0,
+            explicit: false,
+            member: None,
+            children: HashMap::new(),
+        };
+        TreeBuilder {
+            nodes: vec![root],
+            owner,
+            conflicts: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    fn implied_dir(&self, name: Vec<u8>, archive: u32, mtime: i64) -> Building {
+        Building {
+            name,
+            kind: Kind::Dir,
+            perm: 0o755,
+            mtime,
+            uid: self.owner.uid,
+            gid: self.owner.gid,
+            size: 0,
+            archive,
+            explicit: false,
+            member: None,
+            children: HashMap::new(),
+        }
+    }
+
+    /// Apply one layer: the entries of archive number `archive`, whose file has
+    /// modification time `archive_mtime` (used for implied directories).
+    pub fn add_layer(&mut self, archive: u32, archive_mtime: i64, entries: &[Entry]) {
+        let root = &mut self.nodes[0];
+        root.mtime = root.mtime.max(archive_mtime);
+        for entry in entries {
+            let comps = match path::components(&entry.path) {
+                Ok(c) => c,
+                // "./" or "/" as a directory entry names the root: nothing to add.
+                Err(PathError::Empty) if entry.kind == EntryKind::Dir => continue,
+                Err(e) => {
+                    self.skip(archive, entry, e.to_string());
+                    continue;
+                }
+            };
+            let kind = match entry.kind {
+                EntryKind::File => Kind::File,
+                EntryKind::Dir => Kind::Dir,
+                EntryKind::Symlink => Kind::Symlink,
+                EntryKind::Special => {
+                    self.skip(archive, entry, "device, FIFO or socket".into());
+                    continue;
+                }
+            };
+            self.insert(archive, archive_mtime, &comps, kind, entry);
+        }
+    }
+
+    fn skip(&mut self, archive: u32, entry: &Entry, reason: String) {
+        self.skipped.push(Skipped {
+            archive,
+            path: entry.path.clone(),
+            reason,
+        });
+    }
+
+    fn insert(&mut self, archive: u32, archive_mtime: i64, comps: &[Vec<u8>], kind: Kind, e: &Entry) {
+        let Some((last, parents)) = comps.split_last() else {
+            return;
+        };
+        let mut dir = 0usize;
+        for (depth, comp) in parents.iter().enumerate() {
+            dir = match self.nodes[dir].children.get(comp).copied() {
+                Some(child) if self.nodes[child].kind == Kind::Dir => {
+                    let c = &mut self.nodes[child];
+                    if !c.explicit {
+                        c.mtime = archive_mtime;
+                        c.archive = archive;
+                    }
+                    child
+                }
+                Some(child) => {
+                    // A deeper path implies a directory where a file stood: the directory wins.
+                    self.conflicts.push(Conflict {
+                        path: comps[..=depth].join(&b'/'),
+                        winner: archive,
+                        loser: self.nodes[child].archive,
+                        reason: "a directory replaces a file",
+                    });
+                    self.nodes[child] = self.implied_dir(comp.clone(), archive, archive_mtime);
+                    child
+                }
+                None => {
+                    let node = self.implied_dir(comp.clone(), archive, archive_mtime);
+                    self.push_child(dir, node)
+                }
+            };
+        }
+        let owner = self.owner;
+        let uid = match e.uid {
+            Some(u) if !owner.force_uid => u,
+            _ => owner.uid,
+        };
+        let gid = match e.gid {
+            Some(g) if !owner.force_gid => g,
+            _ => owner.gid,
+        };
+        let member = match e.data {
+            DataRef::Zip(zip) if kind != Kind::Dir => Some(Member {
+                archive,
+                zip,
+                size: e.size,
+            }),
+            _ => None,
+        };
+        let node = Building {
+            name: last.clone(),
+            kind,
+            perm: if kind == Kind::Symlink { 0o777 } else { e.perm },
+            mtime: e.mtime,
+            uid,
+            gid,
+            size: if kind == Kind::Dir { 0 } else { e.size },
+            archive,
+            explicit: true,
+            member,
+            children: HashMap::new(),
+        };
+        match self.nodes[dir].children.get(last).copied() {
+            None => {
+                self.push_child(dir, node);
+            }
+            Some(existing) => {
+                let old = &mut self.nodes[existing];
+                match (old.kind == Kind::Dir, kind == Kind::Dir) {
+                    (true, true) => {
+                        // Directories merge; the last explicit entry sets the metadata.
+                        old.perm = node.perm;
+                        old.mtime = node.mtime;
+                        old.uid = node.uid;
+                        old.gid = node.gid;
+                        old.archive = archive;
+                        old.explicit = true;
+                    }
+                    (true, false) => self.conflicts.push(Conflict {
+                        path: comps.join(&b'/'),
+                        winner: old.archive,
+                        loser: archive,
+                        reason: "a directory hides a later file",
+                    }),
+                    (false, is_dir) => {
+                        self.conflicts.push(Conflict {
+                            path: comps.join(&b'/'),
+                            winner: archive,
+                            loser: old.archive,
+                            reason: if is_dir {
+                                "a directory replaces a file"
+                            } else {
+                                "a later file replaces an earlier one"
+                            },
+                        });
+                        *old = node;
+                    }
+                }
+            }
+        }
+    }
+
+    fn push_child(&mut self, dir: usize, node: Building) -> usize {
+        let idx = self.nodes.len();
+        self.nodes[dir].children.insert(node.name.clone(), idx);
+        self.nodes.push(node);
+        idx
+    }
+
+    /// Freeze into the immutable [`Tree`], numbering inodes breadth-first.
+    pub fn finish(self) -> Tree {
+        let TreeBuilder {
+            mut nodes,
+            conflicts,
+            skipped,
+            ..
+        } = self;
+        let mut out: Vec<Node> = Vec::with_capacity(nodes.len());
+        let mut names = Vec::new();
+        let mut members = Vec::new();
+        let mut total_bytes = 0u64;
+        // Queue of (building index, parent inode); the output index is the queue position.
+        let mut queue: Vec<(usize, u64)> = Vec::with_capacity(nodes.len());
+        queue.push((0, ROOT_INO));
+        let mut head = 0;
+        while head < queue.len() {
+            let (bi, parent) = queue[head];
+            let ino = head as u64 + 1;
+            head += 1;
+            let b = &mut nodes[bi];
+            let mut kids: Vec<(Vec<u8>, usize)> = std::mem::take(&mut b.children).into_iter().collect();
+            kids.sort_unstable();
+            let first_child = queue.len() as u64 + 1;
+            for (_, k) in &kids {
+                queue.push((*k, ino));
+            }
+            let b = &nodes[bi];
+            let name_off = names.len() as u32;
+            names.extend_from_slice(&b.name);
+            let (a, count, nlink) = match (b.kind, b.member) {
+                (Kind::Dir, _) => (first_child, kids.len() as u32, 0),
+                (_, Some(m)) => {
+                    members.push(m);
+                    total_bytes += m.size;
+                    ((members.len() - 1) as u64, 0, 1)
+                }
+                // Unreachable in practice: every file has a member. Give it no data.
+                (_, None) => (u64::MAX, 0, 1),
+            };
+            out.push(Node {
+                name_off,
+                name_len: b.name.len() as u32,
+                parent,
+                kind: b.kind,
+                perm: b.perm,
+                nlink,
+                uid: b.uid,
+                gid: b.gid,
+                mtime: b.mtime,
+                size: b.size,
+                archive: b.archive,
+                a,
+                b: count,
+            });
+        }
+        // Directory link counts: 2 plus one per subdirectory.
+        for i in 0..out.len() {
+            if out[i].kind == Kind::Dir {
+                let first = out[i].a as usize;
+                let n = out[i].b as usize;
+                let subdirs = out[first - 1..first - 1 + n]
+                    .iter()
+                    .filter(|c| c.kind == Kind::Dir)
+                    .count();
+                out[i].nlink = 2 + subdirs as u32;
+            }
+        }
+        Tree {
+            nodes: out,
+            names,
+            members,
+            conflicts,
+            skipped,
+            total_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OWNER: Ownership = Ownership {
+        uid: 7,
+        gid: 8,
+        force_uid: false,
+        force_gid: false,
+    };
+
+    fn file(path: &str, size: u64) -> Entry {
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind: EntryKind::File,
+            perm: 0o644,
+            mtime: 100,
+            uid: None,
+            gid: None,
+            size,
+            data: DataRef::Zip(ZipData {
+                header_offset: size,
+                compressed_size: size,
+                crc32: 0,
+                method: 0,
+                encrypted: false,
+            }),
+        }
+    }
+
+    fn dir(path: &str, perm: u16) -> Entry {
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind: EntryKind::Dir,
+            perm,
+            mtime: 200,
+            uid: Some(1),
+            gid: Some(2),
+            size: 0,
+            data: DataRef::None,
+        }
+    }
+
+    fn build(layers: &[Vec<Entry>]) -> Tree {
+        let mut b = TreeBuilder::new(OWNER);
+        for (i, l) in layers.iter().enumerate() {
+            b.add_layer(i as u32, 1000 + i as i64, l);
+        }
+        b.finish()
+    }
+
+    fn names(t: &Tree, path: &str) -> Vec<String> {
+        let d = t.node(t.resolve(path.as_bytes()).unwrap()).unwrap();
+        t.children(d)
+            .map(|(_, n)| String::from_utf8_lossy(t.name(n)).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn implied_directories_and_sorted_children() {
+        let t = build(&[vec![file("b/z", 1), file("b/a", 2), file("a/x/y", 3)]]);
+        assert_eq!(names(&t, ""), ["a", "b"]);
+        assert_eq!(names(&t, "b"), ["a", "z"]);
+        let x = t.node(t.resolve(b"a/x").unwrap()).unwrap();
+        assert_eq!((x.kind, x.perm, x.mtime, x.uid), (Kind::Dir, 0o755, 1000, 7));
+        assert_eq!(t.node(ROOT_INO).unwrap().nlink, 4);
+        assert_eq!(t.path_of(t.resolve(b"a/x/y").unwrap()), b"a/x/y");
+        assert_eq!(t.total_bytes, 6);
+        assert!(t.resolve(b"a/nope").is_none());
+        assert!(t.resolve(b"b/a/deeper").is_none(), "a file has no children");
+    }
+
+    #[test]
+    fn later_file_wins_and_conflict_is_recorded() {
+        let t = build(&[vec![file("f", 1)], vec![file("f", 2)]]);
+        let f = t.node(t.resolve(b"f").unwrap()).unwrap();
+        assert_eq!((f.size, f.archive), (2, 1));
+        assert_eq!(t.conflicts.len(), 1);
+        assert_eq!((t.conflicts[0].winner, t.conflicts[0].loser), (1, 0));
+    }
+
+    #[test]
+    fn directories_beat_files_in_either_order() {
+        // Earlier directory, later file: the directory stays.
+        let t = build(&[vec![file("d/inner", 1)], vec![file("d", 5)]]);
+        assert_eq!(names(&t, "d"), ["inner"]);
+        // Earlier file, later directory (implied or explicit): the directory replaces it.
+        let t = build(&[vec![file("d", 5)], vec![file("d/inner", 1)]]);
+        assert_eq!(names(&t, "d"), ["inner"]);
+        let t = build(&[vec![file("d", 5)], vec![dir("d/", 0o700)]]);
+        assert_eq!(t.node(t.resolve(b"d").unwrap()).unwrap().perm, 0o700);
+        assert_eq!(t.conflicts.len(), 1);
+    }
+
+    #[test]
+    fn explicit_directory_metadata_last_wins() {
+        let t = build(&[vec![dir("d/", 0o700), file("d/f", 1)], vec![dir("d/", 0o750)]]);
+        let d = t.node(t.resolve(b"d").unwrap()).unwrap();
+        assert_eq!((d.perm, d.mtime, d.uid, d.gid), (0o750, 200, 1, 2));
+        assert_eq!(names(&t, "d"), ["f"]);
+        // A later layer that only implies the directory leaves explicit metadata alone.
+        let t = build(&[vec![dir("d/", 0o700)], vec![file("d/g", 1)]]);
+        assert_eq!(t.node(t.resolve(b"d").unwrap()).unwrap().perm, 0o700);
+    }
+
+    #[test]
+    fn unsafe_paths_are_skipped_and_reported() {
+        let t = build(&[vec![file("../evil", 1), file("/abs", 1), file("ok", 1), dir("./", 0o700)]]);
+        assert_eq!(names(&t, ""), ["ok"]);
+        assert_eq!(t.skipped.len(), 2);
+        assert_eq!(t.node(ROOT_INO).unwrap().perm, 0o755);
+    }
+
+    #[test]
+    fn forced_owner_overrides_archive() {
+        let mut b = TreeBuilder::new(Ownership {
+            force_uid: true,
+            ..OWNER
+        });
+        b.add_layer(0, 0, &[dir("d/", 0o755)]);
+        let t = b.finish();
+        let d = t.node(2).unwrap();
+        assert_eq!((d.uid, d.gid), (7, 2));
+    }
+}
