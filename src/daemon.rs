@@ -28,7 +28,7 @@ use crate::source::{self, LoadOptions};
 
 /// Environment variable that marks the background child of `pkgfs mount`.
 const READY_ENV: &str = "PKGFS_READY_PIPE";
-/// The filesystem subtype: mounts show up as `fuse.pkgfs`.
+/// The filesystem subtype (`fuse.pkgfs` where the mount helper records subtypes).
 pub const SUBTYPE: &str = "pkgfs";
 
 fn os_err(what: &str) -> String {
@@ -83,6 +83,9 @@ fn block_signals() -> libc::sigset_t {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
+            // A shell starts background jobs with SIGINT ignored, and an ignored signal is
+            // discarded even while blocked: restore the default so sigwait receives it.
+            libc::signal(s, libc::SIG_DFL);
             libc::sigaddset(&mut set, s);
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
@@ -271,8 +274,10 @@ fn mounted_type(p: &Path) -> Option<String> {
 /// finishes when the last user leaves).
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), String> {
     match mounted_type(mountpoint) {
-        Some(t) if t == format!("fuse.{SUBTYPE}") => {}
-        Some(t) => return Err(format!("{} is a {t} mount, not pkgfs", mountpoint.display())),
+        // fuser's own mount(2) records the type as plain "fuse"; refuse anything that is
+        // not FUSE at all, so a typo cannot unmount a disk.
+        Some(t) if t == "fuse" || t.starts_with("fuse.") => {}
+        Some(t) => return Err(format!("{} is a {t} mount, not pkgfs (FUSE)", mountpoint.display())),
         None => return Err(format!("{} is not mounted", mountpoint.display())),
     }
     // SAFETY: geteuid cannot fail.

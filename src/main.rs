@@ -10,7 +10,13 @@ use pkgfs::{daemon, tools};
 
 fn init_logging(level: Option<&str>, default: &str) {
     let env = env_logger::Env::default().default_filter_or(level.unwrap_or(default));
-    env_logger::Builder::from_env(env).format_timestamp_millis().init();
+    let mut builder = env_logger::Builder::from_env(env);
+    if std::env::var_os("RUST_LOG").is_none() {
+        // fuser warns when its own unmount-on-exit finds the mount already gone, which is
+        // the normal end of `pkgfs umount`; keep its real errors.
+        builder.filter_module("fuser::mnt", log::LevelFilter::Error);
+    }
+    builder.format_timestamp_millis().init();
 }
 
 fn main() -> ExitCode {
