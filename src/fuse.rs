@@ -33,15 +33,21 @@ use crate::tree::Kind;
 /// life of the mount, so this is as long as the kernel will usefully keep anything.
 pub const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// Fault injection for the tests: a lookup of this name panics inside the handler, to
+/// prove that a panic becomes EIO and the mount keeps working.
+pub const PANIC_ENV: &str = "PKGFS_FAULT_PANIC_ON_LOOKUP";
+
 /// The FUSE filesystem: a [`PkgFs`] behind the `fuser` trait.
 pub struct Fuse {
     fs: PkgFs,
+    panic_on: Option<Vec<u8>>,
 }
 
 impl Fuse {
     /// Wrap a filesystem.
     pub fn new(fs: PkgFs) -> Self {
-        Fuse { fs }
+        let panic_on = std::env::var_os(PANIC_ENV).map(|v| v.as_bytes().to_vec());
+        Fuse { fs, panic_on }
     }
 }
 
@@ -145,7 +151,13 @@ impl Filesystem for Fuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match guarded("lookup", || self.fs.lookup(parent.0, name.as_bytes())) {
+        let r = guarded("lookup", || {
+            if self.panic_on.as_deref() == Some(name.as_bytes()) {
+                panic!("fault injected by {PANIC_ENV}");
+            }
+            self.fs.lookup(parent.0, name.as_bytes())
+        });
+        match r {
             Ok(a) => reply.entry(&TTL, &file_attr(&a), GEN),
             Err(e) if e == Errno::ENOENT => reply.entry(&TTL, &negative_attr(), GEN),
             Err(e) => reply.error(e),

@@ -1,0 +1,223 @@
+//! Shared helpers of the mount tests: fixtures, a mount guard that always unmounts, and
+//! the bridge to the independent Python model (`mount-tests/expect.py`).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The pkgfs binary under test.
+pub fn pkgfs() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pkgfs"));
+    c.env("TZ", "UTC");
+    c
+}
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Whether FUSE mounts can run here. Under CI they must: a CI run whose mount tests
+/// silently skipped would prove nothing.
+pub fn require_fuse() -> bool {
+    let ok = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_ok()
+        // SAFETY: geteuid cannot fail.
+        && unsafe { libc::geteuid() } == 0;
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true but /dev/fuse is not usable as root: mount tests cannot run"
+        );
+        eprintln!("skipping: /dev/fuse unusable or not root");
+    }
+    ok
+}
+
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The fixture catalogue made by real tools (`mount-tests/fixtures.py`), built once per
+/// target directory and reused.
+pub fn fixtures() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures");
+        run_ok(
+            Command::new("python3")
+                .arg(repo().join("mount-tests/fixtures.py"))
+                .arg(&dir)
+                .env("TZ", "UTC"),
+        );
+        dir
+    })
+}
+
+/// The large fixtures (a member over 4 GiB), built on first use.
+pub fn large_fixtures() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = fixtures().to_path_buf();
+        run_ok(
+            Command::new("python3")
+                .arg(repo().join("mount-tests/fixtures.py"))
+                .arg(&dir)
+                .arg("--large")
+                .env("TZ", "UTC"),
+        );
+        dir
+    })
+}
+
+/// A live mount that is always unmounted when dropped, even if the test panics.
+pub struct Mount {
+    dir: tempfile::TempDir,
+    /// The foreground daemon, when mounted with [`Mount::foreground`].
+    pub child: Option<Child>,
+    /// What `pkgfs mount` printed on stderr (warnings about skipped archives…).
+    pub stderr: String,
+    /// The daemon's log file.
+    pub log: PathBuf,
+}
+
+impl Mount {
+    /// `pkgfs mount SOURCES… MP` as a user runs it (background daemon).
+    pub fn new(sources: &[&Path], extra: &[&str]) -> Mount {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mp = dir.path().join("mnt");
+        std::fs::create_dir(&mp).expect("mkdir");
+        let log = dir.path().join("pkgfs.log");
+        let out = run_ok(
+            pkgfs()
+                .arg("mount")
+                .args(sources)
+                .arg(&mp)
+                .arg("--log-file")
+                .arg(&log)
+                .args(extra),
+        );
+        Mount {
+            dir,
+            child: None,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            log,
+        }
+    }
+
+    /// `pkgfs mount -f`, waiting until the mount answers.
+    pub fn foreground(sources: &[&Path], extra: &[&str]) -> Mount {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mp = dir.path().join("mnt");
+        std::fs::create_dir(&mp).expect("mkdir");
+        let log = dir.path().join("pkgfs.log");
+        let stderr = std::fs::File::create(&log).expect("log");
+        let child = pkgfs()
+            .arg("mount")
+            .arg("-f")
+            .args(sources)
+            .arg(&mp)
+            .args(extra)
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .expect("spawn pkgfs");
+        let m = Mount {
+            dir,
+            child: Some(child),
+            stderr: String::new(),
+            log,
+        };
+        let start = Instant::now();
+        while !m.is_mounted() {
+            assert!(start.elapsed() < Duration::from_secs(20), "mount did not appear");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    /// The mountpoint.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+
+    /// Whether the mountpoint is in /proc/mounts.
+    pub fn is_mounted(&self) -> bool {
+        let mp = self.path();
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(mp.to_str().unwrap_or("")))
+    }
+
+    /// The daemon log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Unmount with `pkgfs umount` and wait for a foreground daemon to exit.
+    pub fn unmount(&mut self) {
+        if self.is_mounted() {
+            let out = pkgfs().arg("umount").arg(self.path()).output().expect("umount");
+            if !out.status.success() {
+                let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+            }
+        }
+        if let Some(mut c) = self.child.take() {
+            let start = Instant::now();
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) => break,
+                    _ if start.elapsed() > Duration::from_secs(10) => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.unmount();
+        if self.is_mounted() {
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+    }
+}
+
+/// Compare a mount with the independent model of `expect.py`; panics with its report.
+pub fn expect_matches(mount: &Path, sources: &[&Path], extra: &[&str]) {
+    let out = Command::new("python3")
+        .arg(repo().join("mount-tests/expect.py"))
+        .arg("compare")
+        .args(extra)
+        .arg(mount)
+        .args(sources)
+        .env("TZ", "UTC")
+        .output()
+        .expect("run expect.py");
+    assert!(
+        out.status.success(),
+        "mounted tree differs from the model:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Run a command and return its output, panicking if it fails.
+pub fn run(cmd: &mut Command) -> Output {
+    run_ok(cmd)
+}

@@ -1,0 +1,443 @@
+//! Mount tests: real FUSE mounts of archives written by real tools, compared with an
+//! independent model (Python's `zipfile`, `unzip`) byte for byte and attribute by
+//! attribute. Every mount is made through the `pkgfs` binary, as a user would, and is
+//! unmounted by a guard even when a test fails.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Mount, expect_matches, fixtures, large_fixtures, pkgfs, require_fuse, run};
+
+fn set(name: &str) -> PathBuf {
+    fixtures().join(name)
+}
+
+#[test]
+fn basic_archives_from_zip_and_python_match_the_model() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("basic");
+    let m = Mount::new(&[&src], &[]);
+    expect_matches(&m.path(), &[&src], &[]);
+    expect_matches(&m.path(), &[&src], &["--unzip-check"]);
+    // README.txt in the package directory is not an archive: ignored, not mounted.
+    assert!(src.join("README.txt").exists());
+    assert!(!m.log_text().contains("README.txt") || !m.path().join("README.txt").exists());
+}
+
+#[test]
+fn empty_archive_and_zip64_with_70000_entries() {
+    if !require_fuse() {
+        return;
+    }
+    for name in ["empty", "zip64-many"] {
+        let src = set(name);
+        let m = Mount::new(&[&src], &[]);
+        expect_matches(&m.path(), &[&src], &[]);
+    }
+}
+
+#[test]
+fn merge_conflicts_follow_the_documented_rule() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("conflicts");
+    let m = Mount::new(&[&src], &[]);
+    expect_matches(&m.path(), &[&src], &[]);
+    assert!(
+        m.stderr.contains("path conflicts"),
+        "conflicts are logged once at mount: {}",
+        m.stderr
+    );
+    // `pkgfs check` lists each conflict.
+    let out = pkgfs().arg("check").arg(&src).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().filter(|l| l.starts_with("conflict: ")).count() >= 3, "{text}");
+}
+
+#[test]
+fn sources_given_as_files_layer_in_command_line_order() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = set("conflicts");
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files.reverse(); // opposite of the directory order: the first archive now wins
+    let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    let m = Mount::new(&refs, &[]);
+    expect_matches(&m.path(), &refs, &[]);
+}
+
+#[test]
+fn corrupt_members_read_as_eio_and_bad_archives_are_skipped() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("corrupt");
+    let m = Mount::new(&[&src], &[]);
+    expect_matches(&m.path(), &[&src], &[]);
+    for bad in ["truncated.zip", "garbage.zip"] {
+        assert!(
+            m.stderr.contains(bad),
+            "a skipped archive is named in a warning: {bad}\n{}",
+            m.stderr
+        );
+    }
+    // The daemon logged why reads failed, naming the archive.
+    let log = m.log_text();
+    assert!(log.contains("badcrc.zip") && log.contains("CRC"), "log:\n{log}");
+    // `pkgfs check` finds the same problems and fails.
+    let out = pkgfs().arg("check").arg(&src).output().unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("truncated.zip") && text.contains("CRC"), "{text}");
+}
+
+#[test]
+fn hostile_paths_never_escape_the_mount() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("unsafe");
+    let m = Mount::new(&[&src], &[]);
+    expect_matches(&m.path(), &[&src], &[]);
+    let top = m.path().parent().unwrap().to_path_buf();
+    for name in ["escape.txt", "escape2.txt", "abs", "drive.txt"] {
+        assert!(!top.join(name).exists(), "{name} appeared outside the mount");
+        assert!(!m.path().join(name).exists(), "{name} must be skipped, not confined");
+    }
+    assert!(m.stderr.contains("skipping entry"), "{}", m.stderr);
+}
+
+#[test]
+fn a_member_over_4_gib_reads_back_whole() {
+    if !require_fuse() {
+        return;
+    }
+    let src = large_fixtures().join("large");
+    let m = Mount::new(&[&src], &[]);
+    // The model hashes every byte of the 4 GiB member through the mount and through
+    // Python's zipfile.
+    expect_matches(&m.path(), &[&src], &[]);
+    // A read near the end decodes forward without error.
+    let f = fs::File::open(m.path().join("zeros.bin")).unwrap();
+    let len = f.metadata().unwrap().len();
+    assert!(len > 4 << 30);
+    let mut buf = vec![1u8; 4096];
+    f.read_exact_at(&mut buf, len - 4096).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+}
+
+/// Extract every layer of `src` with Info-ZIP `unzip`, later layers overwriting.
+fn unzip_layers(src: &Path, out: &Path) {
+    let mut layers: Vec<PathBuf> = fs::read_dir(src)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "zip" || e == "jar"))
+        .collect();
+    layers.sort();
+    for l in layers {
+        run(Command::new("unzip").arg("-o").arg("-q").arg(&l).arg("-d").arg(out));
+    }
+}
+
+#[test]
+fn concurrent_random_reads_return_the_right_bytes() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("basic");
+    let m = Mount::new(&[&src], &["--threads", "4", "--cache-size", "2M"]);
+    let ref_dir = tempfile::tempdir().unwrap();
+    unzip_layers(&src, ref_dir.path());
+    let mut files = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for e in fs::read_dir(ref_dir.path().join(&rel)).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            let r = rel.join(e.file_name());
+            if t.is_dir() {
+                stack.push(r);
+            } else if t.is_file() {
+                files.push(r);
+            }
+        }
+    }
+    assert!(files.len() > 20);
+    let expected: Arc<HashMap<PathBuf, Vec<u8>>> = Arc::new(
+        files
+            .iter()
+            .map(|f| (f.clone(), fs::read(ref_dir.path().join(f)).unwrap()))
+            .collect(),
+    );
+    let files = Arc::new(files);
+    let mp = m.path();
+    let threads: Vec<_> = (0..12u64)
+        .map(|t| {
+            let (files, expected, mp) = (files.clone(), expected.clone(), mp.clone());
+            std::thread::spawn(move || {
+                let mut rng = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut checked = 0u64;
+                for _ in 0..400 {
+                    let f = &files[(next() % files.len() as u64) as usize];
+                    let want = &expected[f];
+                    let file = fs::File::open(mp.join(f)).unwrap();
+                    let off = if want.is_empty() { 0 } else { next() % want.len() as u64 };
+                    let len = (next() % 300_000) as usize;
+                    let mut buf = vec![0u8; len];
+                    let mut got = 0;
+                    while got < len {
+                        let n = file.read_at(&mut buf[got..], off + got as u64).unwrap();
+                        if n == 0 {
+                            break;
+                        }
+                        got += n;
+                    }
+                    let end = (off as usize + len).min(want.len());
+                    assert_eq!(&buf[..got], &want[off as usize..end], "{f:?} at {off}+{len}");
+                    checked += got as u64;
+                }
+                checked
+            })
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(total > 10 << 20, "read {total} bytes");
+}
+
+#[test]
+fn zstd_members_written_by_the_zip_crate() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("zstd.zip");
+    let mut contents = Vec::new();
+    {
+        let mut w = zip::ZipWriter::new(fs::File::create(&path).unwrap());
+        let zstd = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Zstd)
+            .unix_permissions(0o640);
+        for (i, size) in [0usize, 1, 1000, 262_144, 262_145, 3_000_000].into_iter().enumerate() {
+            let data: Vec<u8> = (0..size).map(|j| ((j * 7 + i) % 251) as u8).collect();
+            let name = format!("z/{i}.bin");
+            w.start_file(&name, zstd).unwrap();
+            std::io::Write::write_all(&mut w, &data).unwrap();
+            contents.push((name, data));
+        }
+        w.finish().unwrap();
+    }
+    let m = Mount::new(&[&path], &[]);
+    for (name, data) in &contents {
+        let p = m.path().join(name);
+        assert_eq!(&fs::read(&p).unwrap(), data, "{name}");
+        assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o640);
+    }
+    // Backwards seeks inside a multi-block member restart cleanly.
+    let mut f = fs::File::open(m.path().join("z/5.bin")).unwrap();
+    let mut buf = [0u8; 100];
+    for off in [2_900_000u64, 10, 1_000_000, 262_100] {
+        f.seek(SeekFrom::Start(off)).unwrap();
+        f.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf[..], &contents[5].1[off as usize..off as usize + 100]);
+    }
+}
+
+#[test]
+fn every_write_is_refused_with_erofs() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("basic");
+    let m = Mount::new(&[&src], &[]);
+    let mp = m.path();
+    let a_file = walk_first_file(&mp);
+    let erofs = |r: std::io::Result<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{what}: {e}");
+    };
+    erofs(fs::write(mp.join("new.txt"), b"x"), "create");
+    erofs(fs::create_dir(mp.join("newdir")), "mkdir");
+    erofs(fs::remove_file(&a_file), "unlink");
+    erofs(fs::rename(&a_file, mp.join("moved")), "rename");
+    erofs(
+        fs::OpenOptions::new().write(true).open(&a_file).map(|_| ()),
+        "open for writing",
+    );
+    erofs(
+        fs::set_permissions(&a_file, std::os::unix::fs::PermissionsExt::from_mode(0o777)),
+        "chmod",
+    );
+    erofs(std::os::unix::fs::symlink("x", mp.join("sym")), "symlink");
+}
+
+fn walk_first_file(dir: &Path) -> PathBuf {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_file() {
+                return e.path();
+            }
+            if t.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    panic!("no file under {}", dir.display())
+}
+
+#[test]
+fn a_panicking_handler_answers_eio_and_the_mount_lives_on() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("basic");
+    // One worker thread: if the panic killed it, every later request would hang.
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let mut child = pkgfs()
+        .args(["mount", "-f", "--threads", "1"])
+        .arg(&src)
+        .arg(&mp)
+        .env(pkgfs::fuse::PANIC_ENV, "boom")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Guard<'a>(&'a Path);
+    impl Drop for Guard<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _g = Guard(&mp);
+    let start = std::time::Instant::now();
+    while fs::read_dir(&mp).map(|d| d.count()).unwrap_or(0) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for _ in 0..3 {
+        let e = fs::metadata(mp.join("boom")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+    assert!(fs::read_dir(&mp).unwrap().count() > 0, "the mount still answers");
+    run(pkgfs().arg("umount").arg(&mp));
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn sigterm_unmounts_a_foreground_mount_cleanly() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("basic");
+    let mut m = Mount::foreground(&[&src], &[]);
+    let child = m.child.as_mut().unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    m.child = None;
+    assert!(status.success(), "{status}");
+    assert!(!m.is_mounted(), "SIGTERM must unmount");
+}
+
+#[test]
+fn a_busy_mount_is_detached_lazily() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("basic");
+    let mut m = Mount::foreground(&[&src], &[]);
+    let busy = fs::File::open(walk_first_file(&m.path())).unwrap();
+    let out = pkgfs().arg("umount").arg(m.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lazily"));
+    assert!(!m.is_mounted());
+    // The open file still reads; the daemon exits once it is closed.
+    let mut byte = [0u8; 1];
+    let _ = busy.read_at(&mut byte, 0);
+    drop(busy);
+    let child = m.child.as_mut().unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "daemon did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    m.child = None;
+}
+
+#[test]
+fn umount_refuses_what_is_not_a_fuse_mount() {
+    let out = pkgfs().args(["umount", "/"]).output().unwrap();
+    assert!(!out.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let out = pkgfs().arg("umount").arg(dir.path()).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not mounted"));
+}
+
+#[test]
+fn mount_fails_clearly_on_a_missing_source_or_mountpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = pkgfs()
+        .arg("mount")
+        .arg(dir.path().join("nope.zip"))
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope.zip"));
+    let out = pkgfs()
+        .arg("mount")
+        .arg(set("basic"))
+        .arg(dir.path().join("no-such-mountpoint"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+}
+
+#[test]
+fn statfs_and_negative_lookups() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("basic");
+    let m = Mount::new(&[&src], &[]);
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let c = std::ffi::CString::new(m.path().to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    let listing = pkgfs().arg("ls").arg(&src).output().unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    let entries = listing.lines().count() as u64;
+    let bytes: u64 = listing
+        .lines()
+        .filter(|l| l.starts_with('-') || l.starts_with('l'))
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(st.f_files, entries + 1, "inodes = entries + root");
+    assert_eq!(st.f_blocks, bytes.div_ceil(4096));
+    assert_eq!(st.f_namemax, 255);
+    for _ in 0..3 {
+        let e = fs::metadata(m.path().join("definitely-missing")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+    }
+}
