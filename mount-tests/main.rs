@@ -62,7 +62,10 @@ fn merge_conflicts_follow_the_documented_rule() {
     // `pkgfs check` lists each conflict.
     let out = pkgfs().arg("check").arg(&src).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.lines().filter(|l| l.starts_with("conflict: ")).count() >= 3, "{text}");
+    assert!(
+        text.lines().filter(|l| l.starts_with("conflict: ")).count() >= 3,
+        "{text}"
+    );
 }
 
 #[test]
@@ -71,7 +74,10 @@ fn sources_given_as_files_layer_in_command_line_order() {
         return;
     }
     let dir = set("conflicts");
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.sort();
     files.reverse(); // opposite of the directory order: the first archive now wins
     let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
@@ -96,12 +102,18 @@ fn corrupt_members_read_as_eio_and_bad_archives_are_skipped() {
     }
     // The daemon logged why reads failed, naming the archive.
     let log = m.log_text();
-    assert!(log.contains("badcrc.zip") && log.contains("CRC"), "log:\n{log}");
+    assert!(
+        log.contains("badcrc.zip") && log.contains("CRC"),
+        "log:\n{log}"
+    );
     // `pkgfs check` finds the same problems and fails.
     let out = pkgfs().arg("check").arg(&src).output().unwrap();
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("truncated.zip") && text.contains("CRC"), "{text}");
+    assert!(
+        text.contains("truncated.zip") && text.contains("CRC"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -114,8 +126,14 @@ fn hostile_paths_never_escape_the_mount() {
     expect_matches(&m.path(), &[&src], &[]);
     let top = m.path().parent().unwrap().to_path_buf();
     for name in ["escape.txt", "escape2.txt", "abs", "drive.txt"] {
-        assert!(!top.join(name).exists(), "{name} appeared outside the mount");
-        assert!(!m.path().join(name).exists(), "{name} must be skipped, not confined");
+        assert!(
+            !top.join(name).exists(),
+            "{name} appeared outside the mount"
+        );
+        assert!(
+            !m.path().join(name).exists(),
+            "{name} must be skipped, not confined"
+        );
     }
     assert!(m.stderr.contains("skipping entry"), "{}", m.stderr);
 }
@@ -148,7 +166,12 @@ fn unzip_layers(src: &Path, out: &Path) {
         .collect();
     layers.sort();
     for l in layers {
-        run(Command::new("unzip").arg("-o").arg("-q").arg(&l).arg("-d").arg(out));
+        run(Command::new("unzip")
+            .arg("-o")
+            .arg("-q")
+            .arg(&l)
+            .arg("-d")
+            .arg(out));
     }
 }
 
@@ -200,7 +223,11 @@ fn concurrent_random_reads_return_the_right_bytes() {
                     let f = &files[(next() % files.len() as u64) as usize];
                     let want = &expected[f];
                     let file = fs::File::open(mp.join(f)).unwrap();
-                    let off = if want.is_empty() { 0 } else { next() % want.len() as u64 };
+                    let off = if want.is_empty() {
+                        0
+                    } else {
+                        next() % want.len() as u64
+                    };
                     let len = (next() % 300_000) as usize;
                     let mut buf = vec![0u8; len];
                     let mut got = 0;
@@ -212,7 +239,11 @@ fn concurrent_random_reads_return_the_right_bytes() {
                         got += n;
                     }
                     let end = (off as usize + len).min(want.len());
-                    assert_eq!(&buf[..got], &want[off as usize..end], "{f:?} at {off}+{len}");
+                    assert_eq!(
+                        &buf[..got],
+                        &want[off as usize..end],
+                        "{f:?} at {off}+{len}"
+                    );
                     checked += got as u64;
                 }
                 checked
@@ -236,7 +267,10 @@ fn zstd_members_written_by_the_zip_crate() {
         let zstd = zip::write::SimpleFileOptions::default()
             .compression_method(zip::CompressionMethod::Zstd)
             .unix_permissions(0o640);
-        for (i, size) in [0usize, 1, 1000, 262_144, 262_145, 3_000_000].into_iter().enumerate() {
+        for (i, size) in [0usize, 1, 1000, 262_144, 262_145, 3_000_000]
+            .into_iter()
+            .enumerate()
+        {
             let data: Vec<u8> = (0..size).map(|j| ((j * 7 + i) % 251) as u8).collect();
             let name = format!("z/{i}.bin");
             w.start_file(&name, zstd).unwrap();
@@ -340,7 +374,10 @@ fn a_panicking_handler_answers_eio_and_the_mount_lives_on() {
         let e = fs::metadata(mp.join("boom")).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
     }
-    assert!(fs::read_dir(&mp).unwrap().count() > 0, "the mount still answers");
+    assert!(
+        fs::read_dir(&mp).unwrap().count() > 0,
+        "the mount still answers"
+    );
     run(pkgfs().arg("umount").arg(&mp));
     assert!(child.wait().unwrap().success());
 }
@@ -369,7 +406,11 @@ fn a_busy_mount_is_detached_lazily() {
     let mut m = Mount::foreground(&[&src], &[]);
     let busy = fs::File::open(walk_first_file(&m.path())).unwrap();
     let out = pkgfs().arg("umount").arg(m.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("lazily"));
     assert!(!m.is_mounted());
     // The open file still reads; the daemon exits once it is closed.
@@ -379,7 +420,10 @@ fn a_busy_mount_is_detached_lazily() {
     let child = m.child.as_mut().unwrap();
     let start = std::time::Instant::now();
     while child.try_wait().unwrap().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(10), "daemon did not exit");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "daemon did not exit"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     m.child = None;

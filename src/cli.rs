@@ -194,21 +194,27 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'M' => 1 << 20,
                 'G' => 1 << 30,
                 'T' => 1 << 40,
-                _ => return Err(format!("bad size {s:?}: unknown suffix {c:?} (use K, M, G)")),
+                _ => {
+                    return Err(format!(
+                        "bad size {s:?}: unknown suffix {c:?} (use K, M, G)"
+                    ));
+                }
             };
             (&t[..i], m)
         }
         _ => (t, 1),
     };
-    let n: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("bad size {s:?}: expected a number with an optional K, M or G suffix"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    let n: u64 = digits.trim().parse().map_err(|_| {
+        format!("bad size {s:?}: expected a number with an optional K, M or G suffix")
+    })?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get()).max(4)
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .max(4)
 }
 
 impl Cli {
@@ -223,11 +229,16 @@ impl Cli {
             CliCommand::Ls(l) => {
                 let mut args = l.args;
                 let path = if args.len() > 1 && args.last().is_some_and(|p| !p.exists()) {
-                    args.pop().map(|p| p.into_os_string().into_encoded_bytes()).unwrap_or_default()
+                    args.pop()
+                        .map(|p| p.into_os_string().into_encoded_bytes())
+                        .unwrap_or_default()
                 } else {
                     Vec::new()
                 };
-                Command::Ls { sources: args, path }
+                Command::Ls {
+                    sources: args,
+                    path,
+                }
             }
             CliCommand::Cat(c) => {
                 let mut args = c.args;
@@ -235,7 +246,10 @@ impl Cli {
                     .pop()
                     .map(|p| p.into_os_string().into_encoded_bytes())
                     .ok_or("cat needs a path")?;
-                Command::Cat { sources: args, path }
+                Command::Cat {
+                    sources: args,
+                    path,
+                }
             }
             CliCommand::Check(c) => Command::Check { sources: c.sources },
         })
@@ -248,7 +262,9 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
     let mut cfg = MountConfig {
         fsname: format!(
             "pkgfs:{}",
-            m.sources.first().map_or_else(String::new, |p| p.display().to_string())
+            m.sources
+                .first()
+                .map_or_else(String::new, |p| p.display().to_string())
         ),
         sources: m.sources,
         mountpoint: m.mountpoint,
@@ -261,19 +277,30 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
             force_uid: m.uid.is_some(),
             force_gid: m.gid.is_some(),
         },
-        access: if m.allow_other { Access::All } else { Access::Owner },
+        access: if m.allow_other {
+            Access::All
+        } else {
+            Access::Owner
+        },
         noexec: false,
         noatime: false,
         log_file: m.log_file,
     };
-    for opt in m.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+    for opt in m
+        .options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter(|o| !o.is_empty())
+    {
         let (key, value) = match opt.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
         };
         let need = || value.ok_or_else(|| format!("mount option {key} needs a value"));
         let number = || -> Result<u32, String> {
-            need()?.parse().map_err(|_| format!("mount option {key} needs a number"))
+            need()?
+                .parse()
+                .map_err(|_| format!("mount option {key} needs a number"))
         };
         match key {
             "allow_other" => cfg.access = Access::All,
@@ -297,9 +324,23 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
             "foreground" => cfg.foreground = true,
             // Always in force, or meaningless for a read-only FUSE mount: accepted so
             // fstab lines and mount(8) helpers work.
-            "ro" | "rw" | "nosuid" | "nodev" | "suid" | "dev" | "defaults" | "auto" | "noauto"
-            | "user" | "users" | "nouser" | "nofail" | "_netdev" | "default_permissions"
-            | "async" | "sync" => {}
+            "ro"
+            | "rw"
+            | "nosuid"
+            | "nodev"
+            | "suid"
+            | "dev"
+            | "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "users"
+            | "nouser"
+            | "nofail"
+            | "_netdev"
+            | "default_permissions"
+            | "async"
+            | "sync" => {}
             k if k.starts_with("x-") || k.starts_with("comment=") => {}
             _ => return Err(format!("unknown mount option {opt:?}")),
         }
@@ -315,7 +356,9 @@ mod tests {
     use super::*;
 
     fn cli(args: &[&str]) -> Result<Command, String> {
-        Cli::try_parse_from(args).map_err(|e| e.to_string())?.into_command()
+        Cli::try_parse_from(args)
+            .map_err(|e| e.to_string())?
+            .into_command()
     }
 
     #[test]
@@ -332,8 +375,15 @@ mod tests {
     #[test]
     fn mount_options_merge_into_config() {
         let Command::Mount(c) = cli(&[
-            "pkgfs", "mount", "a.zip", "dir", "/mnt", "-o", "allow_other,uid=5,cache_size=1M,nofail,x-systemd.automount",
-            "--threads", "3",
+            "pkgfs",
+            "mount",
+            "a.zip",
+            "dir",
+            "/mnt",
+            "-o",
+            "allow_other,uid=5,cache_size=1M,nofail,x-systemd.automount",
+            "--threads",
+            "3",
         ])
         .unwrap() else {
             panic!("not a mount")
@@ -341,16 +391,23 @@ mod tests {
         assert_eq!(c.sources, [PathBuf::from("a.zip"), PathBuf::from("dir")]);
         assert_eq!(c.mountpoint, PathBuf::from("/mnt"));
         assert_eq!(c.access, Access::All);
-        assert_eq!((c.owner.uid, c.owner.force_uid, c.owner.force_gid), (5, true, false));
+        assert_eq!(
+            (c.owner.uid, c.owner.force_uid, c.owner.force_gid),
+            (5, true, false)
+        );
         assert_eq!(c.cache_bytes, 1 << 20);
         assert_eq!(c.threads, 3);
         assert!(cli(&["pkgfs", "mount", "a", "/m", "-o", "bogus"]).is_err());
-        assert!(cli(&["pkgfs", "mount", "/m"]).is_err(), "a source is required");
+        assert!(
+            cli(&["pkgfs", "mount", "/m"]).is_err(),
+            "a source is required"
+        );
     }
 
     #[test]
     fn ls_takes_a_trailing_path_only_if_it_is_not_on_disk() {
-        let Command::Ls { sources, path } = cli(&["pkgfs", "ls", "/", "no/such/dir"]).unwrap() else {
+        let Command::Ls { sources, path } = cli(&["pkgfs", "ls", "/", "no/such/dir"]).unwrap()
+        else {
             panic!()
         };
         assert_eq!((sources.len(), path.as_slice()), (1, &b"no/such/dir"[..]));

@@ -39,7 +39,10 @@ fn os_err(what: &str) -> String {
 pub fn mount(cfg: &MountConfig) -> Result<(), String> {
     clear_dead_mount(&cfg.mountpoint);
     if !source::is_dir(&cfg.mountpoint) {
-        return Err(format!("mountpoint {} is not a directory", cfg.mountpoint.display()));
+        return Err(format!(
+            "mountpoint {} is not a directory",
+            cfg.mountpoint.display()
+        ));
     }
     if cfg.foreground || std::env::var_os(READY_ENV).is_some() {
         run_foreground(cfg)
@@ -65,7 +68,9 @@ fn spawn_background() -> Result<(), String> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the daemon: {e}"))?;
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);
@@ -74,7 +79,9 @@ fn spawn_background() -> Result<(), String> {
         return Ok(());
     }
     let status = child.wait().map_err(|e| format!("daemon: {e}"))?;
-    Err(format!("the daemon exited before the mount was ready ({status})"))
+    Err(format!(
+        "the daemon exited before the mount was ready ({status})"
+    ))
 }
 
 fn block_signals() -> libc::sigset_t {
@@ -187,7 +194,10 @@ fn detach_output(log_file: Option<&Path>) {
             .map_err(|e| warn!("cannot open log file {}: {e}", p.display()))
             .ok()
     });
-    let null = std::fs::OpenOptions::new().write(true).open("/dev/null").ok();
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .ok();
     use std::os::fd::AsRawFd;
     // SAFETY: dup2 onto the standard descriptors of our own process.
     unsafe {
@@ -218,9 +228,15 @@ fn raise_fd_limit() {
 /// Buffered reads arrive as 128 KiB requests unless the mount's backing device allows
 /// more readahead; raise it to 1 MiB (root only; best effort).
 fn raise_readahead(mountpoint: &Path) {
-    let Ok(meta) = std::fs::metadata(mountpoint) else { return };
+    let Ok(meta) = std::fs::metadata(mountpoint) else {
+        return;
+    };
     let dev = meta.dev();
-    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
     if let Err(e) = std::fs::write(&path, "1024") {
         debug!("cannot raise readahead via {path}: {e}");
     }
@@ -229,11 +245,11 @@ fn raise_readahead(mountpoint: &Path) {
 /// If `mountpoint` is a dead FUSE mount (its daemon was killed: ENOTCONN), detach it so a
 /// new mount can take its place.
 fn clear_dead_mount(mountpoint: &Path) {
-    if let Err(e) = std::fs::metadata(mountpoint) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
-            warn!("{} is a dead mount; detaching it", mountpoint.display());
-            let _ = unmount(mountpoint, true);
-        }
+    if let Err(e) = std::fs::metadata(mountpoint)
+        && e.raw_os_error() == Some(libc::ENOTCONN)
+    {
+        warn!("{} is a dead mount; detaching it", mountpoint.display());
+        let _ = unmount(mountpoint, true);
     }
 }
 
@@ -243,7 +259,9 @@ fn mount_path(p: &Path) -> PathBuf {
     let abs = if p.is_absolute() {
         p.to_path_buf()
     } else {
-        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf())
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
     };
     match (abs.parent(), abs.file_name()) {
         (Some(parent), Some(name)) => parent
@@ -258,16 +276,16 @@ fn mount_path(p: &Path) -> PathBuf {
 fn mounted_type(p: &Path) -> Option<String> {
     let want = mount_path(p);
     let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    mounts
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split(' ');
-            let (_, dir, ty) = (f.next()?, f.next()?, f.next()?);
-            // /proc/mounts escapes spaces and similar as octal.
-            let dir = dir.replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\");
-            (Path::new(&dir) == want).then(|| ty.to_string())
-        })
-        .last()
+    mounts.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let (_, dir, ty) = (f.next()?, f.next()?, f.next()?);
+        // /proc/mounts escapes spaces and similar as octal.
+        let dir = dir
+            .replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\134", "\\");
+        (Path::new(&dir) == want).then(|| ty.to_string())
+    })
 }
 
 /// `pkgfs umount`: unmount a pkgfs mount; if it is busy, detach it lazily (the kernel
@@ -277,7 +295,12 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), String> {
         // fuser's own mount(2) records the type as plain "fuse"; refuse anything that is
         // not FUSE at all, so a typo cannot unmount a disk.
         Some(t) if t == "fuse" || t.starts_with("fuse.") => {}
-        Some(t) => return Err(format!("{} is a {t} mount, not pkgfs (FUSE)", mountpoint.display())),
+        Some(t) => {
+            return Err(format!(
+                "{} is a {t} mount, not pkgfs (FUSE)",
+                mountpoint.display()
+            ));
+        }
         None => return Err(format!("{} is not mounted", mountpoint.display())),
     }
     // SAFETY: geteuid cannot fail.
@@ -313,9 +336,15 @@ fn fusermount(mountpoint: &Path, lazy: bool) -> Result<(), String> {
         Ok(s) if s.success() => Ok(()),
         Ok(_) if !lazy => match run(true) {
             Ok(s) if s.success() => Ok(()),
-            _ => Err(format!("fusermount3 could not unmount {}", mountpoint.display())),
+            _ => Err(format!(
+                "fusermount3 could not unmount {}",
+                mountpoint.display()
+            )),
         },
-        Ok(_) => Err(format!("fusermount3 could not unmount {}", mountpoint.display())),
+        Ok(_) => Err(format!(
+            "fusermount3 could not unmount {}",
+            mountpoint.display()
+        )),
         Err(e) => Err(format!("cannot run fusermount3 (package fuse3): {e}")),
     }
 }

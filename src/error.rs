@@ -43,7 +43,9 @@ impl Error {
     /// The errno this error becomes at the FUSE edge: the single errno table of pkgfs.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io(_) | Error::Format(_) | Error::Corrupt(_) | Error::Unsupported(_) => libc::EIO,
+            Error::Io(_) | Error::Format(_) | Error::Corrupt(_) | Error::Unsupported(_) => {
+                libc::EIO
+            }
             Error::NotFound => libc::ENOENT,
             Error::NotDir => libc::ENOTDIR,
             Error::IsDir => libc::EISDIR,

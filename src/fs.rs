@@ -138,14 +138,24 @@ impl PkgFs {
     /// List directory `ino` from `offset` (0 to start; then the `next_offset` of the last
     /// entry taken). `add` returns `true` when the caller's buffer is full. Entries come
     /// in a fixed order: `.`, `..`, then children in byte order of their names.
-    pub fn readdir(&self, ino: u64, offset: u64, mut add: impl FnMut(DirEntry<'_>) -> bool) -> Result<()> {
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(DirEntry<'_>) -> bool,
+    ) -> Result<()> {
         let dir = self.node(ino)?;
         if dir.kind != Kind::Dir {
             return Err(Error::NotDir);
         }
         let dots = [(ino, &b"."[..]), (dir.parent, &b".."[..])];
         let children = self.tree.children(dir).map(|(i, n)| (i, self.tree.name(n)));
-        for (pos, (child, name)) in dots.into_iter().chain(children).enumerate().skip(offset as usize) {
+        for (pos, (child, name)) in dots
+            .into_iter()
+            .chain(children)
+            .enumerate()
+            .skip(offset as usize)
+        {
             let kind = self.node(child)?.kind;
             let full = add(DirEntry {
                 ino: child,
@@ -189,7 +199,8 @@ impl PkgFs {
     }
 
     fn read_node(&self, ino: u64, node: &Node, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let (Some(idx), Some(member)) = (self.tree.member_index(node), self.tree.member(node)) else {
+        let (Some(idx), Some(member)) = (self.tree.member_index(node), self.tree.member(node))
+        else {
             return self.report(ino, Error::Format("file has no data".into()));
         };
         match self.reader.read(idx, member, offset, size) {

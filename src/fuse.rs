@@ -18,10 +18,10 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use log::{debug, error};
 
@@ -205,10 +205,22 @@ impl Filesystem for Fuse {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let r = guarded("readdir", || {
             self.fs.readdir(ino.0, offset, |e| {
-                reply.add(INodeNo(e.ino), e.next_offset, file_type(e.kind), OsStr::from_bytes(e.name))
+                reply.add(
+                    INodeNo(e.ino),
+                    e.next_offset,
+                    file_type(e.kind),
+                    OsStr::from_bytes(e.name),
+                )
             })
         });
         match r {
@@ -227,13 +239,21 @@ impl Filesystem for Fuse {
     ) {
         let r = guarded("readdirplus", || {
             let mut failed = None;
-            self.fs.readdir(ino.0, offset, |e| match self.fs.getattr(e.ino) {
-                Ok(a) => reply.add(INodeNo(e.ino), e.next_offset, OsStr::from_bytes(e.name), &TTL, &file_attr(&a), GEN),
-                Err(err) => {
-                    failed = Some(err);
-                    true
-                }
-            })?;
+            self.fs
+                .readdir(ino.0, offset, |e| match self.fs.getattr(e.ino) {
+                    Ok(a) => reply.add(
+                        INodeNo(e.ino),
+                        e.next_offset,
+                        OsStr::from_bytes(e.name),
+                        &TTL,
+                        &file_attr(&a),
+                        GEN,
+                    ),
+                    Err(err) => {
+                        failed = Some(err);
+                        true
+                    }
+                })?;
             failed.map_or(Ok(()), Err)
         });
         match r {
@@ -249,7 +269,14 @@ impl Filesystem for Fuse {
         }
     }
 
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
         // No extended attributes; ENOSYS makes the kernel stop asking.
         reply.error(Errno::ENOSYS);
     }
@@ -282,7 +309,16 @@ impl Filesystem for Fuse {
         reply.error(Errno::EROFS);
     }
 
-    fn mknod(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _r: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _r: u32,
+        reply: ReplyEntry,
+    ) {
         reply.error(Errno::EROFS);
     }
 
@@ -334,11 +370,29 @@ impl Filesystem for Fuse {
         reply.error(Errno::EROFS);
     }
 
-    fn create(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _f: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _f: i32,
+        reply: ReplyCreate,
+    ) {
         reply.error(Errno::EROFS);
     }
 
-    fn setxattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, _v: &[u8], _f: i32, _p: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _n: &OsStr,
+        _v: &[u8],
+        _f: i32,
+        _p: u32,
+        reply: ReplyEmpty,
+    ) {
         reply.error(Errno::EROFS);
     }
 

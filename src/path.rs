@@ -87,7 +87,11 @@ mod tests {
         assert_eq!(ok("a/b/c.txt"), ["a", "b", "c.txt"]);
         assert_eq!(ok("./a//b/./c/"), ["a", "b", "c"]);
         assert_eq!(ok("a\\windows\\path.txt"), ["a", "windows", "path.txt"]);
-        assert_eq!(ok("...x/..y"), ["...x", "..y"], "dots inside names are names");
+        assert_eq!(
+            ok("...x/..y"),
+            ["...x", "..y"],
+            "dots inside names are names"
+        );
         assert_eq!(ok("dir:with/colon"), ["dir:with", "colon"]);
     }
 
@@ -107,7 +111,12 @@ mod tests {
             (b"", PathError::Empty),
         ];
         for (raw, want) in cases {
-            assert_eq!(components(raw), Err(*want), "{:?}", String::from_utf8_lossy(raw));
+            assert_eq!(
+                components(raw),
+                Err(*want),
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
         }
         let long = "x".repeat(256);
         assert_eq!(components(long.as_bytes()), Err(PathError::NameTooLong));

@@ -70,7 +70,8 @@ impl Reader {
     /// A reader over `archives` (indexed as in [`Member::archive`]) for `members` members,
     /// with a block cache of `cache_bytes`.
     pub fn new(archives: Vec<Archive>, members: usize, cache_bytes: u64) -> Self {
-        let cap = std::num::NonZeroUsize::new(PARKED_STREAMS).unwrap_or(std::num::NonZeroUsize::MIN);
+        let cap =
+            std::num::NonZeroUsize::new(PARKED_STREAMS).unwrap_or(std::num::NonZeroUsize::MIN);
         Reader {
             archives,
             data_start: (0..members).map(|_| AtomicU64::new(0)).collect(),
@@ -147,7 +148,9 @@ impl Reader {
     }
 
     fn count_archive_bytes(&self, n: usize) {
-        self.stats.archive_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.stats
+            .archive_bytes
+            .fetch_add(n as u64, Ordering::Relaxed);
     }
 
     fn read_stored(&self, idx: u32, m: &Member, offset: u64, end: u64) -> Result<Vec<u8>> {
@@ -185,7 +188,9 @@ impl Reader {
             let within = (pos - bi * BLOCK_SIZE) as usize;
             let take = (block.len().saturating_sub(within) as u64).min(end - pos) as usize;
             if take == 0 {
-                return Err(Error::Corrupt("decoded block is shorter than expected".into()));
+                return Err(Error::Corrupt(
+                    "decoded block is shorter than expected".into(),
+                ));
             }
             out.extend_from_slice(&block[within..within + take]);
             pos += take as u64;
@@ -204,10 +209,10 @@ impl Reader {
             .clone();
         let mut parked = lock(&slot);
         // Another thread may have produced the block while we waited for the member.
-        if self.cache.contains(&key) {
-            if let Some(b) = self.cache.get(&key) {
-                return Ok(b);
-            }
+        if self.cache.contains(&key)
+            && let Some(b) = self.cache.get(&key)
+        {
+            return Ok(b);
         }
         let target = bi * BLOCK_SIZE;
         let mut stream = match parked.take() {
@@ -368,7 +373,9 @@ impl Stream {
         while produced < want {
             read += self.refill(file, m)?;
             let done = self.in_pos >= m.zip.compressed_size;
-            let step = self.codec.step(&self.input[self.in_start..], &mut out[produced..], done)?;
+            let step = self
+                .codec
+                .step(&self.input[self.in_start..], &mut out[produced..], done)?;
             self.in_start += step.consumed;
             produced += step.produced;
             if step.ended {
@@ -404,7 +411,9 @@ impl Stream {
         while !self.ended {
             read += self.refill(file, m)?;
             let done = self.in_pos >= m.zip.compressed_size;
-            let step = self.codec.step(&self.input[self.in_start..], &mut scratch, done)?;
+            let step = self
+                .codec
+                .step(&self.input[self.in_start..], &mut scratch, done)?;
             self.in_start += step.consumed;
             if step.produced > 0 {
                 return Err(Error::Corrupt(format!(
@@ -416,7 +425,9 @@ impl Stream {
                 break;
             }
             if step.consumed == 0 {
-                return Err(Error::Corrupt("stream does not end where the directory says".into()));
+                return Err(Error::Corrupt(
+                    "stream does not end where the directory says".into(),
+                ));
             }
         }
         let crc = std::mem::take(&mut self.crc).finalize();

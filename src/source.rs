@@ -74,7 +74,10 @@ pub fn discover(sources: &[PathBuf]) -> Result<Vec<Candidate>> {
 }
 
 /// Open and index every candidate using up to `threads` threads, keeping the order.
-pub fn index_all(candidates: &[Candidate], threads: usize) -> Vec<std::result::Result<Indexed, OpenError>> {
+pub fn index_all(
+    candidates: &[Candidate],
+    threads: usize,
+) -> Vec<std::result::Result<Indexed, OpenError>> {
     let results: Vec<Mutex<Option<std::result::Result<Indexed, OpenError>>>> =
         candidates.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
@@ -132,7 +135,8 @@ pub fn load(sources: &[PathBuf], opts: &LoadOptions) -> Result<(PkgFs, LoadRepor
                 report.ignored.push(cand.path.clone());
             }
             Err(OpenError::NotAnArchive) => {
-                let e = Error::Format("not a ZIP archive (no end of central directory record)".into());
+                let e =
+                    Error::Format("not a ZIP archive (no end of central directory record)".into());
                 warn!("skipping {}: {e}", cand.path.display());
                 report.skipped.push((cand.path.clone(), e));
             }

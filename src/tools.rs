@@ -98,13 +98,19 @@ pub fn cat(sources: &[PathBuf], path: &[u8], out: &mut impl Write) -> Result<(),
         let t = fs.readlink(ino).map_err(|e| format!("{shown}: {e}"))?;
         return out.write_all(&t).map_err(|e| e.to_string());
     }
-    stream(&fs, ino, |chunk| out.write_all(chunk).map_err(|e| e.to_string()))
-        .map(|_| ())
-        .map_err(|e| format!("{shown}: {e}"))
+    stream(&fs, ino, |chunk| {
+        out.write_all(chunk).map_err(|e| e.to_string())
+    })
+    .map(|_| ())
+    .map_err(|e| format!("{shown}: {e}"))
 }
 
 /// Read a whole file in chunks, handing each to `sink`.
-fn stream(fs: &PkgFs, ino: u64, mut sink: impl FnMut(&[u8]) -> Result<(), String>) -> Result<u64, String> {
+fn stream(
+    fs: &PkgFs,
+    ino: u64,
+    mut sink: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<u64, String> {
     let mut off = 0u64;
     loop {
         let chunk = fs.read(ino, off, CHUNK).map_err(|e: Error| e.to_string())?;
@@ -148,7 +154,9 @@ pub fn check(sources: &[PathBuf], out: &mut impl Write) -> Result<bool, String> 
     let mut bytes = 0u64;
     for ino in 1..=tree.len() as u64 {
         let Some(node) = tree.node(ino) else { continue };
-        let Some(member) = tree.member(node) else { continue };
+        let Some(member) = tree.member(node) else {
+            continue;
+        };
         files += 1;
         let mut crc = crc32fast::Hasher::new();
         let result = stream(&fs, ino, |c| {
@@ -160,7 +168,10 @@ pub fn check(sources: &[PathBuf], out: &mut impl Write) -> Result<bool, String> 
             if n != member.size {
                 Err(format!("read {n} bytes, directory says {}", member.size))
             } else if sum != member.zip.crc32 {
-                Err(format!("CRC-32 {sum:08x}, directory says {:08x}", member.zip.crc32))
+                Err(format!(
+                    "CRC-32 {sum:08x}, directory says {:08x}",
+                    member.zip.crc32
+                ))
             } else {
                 Ok(n)
             }

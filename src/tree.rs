@@ -199,7 +199,10 @@ impl Tree {
     /// Resolve a `/`-separated path from the root (no symlinks are followed).
     pub fn resolve(&self, path: &[u8]) -> Option<u64> {
         let mut ino = ROOT_INO;
-        for comp in path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".") {
+        for comp in path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
             ino = self.lookup(self.node(ino)?, comp)?;
         }
         Some(ino)
@@ -317,7 +320,14 @@ impl TreeBuilder {
         });
     }
 
-    fn insert(&mut self, archive: u32, archive_mtime: i64, comps: &[Vec<u8>], kind: Kind, e: &Entry) {
+    fn insert(
+        &mut self,
+        archive: u32,
+        archive_mtime: i64,
+        comps: &[Vec<u8>],
+        kind: Kind,
+        e: &Entry,
+    ) {
         let Some((last, parents)) = comps.split_last() else {
             return;
         };
@@ -447,7 +457,8 @@ impl TreeBuilder {
             let ino = head as u64 + 1;
             head += 1;
             let b = &mut nodes[bi];
-            let mut kids: Vec<(Vec<u8>, usize)> = std::mem::take(&mut b.children).into_iter().collect();
+            let mut kids: Vec<(Vec<u8>, usize)> =
+                std::mem::take(&mut b.children).into_iter().collect();
             kids.sort_unstable();
             let first_child = queue.len() as u64 + 1;
             for (_, k) in &kids {
@@ -569,7 +580,10 @@ mod tests {
         assert_eq!(names(&t, ""), ["a", "b"]);
         assert_eq!(names(&t, "b"), ["a", "z"]);
         let x = t.node(t.resolve(b"a/x").unwrap()).unwrap();
-        assert_eq!((x.kind, x.perm, x.mtime, x.uid), (Kind::Dir, 0o755, 1000, 7));
+        assert_eq!(
+            (x.kind, x.perm, x.mtime, x.uid),
+            (Kind::Dir, 0o755, 1000, 7)
+        );
         assert_eq!(t.node(ROOT_INO).unwrap().nlink, 4);
         assert_eq!(t.path_of(t.resolve(b"a/x/y").unwrap()), b"a/x/y");
         assert_eq!(t.total_bytes, 6);
@@ -601,7 +615,10 @@ mod tests {
 
     #[test]
     fn explicit_directory_metadata_last_wins() {
-        let t = build(&[vec![dir("d/", 0o700), file("d/f", 1)], vec![dir("d/", 0o750)]]);
+        let t = build(&[
+            vec![dir("d/", 0o700), file("d/f", 1)],
+            vec![dir("d/", 0o750)],
+        ]);
         let d = t.node(t.resolve(b"d").unwrap()).unwrap();
         assert_eq!((d.perm, d.mtime, d.uid, d.gid), (0o750, 200, 1, 2));
         assert_eq!(names(&t, "d"), ["f"]);
@@ -612,7 +629,12 @@ mod tests {
 
     #[test]
     fn unsafe_paths_are_skipped_and_reported() {
-        let t = build(&[vec![file("../evil", 1), file("/abs", 1), file("ok", 1), dir("./", 0o700)]]);
+        let t = build(&[vec![
+            file("../evil", 1),
+            file("/abs", 1),
+            file("ok", 1),
+            dir("./", 0o700),
+        ]]);
         assert_eq!(names(&t, ""), ["ok"]);
         assert_eq!(t.skipped.len(), 2);
         assert_eq!(t.node(ROOT_INO).unwrap().perm, 0o755);

@@ -37,7 +37,9 @@ pub fn require_fuse() -> bool {
 }
 
 fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
@@ -139,7 +141,10 @@ impl Mount {
         };
         let start = Instant::now();
         while !m.is_mounted() {
-            assert!(start.elapsed() < Duration::from_secs(20), "mount did not appear");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "mount did not appear"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         m
@@ -167,7 +172,11 @@ impl Mount {
     /// Unmount with `pkgfs umount` and wait for a foreground daemon to exit.
     pub fn unmount(&mut self) {
         if self.is_mounted() {
-            let out = pkgfs().arg("umount").arg(self.path()).output().expect("umount");
+            let out = pkgfs()
+                .arg("umount")
+                .arg(self.path())
+                .output()
+                .expect("umount");
             if !out.status.success() {
                 let _ = Command::new("umount").arg("-l").arg(self.path()).status();
             }

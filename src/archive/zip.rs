@@ -152,7 +152,10 @@ pub fn locate(file: &File, size: u64) -> Result<Locator, IndexError> {
             let mut rec = [0u8; ZIP64_EOCD_LEN];
             let mut found = None;
             for at in [expected, recorded] {
-                if at.checked_add(ZIP64_EOCD_LEN as u64).is_some_and(|e| e <= size) {
+                if at
+                    .checked_add(ZIP64_EOCD_LEN as u64)
+                    .is_some_and(|e| e <= size)
+                {
                     read_exact_at(file, &mut rec, at)?;
                     if &rec[0..4] == ZIP64_EOCD_SIG {
                         found = Some(at);
@@ -278,10 +281,10 @@ fn parse_record(
                     gid = Some(g);
                 }
             }
-            0x7075 if data.len() >= 5 && data[0] == 1 => {
-                if u32_at(data, 1) == crc32fast::hash(name) {
-                    unicode_name = Some(data[5..].to_vec());
-                }
+            0x7075
+                if data.len() >= 5 && data[0] == 1 && u32_at(data, 1) == crc32fast::hash(name) =>
+            {
+                unicode_name = Some(data[5..].to_vec());
             }
             _ => {}
         }
@@ -545,7 +548,11 @@ mod tests {
         assert_eq!(find_eocd(&tail), Some(10));
         assert_eq!(find_eocd(b"PK\x05\x06"), None);
         tail.extend_from_slice(b"junk");
-        assert_eq!(find_eocd(&tail), Some(10), "trailing junk still finds the record");
+        assert_eq!(
+            find_eocd(&tail),
+            Some(10),
+            "trailing junk still finds the record"
+        );
     }
 
     #[test]
