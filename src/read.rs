@@ -435,3 +435,228 @@ impl Stream {
         Ok(read)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use super::*;
+    use crate::archive;
+    use crate::fs::PkgFs;
+    use crate::tree::{Ownership, TreeBuilder};
+
+    const OWNER: Ownership = Ownership {
+        uid: 0,
+        gid: 0,
+        force_uid: false,
+        force_gid: false,
+    };
+
+    /// Write a ZIP with the `zip` crate and mount it as a `PkgFs` (no FUSE).
+    fn build(
+        files: &[(&str, ::zip::CompressionMethod, &[u8])],
+        cache: u64,
+    ) -> (tempfile::TempDir, PkgFs) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.zip");
+        let mut w = ::zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        for (name, method, data) in files {
+            let opts = ::zip::write::SimpleFileOptions::default()
+                .compression_method(*method)
+                .large_file(data.len() > u32::MAX as usize);
+            w.start_file(*name, opts).unwrap();
+            w.write_all(data).unwrap();
+        }
+        w.finish().unwrap();
+        (dir, open(&path, cache))
+    }
+
+    fn open(path: &std::path::Path, cache: u64) -> PkgFs {
+        let idx = archive::open(path).unwrap_or_else(|_| panic!("open {}", path.display()));
+        let mut b = TreeBuilder::new(OWNER);
+        b.add_layer(0, 0, &idx.entries);
+        PkgFs::new(b.finish(), vec![idx.archive], cache)
+    }
+
+    fn data(n: usize) -> Vec<u8> {
+        // Compressible but not trivially: a slow-changing pseudo-random text.
+        let mut x = 1u32;
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                b"abcdefgh\n"[(x >> 28) as usize % 9]
+            })
+            .collect()
+    }
+
+    fn read_all(fs: &PkgFs, ino: u64, chunk: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        loop {
+            let c = fs.read(ino, out.len() as u64, chunk).unwrap();
+            if c.is_empty() {
+                return out;
+            }
+            out.extend(c);
+        }
+    }
+
+    #[test]
+    fn sequential_reads_decode_each_block_once() {
+        use ::zip::CompressionMethod::{Deflated, Zstd};
+        let big = data(3 * BLOCK_SIZE as usize + 1234);
+        for method in [Deflated, Zstd] {
+            let (_d, fs) = build(&[("big", method, &big)], 64 << 20);
+            let ino = fs.tree().resolve(b"big").unwrap();
+            assert_eq!(read_all(&fs, ino, 128 * 1024), big, "{method:?}");
+            let s = &fs.reader().stats;
+            assert_eq!(
+                s.streams_started.load(Relaxed),
+                1,
+                "never restarted ({method:?})"
+            );
+            assert_eq!(s.blocks_decoded.load(Relaxed), 4);
+            assert_eq!(s.decompressed_bytes.load(Relaxed), big.len() as u64);
+            // A second pass is served from the cache.
+            assert_eq!(read_all(&fs, ino, 100_000), big);
+            assert_eq!(s.blocks_decoded.load(Relaxed), 4);
+        }
+    }
+
+    #[test]
+    fn concurrent_misses_share_one_decompression() {
+        let big = data(2 * BLOCK_SIZE as usize);
+        let (_d, fs) = build(
+            &[("big", ::zip::CompressionMethod::Deflated, &big)],
+            64 << 20,
+        );
+        let ino = fs.tree().resolve(b"big").unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| assert_eq!(fs.read(ino, 1000, 10).unwrap(), &big[1000..1010]));
+            }
+        });
+        assert_eq!(fs.reader().stats.blocks_decoded.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_tiny_cache_still_reads_correctly() {
+        let big = data(5 * BLOCK_SIZE as usize);
+        let (_d, fs) = build(&[("big", ::zip::CompressionMethod::Deflated, &big)], 1000);
+        let ino = fs.tree().resolve(b"big").unwrap();
+        assert_eq!(read_all(&fs, ino, 70_000), big);
+        assert_eq!(
+            fs.reader().cache().bytes(),
+            0,
+            "blocks larger than the budget are not kept"
+        );
+        // Backwards: restarts, still right.
+        assert_eq!(fs.read(ino, 10, 20).unwrap(), &big[10..30]);
+    }
+
+    #[test]
+    fn stored_members_are_read_in_place_and_crc_checked() {
+        let small = data(5000);
+        let large = data(VERIFY_MAX as usize + 10);
+        let (dir, fs) = build(
+            &[
+                ("small", ::zip::CompressionMethod::Stored, &small),
+                ("large", ::zip::CompressionMethod::Stored, &large),
+            ],
+            1 << 20,
+        );
+        let ino = fs.tree().resolve(b"large").unwrap();
+        assert_eq!(fs.read(ino, 7, 100).unwrap(), &large[7..107]);
+        assert_eq!(fs.reader().stats.decompressed_bytes.load(Relaxed), 0);
+        assert_eq!(
+            fs.reader().cache().bytes(),
+            0,
+            "stored data is not copied into the cache"
+        );
+        let ino = fs.tree().resolve(b"small").unwrap();
+        assert_eq!(fs.read(ino, 0, 10).unwrap(), &small[..10]);
+
+        // Flip one byte of the small member's data: its first read fails with EIO.
+        let path = dir.path().join("t.zip");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes
+            .windows(100)
+            .position(|w| w == &small[1000..1100])
+            .unwrap();
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let fs = open(&path, 1 << 20);
+        let ino = fs.tree().resolve(b"small").unwrap();
+        let e = fs.read(ino, 0, 10).unwrap_err();
+        assert_eq!(e.errno(), libc::EIO);
+        assert!(e.to_string().contains("CRC"), "{e}");
+    }
+
+    /// Patch the central directory record of the first member: `f` edits its fields.
+    fn patch_cd(path: &std::path::Path, f: impl Fn(&mut [u8])) {
+        let mut bytes = std::fs::read(path).unwrap();
+        let at = bytes.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+        f(&mut bytes[at..at + 46]);
+        std::fs::write(path, &bytes).unwrap();
+    }
+
+    #[test]
+    fn lying_sizes_and_crcs_are_corruption_not_allocation() {
+        let body = data(400_000);
+        let cases: [(&str, fn(&mut [u8])); 3] = [
+            // Declared size far larger than the stream: the stream ends early.
+            ("size too large", |r| {
+                r[24..28].copy_from_slice(&u32::MAX.to_le_bytes())
+            }),
+            // Declared size smaller than the stream: more data than declared.
+            ("size too small", |r| {
+                r[24..28].copy_from_slice(&1000u32.to_le_bytes())
+            }),
+            ("bad crc", |r| r[16] ^= 1),
+        ];
+        for (what, edit) in cases {
+            let (dir, _) = build(&[("f", ::zip::CompressionMethod::Deflated, &body)], 1 << 20);
+            let path = dir.path().join("t.zip");
+            patch_cd(&path, edit);
+            let fs = open(&path, 1 << 20);
+            let ino = fs.tree().resolve(b"f").unwrap();
+            let mut err = None;
+            let mut off = 0;
+            while off < fs.getattr(ino).unwrap().size {
+                match fs.read(ino, off, 1 << 20) {
+                    Ok(c) if c.is_empty() => break,
+                    Ok(c) => off += c.len() as u64,
+                    Err(e) => {
+                        err = Some(e);
+                        break;
+                    }
+                }
+            }
+            let e = err.unwrap_or_else(|| panic!("{what}: no error"));
+            assert_eq!(e.errno(), libc::EIO, "{what}");
+        }
+    }
+
+    #[test]
+    fn unsupported_and_truncated_members_fail_cleanly() {
+        let body = data(100_000);
+        let (dir, _) = build(&[("f", ::zip::CompressionMethod::Deflated, &body)], 1 << 20);
+        let path = dir.path().join("t.zip");
+        patch_cd(&path, |r| r[10] = 12); // claim bzip2
+        let fs = open(&path, 1 << 20);
+        let e = fs
+            .read(fs.tree().resolve(b"f").unwrap(), 0, 10)
+            .unwrap_err();
+        assert!(e.to_string().contains("bzip2"), "{e}");
+
+        // Compressed size cut short: the stream runs out of input.
+        let (dir, _) = build(&[("f", ::zip::CompressionMethod::Deflated, &body)], 1 << 20);
+        let path = dir.path().join("t.zip");
+        patch_cd(&path, |r| r[20..24].copy_from_slice(&100u32.to_le_bytes()));
+        let fs = open(&path, 1 << 20);
+        let e = fs
+            .read(fs.tree().resolve(b"f").unwrap(), 0, 200_000)
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EIO);
+    }
+}
