@@ -603,7 +603,8 @@ mod tests {
     #[test]
     fn lying_sizes_and_crcs_are_corruption_not_allocation() {
         let body = data(400_000);
-        let cases: [(&str, fn(&mut [u8])); 3] = [
+        type Edit = fn(&mut [u8]);
+        let cases: [(&str, Edit); 3] = [
             // Declared size far larger than the stream: the stream ends early.
             ("size too large", |r| {
                 r[24..28].copy_from_slice(&u32::MAX.to_le_bytes())
