@@ -285,6 +285,45 @@ impl Filesystem for Fuse {
         reply.error(Errno::ENOSYS);
     }
 
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing to flush; ENOSYS makes the kernel stop sending FLUSH on every close.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // The mount uses default_permissions: the kernel checks modes itself.
+        reply.error(Errno::ENOSYS);
+    }
+
     // Write-type operations. The mount is read-only (`ro`), so the kernel refuses most of
     // these before they arrive; answering EROFS here too keeps the promise if it does not.
 

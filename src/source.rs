@@ -130,7 +130,7 @@ pub fn load(sources: &[PathBuf], opts: &LoadOptions) -> Result<(PkgFs, LoadRepor
                 report.layers.push(cand.path.clone());
                 archives.push(archive);
             }
-            Err(OpenError::NotAnArchive) if !cand.explicit => {
+            Err(OpenError::NotAnArchive) if !cand.explicit && !looks_like_archive(&cand.path) => {
                 info!("{}: not an archive, ignored", cand.path.display());
                 report.ignored.push(cand.path.clone());
             }
@@ -177,6 +177,25 @@ pub fn load(sources: &[PathBuf], opts: &LoadOptions) -> Result<(PkgFs, LoadRepor
         tree.total_bytes
     );
     Ok((PkgFs::new(tree, archives, opts.cache_bytes), report))
+}
+
+/// Extensions of ZIP-based package formats. A file in a source directory with one of
+/// these names, or starting with a ZIP signature, that cannot be read is *skipped with a
+/// warning* (it is a broken package); any other non-archive is ignored quietly.
+const ARCHIVE_EXTENSIONS: &[&str] = &[
+    "zip", "jar", "war", "ear", "aar", "whl", "egg", "apk", "xpi", "nupkg", "vsix", "ipa", "pkg",
+];
+
+fn looks_like_archive(path: &Path) -> bool {
+    let by_name = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| ARCHIVE_EXTENSIONS.iter().any(|a| a.eq_ignore_ascii_case(e)));
+    let mut magic = [0u8; 4];
+    let by_content = std::fs::File::open(path)
+        .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut magic, 0))
+        .is_ok_and(|()| magic[..2] == *b"PK");
+    by_name || by_content
 }
 
 /// The display name of archive number `idx` among `layers`.

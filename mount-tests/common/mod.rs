@@ -1,5 +1,5 @@
 //! Shared helpers of the mount tests: fixtures, a mount guard that always unmounts, and
-//! the bridge to the independent Python model (`mount-tests/expect.py`).
+//! the bridge to the independent Python model (`mount-tests/model.py`).
 
 #![allow(dead_code)]
 
@@ -50,7 +50,7 @@ fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
-/// The fixture catalogue made by real tools (`mount-tests/fixtures.py`), built once per
+/// The fixture catalogue made by real tools (`mount-tests/make_fixtures.py`), built once per
 /// target directory and reused.
 pub fn fixtures() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -58,7 +58,7 @@ pub fn fixtures() -> &'static Path {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures");
         run_ok(
             Command::new("python3")
-                .arg(repo().join("mount-tests/fixtures.py"))
+                .arg(repo().join("mount-tests/make_fixtures.py"))
                 .arg(&dir)
                 .env("TZ", "UTC"),
         );
@@ -73,7 +73,7 @@ pub fn large_fixtures() -> &'static Path {
         let dir = fixtures().to_path_buf();
         run_ok(
             Command::new("python3")
-                .arg(repo().join("mount-tests/fixtures.py"))
+                .arg(repo().join("mount-tests/make_fixtures.py"))
                 .arg(&dir)
                 .arg("--large")
                 .env("TZ", "UTC"),
@@ -207,17 +207,17 @@ impl Drop for Mount {
     }
 }
 
-/// Compare a mount with the independent model of `expect.py`; panics with its report.
+/// Compare a mount with the independent model of `model.py`; panics with its report.
 pub fn expect_matches(mount: &Path, sources: &[&Path], extra: &[&str]) {
     let out = Command::new("python3")
-        .arg(repo().join("mount-tests/expect.py"))
+        .arg(repo().join("mount-tests/model.py"))
         .arg("compare")
         .args(extra)
         .arg(mount)
         .args(sources)
         .env("TZ", "UTC")
         .output()
-        .expect("run expect.py");
+        .expect("run model.py");
     assert!(
         out.status.success(),
         "mounted tree differs from the model:\n{}{}",
