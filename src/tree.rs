@@ -592,6 +592,16 @@ mod tests {
     }
 
     #[test]
+    fn later_file_wins_inside_an_implied_directory() {
+        let t = build(&[
+            vec![dir("a/", 0o755), file("a/x", 1), file("s/v", 1)],
+            vec![file("d/r", 3), file("s/v", 2)],
+        ]);
+        let v = t.node(t.resolve(b"s/v").unwrap()).unwrap();
+        assert_eq!((v.size, v.archive), (2, 1));
+    }
+
+    #[test]
     fn later_file_wins_and_conflict_is_recorded() {
         let t = build(&[vec![file("f", 1)], vec![file("f", 2)]]);
         let f = t.node(t.resolve(b"f").unwrap()).unwrap();
