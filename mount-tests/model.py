@@ -246,7 +246,7 @@ def observe(mount):
             r = rel + b"/" + n if rel else n
             st = os.lstat(os.path.join(mount, r))
             node = dict(perm=st.st_mode & 0o7777, mtime=int(st.st_mtime), uid=st.st_uid,
-                        gid=st.st_gid, size=st.st_size, nlink=st.st_nlink)
+                        gid=st.st_gid, size=st.st_size, nlink=st.st_nlink, ino=st.st_ino)
             if stat.S_ISDIR(st.st_mode):
                 node["kind"] = "dir"
                 stack.append(r)
@@ -260,6 +260,12 @@ def observe(mount):
                 node["kind"] = "file"
                 node["digest"] = read_digest(os.path.join(mount, r))
             seen[r] = node
+    inodes = {}
+    for path, node in seen.items():
+        inodes.setdefault(node["ino"], []).append(path)
+    for ino, paths in inodes.items():
+        if len(paths) > 1:
+            problems.append(f"inode {ino} is shared by {len(paths)} paths, e.g. {paths[:2]}")
     st = os.lstat(mount)
     seen[b""] = dict(kind="dir", perm=st.st_mode & 0o7777, mtime=int(st.st_mtime), uid=st.st_uid,
                      gid=st.st_gid, nlink=st.st_nlink)

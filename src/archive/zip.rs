@@ -112,16 +112,48 @@ pub fn find_eocd(tail: &[u8]) -> Option<usize> {
     lax
 }
 
-/// Read the end records of `file` (`size` bytes long) and locate the central directory.
-pub fn locate(file: &File, size: u64) -> Result<Locator, IndexError> {
-    let tail_len = size.min(MAX_TAIL as u64) as usize;
-    if tail_len < EOCD_LEN {
-        return Err(IndexError::NotZip);
+/// How much of the end of a file is read first. Most archives have no comment, so the
+/// end record is in the last 22 bytes, and a small archive's whole central directory
+/// usually fits in this first read too: one `pread` indexes it.
+const FIRST_TAIL: usize = 16 * 1024;
+
+/// The last bytes of an archive, holding its end record.
+pub struct Tail {
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// Their offset in the file.
+    pub start: u64,
+    /// Position of the end record within `bytes`.
+    pub eocd: usize,
+}
+
+/// Read the end of `file` (`size` bytes long) until the end record is found: first
+/// [`FIRST_TAIL`] bytes, then, for archives with a long comment, the largest tail that
+/// can hold it.
+pub fn read_tail(file: &File, size: u64) -> Result<Tail, IndexError> {
+    let mut want = size.min(FIRST_TAIL as u64) as usize;
+    loop {
+        if want < EOCD_LEN {
+            return Err(IndexError::NotZip);
+        }
+        let start = size - want as u64;
+        let mut bytes = vec![0u8; want];
+        read_exact_at(file, &mut bytes, start)?;
+        if let Some(eocd) = find_eocd(&bytes) {
+            return Ok(Tail { bytes, start, eocd });
+        }
+        let max = size.min(MAX_TAIL as u64) as usize;
+        if want >= max {
+            return Err(IndexError::NotZip);
+        }
+        want = max;
     }
-    let tail_start = size - tail_len as u64;
-    let mut tail = vec![0u8; tail_len];
-    read_exact_at(file, &mut tail, tail_start)?;
-    let pos = find_eocd(&tail).ok_or(IndexError::NotZip)?;
+}
+
+/// Locate the central directory from the end records in `tail`.
+pub fn locate(file: &File, size: u64, tail: &Tail) -> Result<Locator, IndexError> {
+    let (tail_start, pos) = (tail.start, tail.eocd);
+    let tail = &tail.bytes;
     let eocd = &tail[pos..pos + EOCD_LEN];
     let eocd_abs = tail_start + pos as u64;
     if u16_at(eocd, 4) != 0 || u16_at(eocd, 6) != 0 {
@@ -187,8 +219,15 @@ pub fn locate(file: &File, size: u64) -> Result<Locator, IndexError> {
 
 /// Read the whole index of a ZIP file.
 pub fn read_index(file: &File, size: u64) -> Result<Vec<Entry>, IndexError> {
-    let loc = locate(file, size)?;
+    let tail = read_tail(file, size)?;
+    let loc = locate(file, size, &tail)?;
     let len = usize::try_from(loc.cd_size).map_err(|_| bad("central directory too large"))?;
+    // The directory is often inside the tail already read.
+    if let Some(rel) = loc.cd_offset.checked_sub(tail.start)
+        && let Some(cd) = tail.bytes.get(rel as usize..rel as usize + len)
+    {
+        return parse_central_directory(cd, loc.shift, size).map_err(IndexError::Bad);
+    }
     let mut cd = vec![0u8; len];
     read_exact_at(file, &mut cd, loc.cd_offset)?;
     parse_central_directory(&cd, loc.shift, size).map_err(IndexError::Bad)
