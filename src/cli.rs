@@ -45,6 +45,37 @@ enum CliCommand {
     /// Verify every member (decompress, check CRC), report skipped archives and entries
     /// and path conflicts. Exits non-zero if anything is unreadable or was skipped.
     Check(CheckArgs),
+    /// Write DIR as a pkgfs package: a seekable-zstd tar with an embedded index.
+    ///
+    /// `zstd -dc OUT | tar x` unpacks it with standard tools; `pkgfs mount` reads any file
+    /// by decompressing only the frames that hold it. Output is reproducible: the same
+    /// tree gives the same bytes. Symlinks are stored, never followed.
+    Pack(PackArgs),
+}
+
+#[derive(Debug, Args)]
+struct PackArgs {
+    /// The directory to pack (its contents become the package's root).
+    dir: PathBuf,
+    /// The package file to write.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// zstd compression level (1-22).
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(i32).range(1..=22))]
+    level: i32,
+    /// Compression threads (default: all CPUs).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Decompressed bytes per frame: the unit of random access (K, M suffixes).
+    #[arg(long, value_name = "SIZE", default_value = "256K")]
+    frame_size: String,
+    /// Clamp modification times to at most this (seconds since the epoch), as
+    /// SOURCE_DATE_EPOCH does for reproducible builds.
+    #[arg(long, value_name = "SECONDS")]
+    mtime: Option<i64>,
+    /// Record this owner for every entry (UID:GID), e.g. 0:0.
+    #[arg(long, value_name = "UID:GID")]
+    owner: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +112,13 @@ struct MountArgs {
     /// Where the background daemon writes its log (default: discarded once mounted).
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
+    /// Where to keep indexes of seekable tar.zst archives that have no pkgfs index
+    /// (default: $XDG_CACHE_HOME/pkgfs/index or ~/.cache/pkgfs/index).
+    #[arg(long, value_name = "DIR", conflicts_with = "no_index_cache")]
+    index_cache: Option<PathBuf>,
+    /// Do not cache indexes of foreign seekable archives (rescan them at every mount).
+    #[arg(long)]
+    no_index_cache: bool,
 }
 
 #[derive(Debug, Args)]
@@ -149,6 +187,8 @@ pub struct MountConfig {
     pub fsname: String,
     /// Daemon log destination.
     pub log_file: Option<PathBuf>,
+    /// Index cache directory for foreign seekable archives (None: no cache).
+    pub index_cache: Option<PathBuf>,
 }
 
 /// A validated command.
@@ -182,6 +222,8 @@ pub enum Command {
         /// Sources.
         sources: Vec<PathBuf>,
     },
+    /// Pack a directory.
+    Pack(crate::pack::PackConfig),
 }
 
 /// Parse a byte size such as `512`, `64K`, `256M`, `2G` (binary multiples).
@@ -252,8 +294,39 @@ impl Cli {
                 }
             }
             CliCommand::Check(c) => Command::Check { sources: c.sources },
+            CliCommand::Pack(p) => Command::Pack(pack_config(p)?),
         })
     }
+}
+
+fn pack_config(p: PackArgs) -> Result<crate::pack::PackConfig, String> {
+    let frame_size = parse_size(&p.frame_size)?;
+    if !(4096..=64 << 20).contains(&frame_size) {
+        return Err("--frame-size must be between 4K and 64M".into());
+    }
+    let owner = match p.owner {
+        None => None,
+        Some(o) => {
+            let (u, g) = o.split_once(':').ok_or("--owner takes UID:GID")?;
+            let num = |x: &str| {
+                x.parse::<u32>()
+                    .map_err(|_| format!("--owner: bad id {x:?}"))
+            };
+            Some((num(u)?, num(g)?))
+        }
+    };
+    Ok(crate::pack::PackConfig {
+        dir: p.dir,
+        output: p.output,
+        level: p.level,
+        threads: p
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+            .max(1),
+        frame_size: frame_size as usize,
+        mtime_clamp: p.mtime,
+        owner,
+    })
 }
 
 fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
@@ -285,6 +358,12 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
         noexec: false,
         noatime: false,
         log_file: m.log_file,
+        index_cache: if m.no_index_cache {
+            None
+        } else {
+            m.index_cache
+                .or_else(crate::archive::seekable::IndexCache::default_dir)
+        },
     };
     for opt in m
         .options

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use log::{debug, info, warn};
 
+use crate::archive::seekable::IndexCache;
 use crate::cli::{Access, MountConfig};
 use crate::fuse::Fuse;
 use crate::source::{self, LoadOptions};
@@ -109,6 +110,7 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         owner: cfg.owner,
         cache_bytes: cfg.cache_bytes,
+        index_cache: cfg.index_cache.clone().map(IndexCache::new),
     };
     let (fs, report) = source::load(&cfg.sources, &opts).map_err(|e| e.to_string())?;
     info!(

@@ -130,7 +130,11 @@ impl PkgFs {
         let ino = match name {
             b"." => parent,
             b".." => dir.parent,
-            _ => self.tree.lookup(dir, name).ok_or(Error::NotFound)?,
+            _ => self
+                .tree
+                .lookup(dir, name)
+                .map(|i| self.tree.canonical(i))
+                .ok_or(Error::NotFound)?,
         };
         self.getattr(ino)
     }
@@ -149,7 +153,10 @@ impl PkgFs {
             return Err(Error::NotDir);
         }
         let dots = [(ino, &b"."[..]), (dir.parent, &b".."[..])];
-        let children = self.tree.children(dir).map(|(i, n)| (i, self.tree.name(n)));
+        let children = self
+            .tree
+            .children(dir)
+            .map(|(i, n)| (self.tree.canonical(i), self.tree.name(n)));
         for (pos, (child, name)) in dots
             .into_iter()
             .chain(children)

@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod error;
 pub mod fs;
 pub mod fuse;
+pub mod pack;
 pub mod path;
 pub mod read;
 pub mod source;

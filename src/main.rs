@@ -38,6 +38,18 @@ fn main() -> ExitCode {
         Command::Ls { sources, path } => tools::ls(&sources, &path, &mut out),
         Command::Cat { sources, path } => tools::cat(&sources, &path, &mut out).map(|()| true),
         Command::Check { sources } => tools::check(&sources, &mut out),
+        Command::Pack(cfg) => pkgfs::pack::pack(&cfg).map(|st| {
+            eprintln!(
+                "{}: {} entries, {} bytes of data, {} frames, {} bytes ({:.1}% of the tar stream)",
+                cfg.output.display(),
+                st.entries,
+                st.data_bytes,
+                st.frames,
+                st.output_bytes,
+                100.0 * st.output_bytes as f64 / st.stream_bytes.max(1) as f64
+            );
+            true
+        }),
     };
     let flushed = out.flush();
     match (result, flushed) {

@@ -21,11 +21,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
 
+use crate::archive::seekable::{self, SeekTable};
 use crate::archive::zip::{self, METHOD_DEFLATE, METHOD_STORED, METHOD_ZSTD};
-use crate::archive::{Archive, read_exact_at};
+use crate::archive::{Archive, ZipData, read_exact_at};
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
-use crate::tree::Member;
+use crate::tree::{Member, MemberData};
 
 /// Decompressed bytes per cache block.
 pub const BLOCK_SIZE: u64 = 256 * 1024;
@@ -33,7 +34,8 @@ pub const BLOCK_SIZE: u64 = 256 * 1024;
 pub const VERIFY_MAX: u64 = 1024 * 1024;
 /// Compressed input is read in chunks of this size.
 const INPUT_CHUNK: usize = 128 * 1024;
-/// How many members may keep a parked decoder (each holds a window and an input buffer).
+/// How many members or frames may have a fill slot (a ZIP member's holds its parked
+/// decoder: a window and an input buffer).
 const PARKED_STREAMS: usize = 64;
 
 /// Counters of the read path.
@@ -49,15 +51,34 @@ pub struct ReadStats {
     pub blocks_decoded: AtomicU64,
 }
 
+/// A fill slot: whoever holds its lock is filling the blocks of one member or frame;
+/// for ZIP members it also parks the member's decoder between reads.
 type Slot = Arc<Mutex<Option<Stream>>>;
+
+/// Identifies a cached block.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum BlockKey {
+    /// Block `n` of ZIP member `m`'s decompressed data.
+    Member(u32, u64),
+    /// Frame `f` of seekable archive `a`.
+    Frame(u32, u32),
+}
+
+/// A ZIP member as the ZIP read path sees it.
+#[derive(Clone, Copy, Debug)]
+struct ZipMember {
+    archive: u32,
+    zip: ZipData,
+    size: u64,
+}
 
 /// Reads member data for a mounted set of archives.
 pub struct Reader {
     archives: Vec<Archive>,
     data_start: Vec<AtomicU64>,
     verified: Vec<AtomicBool>,
-    cache: BlockCache<(u32, u64)>,
-    streams: Mutex<LruCache<u32, Slot>>,
+    cache: BlockCache<BlockKey>,
+    slots: Mutex<LruCache<BlockKey, Slot>>,
     /// Activity counters.
     pub stats: ReadStats,
 }
@@ -77,7 +98,7 @@ impl Reader {
             data_start: (0..members).map(|_| AtomicU64::new(0)).collect(),
             verified: (0..members).map(|_| AtomicBool::new(false)).collect(),
             cache: BlockCache::new(cache_bytes),
-            streams: Mutex::new(LruCache::new(cap)),
+            slots: Mutex::new(LruCache::new(cap)),
             stats: ReadStats::default(),
         }
     }
@@ -88,26 +109,46 @@ impl Reader {
     }
 
     /// The block cache (for statistics).
-    pub fn cache(&self) -> &BlockCache<(u32, u64)> {
+    pub fn cache(&self) -> &BlockCache<BlockKey> {
         &self.cache
     }
 
-    fn archive(&self, m: &Member) -> Result<&Archive> {
+    fn archive(&self, idx: u32) -> Result<&Archive> {
         self.archives
-            .get(m.archive as usize)
+            .get(idx as usize)
             .ok_or_else(|| Error::Format("member refers to an unknown archive".into()))
     }
 
     /// Read up to `len` bytes at `offset` of member number `idx`. Returns fewer bytes only
     /// at the end of the member.
     pub fn read(&self, idx: u32, m: &Member, offset: u64, len: u32) -> Result<Vec<u8>> {
-        if m.zip.encrypted {
-            return Err(Error::Unsupported("encrypted member".into()));
-        }
         if offset >= m.size {
             return Ok(Vec::new());
         }
         let end = m.size.min(offset.saturating_add(u64::from(len)));
+        match &m.data {
+            MemberData::Zip(zip) => {
+                let zm = ZipMember {
+                    archive: m.archive,
+                    zip: *zip,
+                    size: m.size,
+                };
+                self.read_zip(idx, &zm, offset, end)
+            }
+            MemberData::Seekable(start) => {
+                self.read_seekable(m.archive, start + offset, start + end)
+            }
+            MemberData::Inline(bytes) => Ok(bytes
+                .get(offset as usize..end as usize)
+                .ok_or_else(|| Error::Format("inline data shorter than its size".into()))?
+                .to_vec()),
+        }
+    }
+
+    fn read_zip(&self, idx: u32, m: &ZipMember, offset: u64, end: u64) -> Result<Vec<u8>> {
+        if m.zip.encrypted {
+            return Err(Error::Unsupported("encrypted member".into()));
+        }
         match m.zip.method {
             METHOD_STORED => self.read_stored(idx, m, offset, end),
             METHOD_DEFLATE | METHOD_ZSTD => self.read_compressed(idx, m, offset, end),
@@ -118,9 +159,59 @@ impl Reader {
         }
     }
 
+    /// Bytes `[start, end)` of a seekable archive's decompressed stream, frame by frame
+    /// through the cache; concurrent misses on one frame share one decompression.
+    fn read_seekable(&self, archive: u32, start: u64, end: u64) -> Result<Vec<u8>> {
+        let a = self.archive(archive)?;
+        let table = a.table.as_ref().ok_or_else(|| {
+            Error::Format("seekable member in an archive without a seek table".into())
+        })?;
+        let mut out = Vec::with_capacity((end - start) as usize);
+        let mut pos = start;
+        while pos < end {
+            let fi = table.frame_at(pos).ok_or_else(|| {
+                Error::Corrupt(format!("offset {pos} is past the end of the stream"))
+            })?;
+            let frame = self.frame(archive, a, table, fi)?;
+            let f = table.frames[fi];
+            let within = (pos - f.doff) as usize;
+            let take = (frame.len().saturating_sub(within) as u64).min(end - pos) as usize;
+            if take == 0 {
+                return Err(Error::Corrupt(
+                    "decoded frame is shorter than the seek table says".into(),
+                ));
+            }
+            out.extend_from_slice(&frame[within..within + take]);
+            pos += take as u64;
+        }
+        Ok(out)
+    }
+
+    fn frame(&self, archive: u32, a: &Archive, table: &SeekTable, fi: usize) -> Result<Arc<[u8]>> {
+        let key = BlockKey::Frame(archive, fi as u32);
+        if let Some(b) = self.cache.get(&key) {
+            return Ok(b);
+        }
+        let slot: Slot = lock(&self.slots).get_or_insert(key, Slot::default).clone();
+        let _fill = lock(&slot);
+        if self.cache.contains(&key)
+            && let Some(b) = self.cache.get(&key)
+        {
+            return Ok(b);
+        }
+        let data: Arc<[u8]> = seekable::decode_frame(&a.file, table, fi)?.into();
+        self.count_archive_bytes(table.frames[fi].csize as usize);
+        self.stats.blocks_decoded.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .decompressed_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.cache.insert(key, data.clone());
+        Ok(data)
+    }
+
     /// Where member `idx`'s data starts, from its local header (read once, then
     /// remembered), checked to lie inside the archive.
-    fn data_start(&self, idx: u32, m: &Member) -> Result<u64> {
+    fn data_start(&self, idx: u32, m: &ZipMember) -> Result<u64> {
         let slot = self
             .data_start
             .get(idx as usize)
@@ -129,7 +220,7 @@ impl Reader {
         if known != 0 {
             return Ok(known);
         }
-        let archive = self.archive(m)?;
+        let archive = self.archive(m.archive)?;
         let mut lfh = [0u8; zip::LFH_LEN];
         read_exact_at(&archive.file, &mut lfh, m.zip.header_offset)?;
         self.count_archive_bytes(lfh.len());
@@ -153,7 +244,7 @@ impl Reader {
             .fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    fn read_stored(&self, idx: u32, m: &Member, offset: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_stored(&self, idx: u32, m: &ZipMember, offset: u64, end: u64) -> Result<Vec<u8>> {
         if m.zip.compressed_size != m.size {
             return Err(Error::Corrupt(format!(
                 "stored member has compressed size {} but size {}",
@@ -161,7 +252,7 @@ impl Reader {
             )));
         }
         let start = self.data_start(idx, m)?;
-        let file = &self.archive(m)?.file;
+        let file = &self.archive(m.archive)?.file;
         let verified = &self.verified[idx as usize];
         if m.size <= VERIFY_MAX && !verified.load(Ordering::Relaxed) {
             let mut all = vec![0u8; m.size as usize];
@@ -179,7 +270,7 @@ impl Reader {
         Ok(buf)
     }
 
-    fn read_compressed(&self, idx: u32, m: &Member, offset: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_compressed(&self, idx: u32, m: &ZipMember, offset: u64, end: u64) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity((end - offset) as usize);
         let mut pos = offset;
         while pos < end {
@@ -199,13 +290,15 @@ impl Reader {
     }
 
     /// Decoded block `bi` of member `idx`, from the cache or by decoding.
-    fn block(&self, idx: u32, m: &Member, bi: u64) -> Result<Arc<[u8]>> {
-        let key = (idx, bi);
+    fn block(&self, idx: u32, m: &ZipMember, bi: u64) -> Result<Arc<[u8]>> {
+        let key = BlockKey::Member(idx, bi);
         if let Some(b) = self.cache.get(&key) {
             return Ok(b);
         }
-        let slot: Slot = lock(&self.streams)
-            .get_or_insert(idx, || Arc::new(Mutex::new(None)))
+        // One slot per member (keyed by its block 0): fills of a member are serialised
+        // and its decoder is parked there.
+        let slot: Slot = lock(&self.slots)
+            .get_or_insert(BlockKey::Member(idx, 0), Slot::default)
             .clone();
         let mut parked = lock(&slot);
         // Another thread may have produced the block while we waited for the member.
@@ -222,7 +315,7 @@ impl Reader {
                 Stream::new(m.zip.method, self.data_start(idx, m)?)?
             }
         };
-        let archive = self.archive(m)?;
+        let archive = self.archive(m.archive)?;
         loop {
             let at = stream.out_pos / BLOCK_SIZE;
             let (data, read) = stream.next_block(&archive.file, m)?;
@@ -232,7 +325,7 @@ impl Reader {
                 .decompressed_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
             let data: Arc<[u8]> = data.into();
-            self.cache.insert((idx, at), data.clone());
+            self.cache.insert(BlockKey::Member(idx, at), data.clone());
             if at == bi {
                 if stream.out_pos < m.size {
                     *parked = Some(stream);
@@ -243,7 +336,7 @@ impl Reader {
     }
 }
 
-fn check_crc(actual: u32, m: &Member) -> Result<()> {
+fn check_crc(actual: u32, m: &ZipMember) -> Result<()> {
     if actual != m.zip.crc32 {
         return Err(Error::Corrupt(format!(
             "CRC-32 mismatch: data has {actual:08x}, directory says {:08x}",
@@ -348,7 +441,7 @@ impl Stream {
     }
 
     /// Refill the input buffer if it is empty; returns the bytes read.
-    fn refill(&mut self, file: &File, m: &Member) -> Result<usize> {
+    fn refill(&mut self, file: &File, m: &ZipMember) -> Result<usize> {
         if self.in_start < self.input.len() || self.in_pos >= m.zip.compressed_size {
             return Ok(0);
         }
@@ -360,12 +453,12 @@ impl Stream {
         Ok(n)
     }
 
-    fn input_done(&self, m: &Member) -> bool {
+    fn input_done(&self, m: &ZipMember) -> bool {
         self.in_pos >= m.zip.compressed_size && self.in_start == self.input.len()
     }
 
     /// Decode the next block; returns it with the number of archive bytes read.
-    fn next_block(&mut self, file: &File, m: &Member) -> Result<(Vec<u8>, usize)> {
+    fn next_block(&mut self, file: &File, m: &ZipMember) -> Result<(Vec<u8>, usize)> {
         let want = (m.size - self.out_pos).min(BLOCK_SIZE) as usize;
         let mut out = vec![0u8; want];
         let mut produced = 0;
@@ -405,7 +498,7 @@ impl Stream {
     }
 
     /// At the declared end: the stream must end here too, and the CRC must match.
-    fn finish(&mut self, file: &File, m: &Member) -> Result<usize> {
+    fn finish(&mut self, file: &File, m: &ZipMember) -> Result<usize> {
         let mut read = 0;
         let mut scratch = [0u8; 1];
         while !self.ended {
@@ -473,7 +566,7 @@ mod tests {
     }
 
     fn open(path: &std::path::Path, cache: u64) -> PkgFs {
-        let idx = archive::open(path).unwrap_or_else(|_| panic!("open {}", path.display()));
+        let idx = archive::open(path, None).unwrap_or_else(|_| panic!("open {}", path.display()));
         let mut b = TreeBuilder::new(OWNER);
         b.add_layer(0, 0, &idx.entries);
         PkgFs::new(b.finish(), vec![idx.archive], cache)
@@ -659,5 +752,86 @@ mod tests {
             .read(fs.tree().resolve(b"f").unwrap(), 0, 200_000)
             .unwrap_err();
         assert_eq!(e.errno(), libc::EIO);
+    }
+
+    fn packed(files: &[(&str, &[u8])], frame_size: usize) -> (tempfile::TempDir, PkgFs) {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        for (name, data) in files {
+            let p = src.join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, data).unwrap();
+        }
+        let out = dir.path().join("p.tar.zst");
+        crate::pack::pack(&crate::pack::PackConfig {
+            dir: src,
+            output: out.clone(),
+            level: 3,
+            threads: 2,
+            frame_size,
+            mtime_clamp: None,
+            owner: None,
+        })
+        .unwrap();
+        let fs = open(&out, 64 << 20);
+        (dir, fs)
+    }
+
+    #[test]
+    fn seekable_random_reads_decode_only_the_frames_they_need() {
+        let big = data(40 * 65536 + 77);
+        let (_d, fs) = packed(&[("big.bin", &big), ("small.txt", b"small")], 65536);
+        let ino = fs.tree().resolve(b"big.bin").unwrap();
+        let s = &fs.reader().stats;
+        let mut expected_frames = 0;
+        for off in [1_000_000u64, 5, 2_000_000, 65536 * 7 - 10, 2_500_000] {
+            let before = s.blocks_decoded.load(Relaxed);
+            let got = fs.read(ino, off, 4096).unwrap();
+            assert_eq!(got, &big[off as usize..off as usize + 4096]);
+            let used = s.blocks_decoded.load(Relaxed) - before;
+            assert!(
+                (1..=2).contains(&used),
+                "a 4 KiB read decoded {used} frames"
+            );
+            expected_frames += used;
+        }
+        assert!(s.decompressed_bytes.load(Relaxed) <= expected_frames * 65536);
+        // A small file sits in one frame: one decode, then cached.
+        let small = fs.tree().resolve(b"small.txt").unwrap();
+        let before = s.blocks_decoded.load(Relaxed);
+        assert_eq!(fs.read(small, 0, 100).unwrap(), b"small");
+        assert_eq!(fs.read(small, 0, 100).unwrap(), b"small");
+        assert!(s.blocks_decoded.load(Relaxed) - before <= 1);
+    }
+
+    #[test]
+    fn corrupt_seekable_archives_fail_cleanly() {
+        let big = data(10 * 65536);
+        let (dir, _) = packed(&[("big.bin", &big)], 65536);
+        let path = dir.path().join("p.tar.zst");
+        let good = std::fs::read(&path).unwrap();
+
+        // A damaged frame: reads that need it fail with EIO, the others still work.
+        let mut bytes = good.clone();
+        bytes[200] ^= 0x55;
+        std::fs::write(&path, &bytes).unwrap();
+        let fs = open(&path, 1 << 20);
+        let ino = fs.tree().resolve(b"big.bin").unwrap();
+        assert_eq!(fs.read(ino, 0, 100).unwrap_err().errno(), libc::EIO);
+        assert_eq!(
+            fs.read(ino, 9 * 65536, 100).unwrap(),
+            &big[9 * 65536..9 * 65536 + 100]
+        );
+
+        // Truncated, or a seek table that disagrees with the file: the archive is refused.
+        for cut in [good.len() - 3, good.len() / 2, 100] {
+            std::fs::write(&path, &good[..cut]).unwrap();
+            assert!(archive::open(&path, None).is_err(), "cut at {cut}");
+        }
+        let mut bytes = good.clone();
+        let n = bytes.len();
+        bytes[n - 17..n - 13].copy_from_slice(&u32::MAX.to_le_bytes()); // last frame's csize
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(archive::open(&path, None).is_err());
     }
 }

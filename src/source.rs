@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use log::{debug, info, warn};
 
+use crate::archive::seekable::IndexCache;
 use crate::archive::{self, Indexed, OpenError};
 use crate::error::{Error, Result};
 use crate::fs::PkgFs;
@@ -77,6 +78,7 @@ pub fn discover(sources: &[PathBuf]) -> Result<Vec<Candidate>> {
 pub fn index_all(
     candidates: &[Candidate],
     threads: usize,
+    cache: Option<&IndexCache>,
 ) -> Vec<std::result::Result<Indexed, OpenError>> {
     let results: Vec<Mutex<Option<std::result::Result<Indexed, OpenError>>>> =
         candidates.iter().map(|_| Mutex::new(None)).collect();
@@ -88,7 +90,7 @@ pub fn index_all(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(c) = candidates.get(i) else { break };
-                    let r = archive::open(&c.path);
+                    let r = archive::open(&c.path, cache);
                     *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                 }
             });
@@ -113,12 +115,14 @@ pub struct LoadOptions {
     pub owner: Ownership,
     /// Block cache budget in bytes.
     pub cache_bytes: u64,
+    /// Where to keep indexes of seekable archives that have none (None: no cache).
+    pub index_cache: Option<IndexCache>,
 }
 
 /// Build the filesystem from command-line sources, logging what was skipped.
 pub fn load(sources: &[PathBuf], opts: &LoadOptions) -> Result<(PkgFs, LoadReport)> {
     let candidates = discover(sources)?;
-    let indexed = index_all(&candidates, opts.threads);
+    let indexed = index_all(&candidates, opts.threads, opts.index_cache.as_ref());
     let mut report = LoadReport::default();
     let mut builder = TreeBuilder::new(opts.owner);
     let mut archives = Vec::new();

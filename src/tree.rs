@@ -19,6 +19,7 @@ use std::collections::HashMap;
 
 use crate::archive::{DataRef, Entry, EntryKind, ZipData};
 use crate::path::{self, PathError};
+use std::collections::BTreeMap;
 
 /// Inode number of the root directory.
 pub const ROOT_INO: u64 = 1;
@@ -47,13 +48,24 @@ pub struct Ownership {
     pub force_gid: bool,
 }
 
+/// Where a member's bytes are, by archive format.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberData {
+    /// A ZIP member.
+    Zip(ZipData),
+    /// A range of a seekable archive's decompressed stream, starting here.
+    Seekable(u64),
+    /// Bytes kept in the index itself (tar symlink targets).
+    Inline(Box<[u8]>),
+}
+
 /// A file's data: which archive and where in it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
     /// Index of the archive (layer) in mount order.
     pub archive: u32,
     /// Location and encoding inside that archive.
-    pub zip: ZipData,
+    pub data: MemberData,
     /// Uncompressed size.
     pub size: u64,
 }
@@ -85,6 +97,8 @@ pub struct Node {
     a: u64,
     /// Directory: number of children.
     b: u32,
+    /// For the second and later names of a hard link: the inode they all share.
+    alias: u64,
 }
 
 /// Two layers provided the same path; `winner` is visible, `loser` is not.
@@ -183,6 +197,14 @@ impl Tree {
         if dir.kind == Kind::Dir { dir.b } else { 0 }
     }
 
+    /// The inode a name resolves to: itself, or for a hard link the shared inode.
+    pub fn canonical(&self, ino: u64) -> u64 {
+        match self.node(ino) {
+            Some(n) if n.alias != 0 => n.alias,
+            _ => ino,
+        }
+    }
+
     /// Find `name` in directory `dir`.
     pub fn lookup(&self, dir: &Node, name: &[u8]) -> Option<u64> {
         if dir.kind != Kind::Dir {
@@ -234,6 +256,8 @@ struct Building {
     explicit: bool,
     member: Option<Member>,
     children: HashMap<Vec<u8>, usize>,
+    /// Hard-link group: nodes with the same group share one inode.
+    group: Option<u32>,
 }
 
 /// Folds layers into a [`Tree`].
@@ -242,6 +266,7 @@ pub struct TreeBuilder {
     owner: Ownership,
     conflicts: Vec<Conflict>,
     skipped: Vec<Skipped>,
+    groups: u32,
 }
 
 impl TreeBuilder {
@@ -259,12 +284,14 @@ impl TreeBuilder {
             explicit: false,
             member: None,
             children: HashMap::new(),
+            group: None,
         };
         TreeBuilder {
             nodes: vec![root],
             owner,
             conflicts: Vec::new(),
             skipped: Vec::new(),
+            groups: 0,
         }
     }
 
@@ -281,6 +308,7 @@ impl TreeBuilder {
             explicit: false,
             member: None,
             children: HashMap::new(),
+            group: None,
         }
     }
 
@@ -303,12 +331,63 @@ impl TreeBuilder {
                 EntryKind::File => Kind::File,
                 EntryKind::Dir => Kind::Dir,
                 EntryKind::Symlink => Kind::Symlink,
+                EntryKind::HardLink => {
+                    self.hard_link(archive, archive_mtime, &comps, entry);
+                    continue;
+                }
                 EntryKind::Special => {
                     self.skip(archive, entry, "device, FIFO or socket".into());
                     continue;
                 }
             };
             self.insert(archive, archive_mtime, &comps, kind, entry);
+        }
+    }
+
+    /// A hard link: a new name for an earlier entry's inode. Its target must already be
+    /// in the tree (tar writes the target first) and must not be a directory.
+    fn hard_link(&mut self, archive: u32, archive_mtime: i64, comps: &[Vec<u8>], entry: &Entry) {
+        let target = path::components(&entry.link).ok().and_then(|t| {
+            t.iter()
+                .try_fold(0usize, |dir, c| self.nodes[dir].children.get(c).copied())
+                .filter(|&i| self.nodes[i].kind != Kind::Dir && i != 0)
+        });
+        let Some(target) = target else {
+            self.skip(
+                archive,
+                entry,
+                "hard link to a missing entry or a directory".into(),
+            );
+            return;
+        };
+        let group = match self.nodes[target].group {
+            Some(g) => g,
+            None => {
+                self.groups += 1;
+                self.nodes[target].group = Some(self.groups);
+                self.groups
+            }
+        };
+        let t = &self.nodes[target];
+        let linked = Entry {
+            path: entry.path.clone(),
+            kind: match t.kind {
+                Kind::Symlink => EntryKind::Symlink,
+                _ => EntryKind::File,
+            },
+            perm: t.perm,
+            mtime: t.mtime,
+            uid: Some(t.uid),
+            gid: Some(t.gid),
+            size: t.size,
+            data: DataRef::None,
+            link: Vec::new(),
+        };
+        let (kind, member) = (t.kind, t.member.clone());
+        if let Some(idx) = self.insert(archive, archive_mtime, comps, kind, &linked) {
+            let n = &mut self.nodes[idx];
+            n.member = member;
+            n.group = Some(group);
         }
     }
 
@@ -320,6 +399,7 @@ impl TreeBuilder {
         });
     }
 
+    /// Insert an entry; returns the node that now holds it (None if it lost).
     fn insert(
         &mut self,
         archive: u32,
@@ -327,10 +407,8 @@ impl TreeBuilder {
         comps: &[Vec<u8>],
         kind: Kind,
         e: &Entry,
-    ) {
-        let Some((last, parents)) = comps.split_last() else {
-            return;
-        };
+    ) -> Option<usize> {
+        let (last, parents) = comps.split_last()?;
         let mut dir = 0usize;
         for (depth, comp) in parents.iter().enumerate() {
             dir = match self.nodes[dir].children.get(comp).copied() {
@@ -368,14 +446,20 @@ impl TreeBuilder {
             Some(g) if !owner.force_gid => g,
             _ => owner.gid,
         };
-        let member = match e.data {
-            DataRef::Zip(zip) if kind != Kind::Dir => Some(Member {
-                archive,
-                zip,
-                size: e.size,
-            }),
-            _ => None,
+        let data = match (&e.data, kind) {
+            (_, Kind::Dir) => None,
+            (DataRef::Zip(zip), _) => Some(MemberData::Zip(*zip)),
+            (DataRef::Seekable { offset }, _) => Some(MemberData::Seekable(*offset)),
+            (DataRef::None, Kind::Symlink) => {
+                Some(MemberData::Inline(e.link.clone().into_boxed_slice()))
+            }
+            (DataRef::None, _) => Some(MemberData::Inline(Box::default())),
         };
+        let member = data.map(|data| Member {
+            archive,
+            data,
+            size: e.size,
+        });
         let node = Building {
             name: last.clone(),
             kind,
@@ -388,11 +472,10 @@ impl TreeBuilder {
             explicit: true,
             member,
             children: HashMap::new(),
+            group: None,
         };
         match self.nodes[dir].children.get(last).copied() {
-            None => {
-                self.push_child(dir, node);
-            }
+            None => Some(self.push_child(dir, node)),
             Some(existing) => {
                 let old = &mut self.nodes[existing];
                 match (old.kind == Kind::Dir, kind == Kind::Dir) {
@@ -404,13 +487,17 @@ impl TreeBuilder {
                         old.gid = node.gid;
                         old.archive = archive;
                         old.explicit = true;
+                        Some(existing)
                     }
-                    (true, false) => self.conflicts.push(Conflict {
-                        path: comps.join(&b'/'),
-                        winner: old.archive,
-                        loser: archive,
-                        reason: "a directory hides a later file",
-                    }),
+                    (true, false) => {
+                        self.conflicts.push(Conflict {
+                            path: comps.join(&b'/'),
+                            winner: old.archive,
+                            loser: archive,
+                            reason: "a directory hides a later file",
+                        });
+                        None
+                    }
                     (false, is_dir) => {
                         self.conflicts.push(Conflict {
                             path: comps.join(&b'/'),
@@ -423,6 +510,7 @@ impl TreeBuilder {
                             },
                         });
                         *old = node;
+                        Some(existing)
                     }
                 }
             }
@@ -448,6 +536,7 @@ impl TreeBuilder {
         let mut names = Vec::new();
         let mut members = Vec::new();
         let mut total_bytes = 0u64;
+        let mut groups: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         // Queue of (building index, parent inode); the output index is the queue position.
         let mut queue: Vec<(usize, u64)> = Vec::with_capacity(nodes.len());
         queue.push((0, ROOT_INO));
@@ -467,11 +556,14 @@ impl TreeBuilder {
             let b = &nodes[bi];
             let name_off = names.len() as u32;
             names.extend_from_slice(&b.name);
-            let (a, count, nlink) = match (b.kind, b.member) {
+            if let Some(g) = b.group {
+                groups.entry(g).or_default().push(ino);
+            }
+            let (a, count, nlink) = match (b.kind, &b.member) {
                 (Kind::Dir, _) => (first_child, kids.len() as u32, 0),
                 (_, Some(m)) => {
-                    members.push(m);
                     total_bytes += m.size;
+                    members.push(m.clone());
                     ((members.len() - 1) as u64, 0, 1)
                 }
                 // Unreachable in practice: every file has a member. Give it no data.
@@ -491,7 +583,21 @@ impl TreeBuilder {
                 archive: b.archive,
                 a,
                 b: count,
+                alias: 0,
             });
+        }
+        // Hard links: every name of a group shares the inode of its first name; the data
+        // is counted once.
+        for inos in groups.values() {
+            let canonical = inos[0];
+            for &ino in inos {
+                let n = &mut out[ino as usize - 1];
+                n.nlink = inos.len() as u32;
+                if ino != canonical {
+                    n.alias = canonical;
+                    total_bytes -= n.size;
+                }
+            }
         }
         // Directory link counts: 2 plus one per subdirectory.
         for i in 0..out.len() {
@@ -543,6 +649,7 @@ mod tests {
                 method: 0,
                 encrypted: false,
             }),
+            link: Vec::new(),
         }
     }
 
@@ -556,6 +663,7 @@ mod tests {
             gid: Some(2),
             size: 0,
             data: DataRef::None,
+            link: Vec::new(),
         }
     }
 

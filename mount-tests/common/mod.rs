@@ -230,3 +230,53 @@ pub fn expect_matches(mount: &Path, sources: &[&Path], extra: &[&str]) {
 pub fn run(cmd: &mut Command) -> Output {
     run_ok(cmd)
 }
+
+/// A Python with `pyzstd` (from PyPI), in a virtual environment made once under the
+/// target directory, so a fresh machine needs nothing installed by hand.
+pub fn python_with_pyzstd() -> PathBuf {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("venv-pyzstd");
+        let py = venv.join("bin/python3");
+        let ok = Command::new(&py)
+            .args(["-c", "import pyzstd"])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            run_ok(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+            run_ok(
+                Command::new(&py)
+                    .args([
+                        "-m",
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                        "-r",
+                    ])
+                    .arg(repo().join("mount-tests/requirements.txt")),
+            );
+        }
+        py
+    })
+    .clone()
+}
+
+/// Compare two trees with `mount-tests/treecmp.py`; panics with its report.
+pub fn trees_match(expected: &Path, actual: &Path, extra: &[&str]) {
+    let out = Command::new("python3")
+        .arg(repo().join("mount-tests/treecmp.py"))
+        .arg(expected)
+        .arg(actual)
+        .args(extra)
+        .output()
+        .expect("run treecmp.py");
+    assert!(
+        out.status.success(),
+        "{} differs from {}:\n{}{}",
+        actual.display(),
+        expected.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

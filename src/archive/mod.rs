@@ -6,6 +6,8 @@
 //! [`crate::tree`]) and a [`DataRef`] that says where its bytes live, which the read path
 //! ([`crate::read`]) later resolves.
 
+pub mod seekable;
+pub mod tar;
 pub mod zip;
 
 use std::fs::File;
@@ -24,6 +26,8 @@ pub enum EntryKind {
     Dir,
     /// A symbolic link; the target is the member's data.
     Symlink,
+    /// A hard link to an earlier entry (tar); the target path is in [`Entry::link`].
+    HardLink,
     /// A device, FIFO or socket: listed by the reader, never mounted.
     Special,
 }
@@ -50,6 +54,11 @@ pub enum DataRef {
     None,
     /// A ZIP member.
     Zip(ZipData),
+    /// Bytes of the decompressed stream of a seekable-zstd archive, from this offset.
+    Seekable {
+        /// Offset in the decompressed (tar) stream.
+        offset: u64,
+    },
 }
 
 /// One entry of an archive's index, before path normalisation and merging.
@@ -71,6 +80,9 @@ pub struct Entry {
     pub size: u64,
     /// Where the bytes are.
     pub data: DataRef,
+    /// Symlink target (when the format stores it in the index, as tar does; ZIP stores
+    /// it as data) or hard-link target path.
+    pub link: Vec<u8>,
 }
 
 /// The supported archive formats.
@@ -78,6 +90,8 @@ pub struct Entry {
 pub enum Format {
     /// A ZIP archive (also .jar, .whl, .apk…).
     Zip,
+    /// A seekable-zstd archive of a tar stream (`pkgfs pack`, t2sz, pyzstd…).
+    SeekableTar,
 }
 
 /// An open archive file with its parsed index.
@@ -93,6 +107,8 @@ pub struct Archive {
     pub mtime: i64,
     /// Its format.
     pub format: Format,
+    /// The seek table of a seekable-zstd archive.
+    pub table: Option<seekable::SeekTable>,
 }
 
 /// An archive together with the entries of its index.
@@ -114,10 +130,15 @@ pub enum OpenError {
     Bad(Error),
 }
 
-/// Open `path`, detect its format by content and read its index.
-pub fn open(path: &Path) -> std::result::Result<Indexed, OpenError> {
-    let file = File::open(path).map_err(|e| OpenError::Bad(Error::Io(e)))?;
-    let meta = file.metadata().map_err(|e| OpenError::Bad(Error::Io(e)))?;
+/// Open `path`, detect its format by content and read its index. `cache` keeps the
+/// indexes of seekable archives that have no pkgfs index.
+pub fn open(
+    path: &Path,
+    cache: Option<&seekable::IndexCache>,
+) -> std::result::Result<Indexed, OpenError> {
+    let bad = |e: Error| OpenError::Bad(e);
+    let file = File::open(path).map_err(|e| bad(Error::Io(e)))?;
+    let meta = file.metadata().map_err(|e| bad(Error::Io(e)))?;
     if !meta.is_file() {
         return Err(OpenError::NotAnArchive);
     }
@@ -127,10 +148,26 @@ pub fn open(path: &Path) -> std::result::Result<Indexed, OpenError> {
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs() as i64);
-    let entries = match zip::read_index(&file, size) {
-        Ok(entries) => entries,
-        Err(zip::IndexError::NotZip) => return Err(OpenError::NotAnArchive),
-        Err(zip::IndexError::Bad(e)) => return Err(OpenError::Bad(e)),
+    let (tail, _) = zip::first_tail(&file, size).map_err(bad)?;
+    let (format, table, entries) = match seekable::read_table(&file, size, &tail).map_err(bad)? {
+        Some(table) => {
+            let entries =
+                seekable_entries(path, &file, &meta, &table, &tail, size, cache).map_err(bad)?;
+            (Format::SeekableTar, Some(table), entries)
+        }
+        None => match zip::read_index_from(&file, size, tail) {
+            Ok(entries) => (Format::Zip, None, entries),
+            Err(zip::IndexError::NotZip) => {
+                let mut head = [0u8; 4];
+                if read_exact_at(&file, &mut head, 0).is_ok() && seekable::is_plain_zstd(&head) {
+                    return Err(bad(Error::Unsupported(
+                        "a zstd file without a seek table (not seekable): repack it with `pkgfs pack`".into(),
+                    )));
+                }
+                return Err(OpenError::NotAnArchive);
+            }
+            Err(zip::IndexError::Bad(e)) => return Err(bad(e)),
+        },
     };
     Ok(Indexed {
         archive: Archive {
@@ -138,9 +175,100 @@ pub fn open(path: &Path) -> std::result::Result<Indexed, OpenError> {
             file,
             size,
             mtime,
-            format: Format::Zip,
+            format,
+            table,
         },
         entries,
+    })
+}
+
+/// The entries of a seekable archive: its pkgfs index, else a cached index, else a scan
+/// of its tar headers (stored in the cache for next time).
+fn seekable_entries(
+    path: &Path,
+    file: &File,
+    meta: &std::fs::Metadata,
+    table: &seekable::SeekTable,
+    tail: &[u8],
+    size: u64,
+    cache: Option<&seekable::IndexCache>,
+) -> Result<Vec<Entry>> {
+    if let Some(entries) = seekable::read_embedded_index(file, table, tail, size)? {
+        return Ok(entries);
+    }
+    let key = cache.map(|c| (c, c.key_path(meta, table)));
+    if let Some((c, k)) = &key
+        && let Some(entries) = c.load(k, table)
+    {
+        log::debug!("{}: index from cache {}", path.display(), k.display());
+        return Ok(entries);
+    }
+    log::warn!(
+        "{}: seekable archive without a pkgfs index: scanning its tar headers (once{})",
+        path.display(),
+        if key.is_some() {
+            "; the index is cached"
+        } else {
+            "; no index cache"
+        }
+    );
+    let entries = tar::scan(seekable::StreamReader::new(file, table))
+        .map_err(|e| Error::Format(format!("tar stream: {e}")))?
+        .into_iter()
+        .map(tar_entry)
+        .collect::<Result<Vec<_>>>()?;
+    for e in &entries {
+        if let DataRef::Seekable { offset } = e.data
+            && offset
+                .checked_add(e.size)
+                .is_none_or(|end| end > table.total)
+        {
+            return Err(Error::Format(
+                "a tar entry runs past the end of the stream".into(),
+            ));
+        }
+    }
+    if let Some((c, k)) = &key
+        && let Err(e) = c.store(k, &entries)
+    {
+        log::warn!(
+            "cannot store the index of {} in {}: {e}",
+            path.display(),
+            k.display()
+        );
+    }
+    Ok(entries)
+}
+
+/// Convert a scanned tar entry.
+fn tar_entry(t: tar::TarEntry) -> Result<Entry> {
+    let kind = match t.kind {
+        tar::TarKind::File => EntryKind::File,
+        tar::TarKind::Dir => EntryKind::Dir,
+        tar::TarKind::Symlink => EntryKind::Symlink,
+        tar::TarKind::HardLink => EntryKind::HardLink,
+        tar::TarKind::Other(_) => EntryKind::Special,
+    };
+    Ok(Entry {
+        size: match kind {
+            EntryKind::File => t.size,
+            EntryKind::Symlink => t.link.len() as u64,
+            _ => 0,
+        },
+        data: if kind == EntryKind::File {
+            DataRef::Seekable {
+                offset: t.data_offset,
+            }
+        } else {
+            DataRef::None
+        },
+        path: t.path,
+        kind,
+        perm: (t.mode & 0o7777) as u16,
+        mtime: t.mtime,
+        uid: u32::try_from(t.uid).ok(),
+        gid: u32::try_from(t.gid).ok(),
+        link: t.link,
     })
 }
 

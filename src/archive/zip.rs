@@ -127,27 +127,34 @@ pub struct Tail {
     pub eocd: usize,
 }
 
-/// Read the end of `file` (`size` bytes long) until the end record is found: first
-/// [`FIRST_TAIL`] bytes, then, for archives with a long comment, the largest tail that
-/// can hold it.
-pub fn read_tail(file: &File, size: u64) -> Result<Tail, IndexError> {
-    let mut want = size.min(FIRST_TAIL as u64) as usize;
-    loop {
-        if want < EOCD_LEN {
-            return Err(IndexError::NotZip);
-        }
-        let start = size - want as u64;
-        let mut bytes = vec![0u8; want];
-        read_exact_at(file, &mut bytes, start)?;
-        if let Some(eocd) = find_eocd(&bytes) {
-            return Ok(Tail { bytes, start, eocd });
-        }
-        let max = size.min(MAX_TAIL as u64) as usize;
-        if want >= max {
-            return Err(IndexError::NotZip);
-        }
-        want = max;
+/// Read the last [`FIRST_TAIL`] bytes of a file (the first read of every archive).
+pub fn first_tail(file: &File, size: u64) -> Result<(Vec<u8>, u64), Error> {
+    let want = size.min(FIRST_TAIL as u64) as usize;
+    let start = size - want as u64;
+    let mut bytes = vec![0u8; want];
+    read_exact_at(file, &mut bytes, start)?;
+    Ok((bytes, start))
+}
+
+/// Find the end record in `first` (the file's last bytes, from [`first_tail`]); for
+/// archives with a long comment, read the largest tail that can hold it.
+pub fn find_tail(file: &File, size: u64, first: Vec<u8>) -> Result<Tail, IndexError> {
+    if let Some(eocd) = find_eocd(&first) {
+        return Ok(Tail {
+            start: size - first.len() as u64,
+            bytes: first,
+            eocd,
+        });
     }
+    let max = size.min(MAX_TAIL as u64) as usize;
+    if max <= first.len() {
+        return Err(IndexError::NotZip);
+    }
+    let start = size - max as u64;
+    let mut bytes = vec![0u8; max];
+    read_exact_at(file, &mut bytes, start)?;
+    let eocd = find_eocd(&bytes).ok_or(IndexError::NotZip)?;
+    Ok(Tail { bytes, start, eocd })
 }
 
 /// Locate the central directory from the end records in `tail`.
@@ -219,7 +226,13 @@ pub fn locate(file: &File, size: u64, tail: &Tail) -> Result<Locator, IndexError
 
 /// Read the whole index of a ZIP file.
 pub fn read_index(file: &File, size: u64) -> Result<Vec<Entry>, IndexError> {
-    let tail = read_tail(file, size)?;
+    let (first, _) = first_tail(file, size)?;
+    read_index_from(file, size, first)
+}
+
+/// Read the whole index of a ZIP file whose last bytes (`first`) were already read.
+pub fn read_index_from(file: &File, size: u64, first: Vec<u8>) -> Result<Vec<Entry>, IndexError> {
+    let tail = find_tail(file, size, first)?;
     let loc = locate(file, size, &tail)?;
     let len = usize::try_from(loc.cd_size).map_err(|_| bad("central directory too large"))?;
     // The directory is often inside the tail already read.
@@ -390,6 +403,7 @@ fn parse_record(
         gid,
         size: if kind == EntryKind::Dir { 0 } else { size },
         data,
+        link: Vec::new(),
     })
 }
 

@@ -1,0 +1,295 @@
+//! Mount tests of seekable-zstd packages: `pkgfs pack` round trips, standard-tool
+//! extraction, reproducibility, foreign seekable archives and the index cache.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::common::{Mount, pkgfs, python_with_pyzstd, require_fuse, run, trees_match};
+
+/// Set the mtime of `p` (not following symlinks).
+fn set_mtime(p: &Path, secs: i64) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let t = libc::timespec {
+        tv_sec: secs,
+        tv_nsec: 0,
+    };
+    let times = [t, t];
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "utimensat {}", p.display());
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::lchown(c.as_ptr(), uid, gid) }, 0);
+}
+
+/// A tree with everything a package may hold.
+pub fn sample_tree(root: &Path) {
+    let w = |rel: &str, data: &[u8], mode: u32, mtime: i64| {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, data).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+        set_mtime(&p, mtime);
+    };
+    let mut x = 7u64;
+    let big: Vec<u8> = (0..3_500_000)
+        .map(|i| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if i % 3 == 0 {
+                (x >> 56) as u8
+            } else {
+                b"pkgfs "[i % 6]
+            }
+        })
+        .collect();
+    w("big/large.bin", &big, 0o644, 1_600_000_000);
+    w("empty", b"", 0o644, 1_500_000_000);
+    w("bin/tool", b"#!/bin/sh\necho tool\n", 0o755, 1_234_567_890);
+    w("bin/suid", b"setuid\n", 0o4755, 1_234_567_890);
+    w("bin/sgid", b"setgid\n", 0o2750, 1_234_567_890);
+    w("secret", b"secret\n", 0o400, 1_000_000_000);
+    w("owned", b"someone else's\n", 0o640, 1_000_000_001);
+    chown(&root.join("owned"), 1234, 5678);
+    let long = "l".repeat(120);
+    w(
+        &format!("deep/{long}/{long}/{long}.txt"),
+        b"long path\n",
+        0o644,
+        1_700_000_000,
+    );
+    w(
+        "names/héllo wörld.txt",
+        "non-ASCII\n".as_bytes(),
+        0o644,
+        1_700_000_001,
+    );
+    w(
+        "names/日本語.txt",
+        "日本語\n".as_bytes(),
+        0o644,
+        1_700_000_002,
+    );
+    for i in 0..300 {
+        w(
+            &format!("many/f{i:03}.txt"),
+            format!("small file {i}\n").repeat(i % 7 + 1).as_bytes(),
+            0o644,
+            1_650_000_000 + i as i64,
+        );
+    }
+    w("links/target.txt", b"linked\n", 0o644, 1_600_000_001);
+    fs::hard_link(root.join("links/target.txt"), root.join("links/hard1")).unwrap();
+    fs::hard_link(root.join("links/target.txt"), root.join("many/hard2")).unwrap();
+    symlink("target.txt", root.join("links/rel")).unwrap();
+    symlink("/etc/hostname", root.join("links/abs")).unwrap();
+    symlink("nowhere/at/all", root.join("links/dangling")).unwrap();
+    symlink(
+        format!("../{}", "x".repeat(200)),
+        root.join("links/longtarget"),
+    )
+    .unwrap();
+    for l in ["rel", "abs", "dangling", "longtarget"] {
+        set_mtime(&root.join("links").join(l), 1_400_000_000);
+    }
+    fs::create_dir_all(root.join("empty-dir/inner")).unwrap();
+    fs::create_dir_all(root.join("sticky")).unwrap();
+    fs::set_permissions(root.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::create_dir_all(root.join("private")).unwrap();
+    w("private/x", b"x\n", 0o600, 1_300_000_000);
+    fs::set_permissions(root.join("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    // Directory mtimes last, deepest first, once their contents exist.
+    let mut dirs = vec![];
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(e.path());
+                stack.push(e.path());
+            }
+        }
+    }
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    for (i, d) in dirs.iter().enumerate() {
+        set_mtime(d, 1_100_000_000 + i as i64);
+    }
+}
+
+fn pack(src: &Path, out: &Path, extra: &[&str]) {
+    run(pkgfs().arg("pack").arg(src).arg("-o").arg(out).args(extra));
+}
+
+#[test]
+fn pack_mount_and_standard_extraction_reproduce_the_tree() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src);
+    let pkg = dir.path().join("pkg.tar.zst");
+    pack(&src, &pkg, &["--frame-size", "64K"]);
+
+    let m = Mount::new(&[&pkg], &[]);
+    trees_match(&src, &m.path(), &[]);
+
+    // Standard tools unpack the same tree.
+    let out = dir.path().join("extracted");
+    fs::create_dir(&out).unwrap();
+    let zstd = Command::new("zstd")
+        .arg("-dc")
+        .arg(&pkg)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tar = Command::new("tar")
+        .args(["-x", "--same-owner", "--same-permissions", "-C"])
+        .arg(&out)
+        .stdin(zstd.stdout.unwrap())
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    trees_match(&src, &out, &[]);
+}
+
+#[test]
+fn pack_is_reproducible_whatever_the_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src);
+    let (a, b) = (dir.path().join("a.tar.zst"), dir.path().join("b.tar.zst"));
+    pack(&src, &a, &["--threads", "1"]);
+    pack(&src, &b, &["--threads", "3"]);
+    assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
+    // Clamped times and a forced owner show up in the listing.
+    let c = dir.path().join("c.tar.zst");
+    pack(&src, &c, &["--mtime", "1200000000", "--owner", "0:0"]);
+    let ls = run(pkgfs().arg("ls").arg(&c));
+    let text = String::from_utf8_lossy(&ls.stdout);
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!((f[1], f[2]), ("0", "0"), "{line}");
+        assert!(f[4].parse::<i64>().unwrap() <= 1_200_000_000, "{line}");
+    }
+}
+
+#[test]
+fn packages_and_zips_merge_in_one_mount() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("share")).unwrap();
+    fs::write(src.join("share/VERSION"), b"from the package\n").unwrap();
+    fs::write(src.join("pkg-only.txt"), b"pkg\n").unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    for f in fs::read_dir(crate::common::repo().join("images")).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|e| e != "py") {
+            fs::copy(&f, pkgs.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    pack(&src, &pkgs.join("99-top.tar.zst"), &[]);
+    let m = Mount::new(&[&pkgs], &[]);
+    assert_eq!(
+        fs::read(m.path().join("share/VERSION")).unwrap(),
+        b"from the package\n"
+    );
+    assert_eq!(fs::read(m.path().join("pkg-only.txt")).unwrap(), b"pkg\n");
+    assert!(m.path().join("hello/__init__.py").exists());
+}
+
+fn foreign(src: &Path, out: &Path) {
+    run(Command::new(python_with_pyzstd())
+        .arg(crate::common::repo().join("mount-tests/foreign_seekable.py"))
+        .arg(src)
+        .arg(out));
+}
+
+#[test]
+fn foreign_seekable_archives_mount_and_their_index_is_cached() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src);
+    let arc = dir.path().join("foreign.tar.zst");
+    foreign(&src, &arc);
+    let cache = dir.path().join("cache");
+    let cache_arg = cache.to_str().unwrap();
+
+    let m = Mount::new(&[&arc], &["--index-cache", cache_arg]);
+    assert!(
+        m.stderr.contains("scanning"),
+        "first mount scans: {}",
+        m.stderr
+    );
+    trees_match(&src, &m.path(), &[]);
+    drop(m);
+    assert_eq!(fs::read_dir(&cache).unwrap().count(), 1, "one cached index");
+
+    let m = Mount::new(&[&arc], &["--index-cache", cache_arg]);
+    assert!(
+        !m.stderr.contains("scanning"),
+        "second mount uses the cache: {}",
+        m.stderr
+    );
+    trees_match(&src, &m.path(), &[]);
+    drop(m);
+
+    // Rewrite the archive with different content: the stale index must not be used.
+    fs::write(src.join("empty"), b"now with content\n").unwrap();
+    set_mtime(&src.join("empty"), 1_500_000_000);
+    foreign(&src, &arc);
+    let m = Mount::new(&[&arc], &["--index-cache", cache_arg]);
+    assert!(
+        m.stderr.contains("scanning"),
+        "a changed archive is rescanned: {}",
+        m.stderr
+    );
+    assert_eq!(
+        fs::read(m.path().join("empty")).unwrap(),
+        b"now with content\n"
+    );
+}
+
+#[test]
+fn plain_zstd_tarballs_are_refused_with_the_fix_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("a"), b"a\n").unwrap();
+    let tarball: PathBuf = dir.path().join("plain.tar.zst");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "tar -C {} -cf - . | zstd -q -o {}",
+            src.display(),
+            tarball.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = pkgfs().arg("check").arg(&tarball).output().unwrap();
+    assert!(!out.status.success());
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("pkgfs pack"), "{text}");
+}

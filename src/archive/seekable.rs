@@ -1,0 +1,625 @@
+//! Seekable-zstd package archives: the seek table, the pkgfs index frame, and opening.
+//!
+//! A seekable zstd file (facebook/zstd `contrib/seekable_format`) is a run of independent
+//! zstd frames followed by a skippable frame holding a *seek table* (each frame's
+//! compressed and decompressed size) that ends with a 9-byte footer and the magic number
+//! `0x8F92EAB1`. Any frame can be decoded alone, so a byte range of the decompressed
+//! stream costs only the frames that cover it.
+//!
+//! pkgfs packages (`pkgfs pack`, docs/FORMAT.md) are a POSIX tar stream stored this way,
+//! with one more skippable frame between the last data frame and the seek table: the
+//! *pkgfs index*, which lists every entry with its metadata and the offset of its data in
+//! the decompressed tar stream. Mounting reads the seek table and the index from the end
+//! of the file and nothing else.
+//!
+//! Seekable tar.zst files written by other tools have no pkgfs index. They are indexed
+//! once by scanning their tar headers (which decompresses the stream once), and the
+//! result is kept in an index cache (see [`IndexCache`]) so later mounts cost the same as
+//! for a packed archive.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::{DataRef, Entry, EntryKind, read_exact_at};
+use crate::error::Error;
+
+/// Magic number at the very end of a seekable zstd file.
+pub const SEEKABLE_MAGIC: u32 = 0x8F92_EAB1;
+/// Skippable-frame magic of the seek table.
+pub const SEEK_TABLE_MAGIC: u32 = 0x184D_2A5E;
+/// Skippable-frame magic of the pkgfs index (any of 0x184D2A50..5F is skippable).
+pub const INDEX_FRAME_MAGIC: u32 = 0x184D_2A5B;
+/// First bytes of the pkgfs index payload.
+pub const INDEX_MAGIC: &[u8; 8] = b"PKGFSIDX";
+/// Version of the index encoding.
+pub const INDEX_VERSION: u32 = 1;
+/// Limits from the seekable format specification.
+const MAX_FRAMES: u64 = 0x800_0000;
+/// Largest decompressed frame accepted (the specification's limit, 1 GiB).
+pub const MAX_FRAME_SIZE: u64 = 0x4000_0000;
+/// Largest index accepted, decompressed (a hostile size must not allocate).
+const MAX_INDEX_SIZE: u64 = 1 << 31;
+/// Magic of an ordinary zstd frame.
+const ZSTD_MAGIC: u32 = 0xFD2F_B528;
+const FOOTER_LEN: usize = 9;
+const SKIPPABLE_HEADER: usize = 8;
+
+fn bad(msg: impl Into<String>) -> Error {
+    Error::Format(msg.into())
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// One frame of the seek table with its position in both streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// Offset of the frame in the file.
+    pub coff: u64,
+    /// Compressed size.
+    pub csize: u32,
+    /// Offset of its data in the decompressed stream.
+    pub doff: u64,
+    /// Decompressed size.
+    pub dsize: u32,
+}
+
+/// A parsed seek table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeekTable {
+    /// The frames in order.
+    pub frames: Vec<Frame>,
+    /// Total decompressed size.
+    pub total: u64,
+    /// File offset where the data frames end.
+    pub data_end: u64,
+    /// File offset where the seek table's skippable frame starts.
+    pub table_start: u64,
+}
+
+impl SeekTable {
+    /// Index of the frame holding decompressed offset `off`.
+    pub fn frame_at(&self, off: u64) -> Option<usize> {
+        if off >= self.total {
+            return None;
+        }
+        Some(
+            self.frames
+                .partition_point(|f| f.doff + u64::from(f.dsize) <= off),
+        )
+    }
+}
+
+/// What the end of a file says about a seek table.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TableProbe {
+    /// No seekable footer: not a seekable zstd file.
+    Absent,
+    /// A footer whose seek-table frame is `len` bytes: read that much from the end.
+    NeedTail(usize),
+}
+
+/// Look at the end of a file (`tail`, the last bytes of a file of `file_size` bytes) for
+/// a seek table footer and say how many bytes of tail the whole table needs.
+pub fn probe(tail: &[u8], file_size: u64) -> Result<TableProbe, Error> {
+    if tail.len() < FOOTER_LEN + SKIPPABLE_HEADER || le32(tail, tail.len() - 4) != SEEKABLE_MAGIC {
+        return Ok(TableProbe::Absent);
+    }
+    let footer = &tail[tail.len() - FOOTER_LEN..];
+    let n = u64::from(le32(footer, 0));
+    let desc = footer[4];
+    if desc & 0x7c != 0 {
+        return Err(bad("seek table descriptor has reserved bits set"));
+    }
+    if n > MAX_FRAMES {
+        return Err(bad(format!("seek table claims {n} frames")));
+    }
+    let entry = if desc & 0x80 != 0 { 12 } else { 8 };
+    let len = n * entry + (FOOTER_LEN + SKIPPABLE_HEADER) as u64;
+    if len > file_size {
+        return Err(bad(format!(
+            "seek table of {len} bytes is larger than the file ({file_size} bytes)"
+        )));
+    }
+    Ok(TableProbe::NeedTail(len as usize))
+}
+
+/// Parse a complete seek-table frame, the last `frame.len()` bytes of a file of
+/// `file_size` bytes.
+pub fn parse_seek_table(frame: &[u8], file_size: u64) -> Result<SeekTable, Error> {
+    if frame.len() < SKIPPABLE_HEADER + FOOTER_LEN {
+        return Err(bad("seek table truncated"));
+    }
+    if le32(frame, 0) != SEEK_TABLE_MAGIC {
+        return Err(bad("seek table frame has the wrong magic number"));
+    }
+    if le32(frame, 4) as usize != frame.len() - SKIPPABLE_HEADER {
+        return Err(bad("seek table frame size disagrees with its footer"));
+    }
+    let footer = &frame[frame.len() - FOOTER_LEN..];
+    let n = le32(footer, 0) as usize;
+    let entry = if footer[4] & 0x80 != 0 { 12 } else { 8 };
+    let body = &frame[SKIPPABLE_HEADER..frame.len() - FOOTER_LEN];
+    if body.len() != n * entry {
+        return Err(bad("seek table length disagrees with its frame count"));
+    }
+    let mut frames = Vec::with_capacity(n);
+    let (mut coff, mut doff) = (0u64, 0u64);
+    for e in body.chunks_exact(entry) {
+        let (csize, dsize) = (le32(e, 0), le32(e, 4));
+        if u64::from(dsize) > MAX_FRAME_SIZE {
+            return Err(bad(format!("a frame claims {dsize} decompressed bytes")));
+        }
+        frames.push(Frame {
+            coff,
+            csize,
+            doff,
+            dsize,
+        });
+        coff += u64::from(csize);
+        doff += u64::from(dsize);
+    }
+    let table_start = file_size - frame.len() as u64;
+    if coff > table_start {
+        return Err(bad(format!(
+            "seek table lists {coff} bytes of frames but the file has {table_start} before the table"
+        )));
+    }
+    Ok(SeekTable {
+        frames,
+        total: doff,
+        data_end: coff,
+        table_start,
+    })
+}
+
+/// Encode a seek table frame (no checksums) for frames of the given sizes.
+pub fn encode_seek_table(sizes: &[(u32, u32)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(sizes.len() * 8 + SKIPPABLE_HEADER + FOOTER_LEN);
+    out.extend_from_slice(&SEEK_TABLE_MAGIC.to_le_bytes());
+    out.extend_from_slice(&((sizes.len() * 8 + FOOTER_LEN) as u32).to_le_bytes());
+    for (c, d) in sizes {
+        out.extend_from_slice(&c.to_le_bytes());
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+    out.extend_from_slice(&(sizes.len() as u32).to_le_bytes());
+    out.push(0);
+    out.extend_from_slice(&SEEKABLE_MAGIC.to_le_bytes());
+    out
+}
+
+/// Kinds in the index encoding.
+fn kind_code(k: EntryKind) -> u8 {
+    match k {
+        EntryKind::File => 0,
+        EntryKind::Dir => 1,
+        EntryKind::Symlink => 2,
+        EntryKind::HardLink => 3,
+        EntryKind::Special => 4,
+    }
+}
+
+/// Encode a pkgfs index frame for `entries` (their `data` must be `Seekable` or `None`,
+/// symlink and hard-link targets in `link`).
+pub fn encode_index(entries: &[Entry], level: i32) -> std::io::Result<Vec<u8>> {
+    let mut body = Vec::with_capacity(entries.len() * 64);
+    body.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for e in entries {
+        body.push(kind_code(e.kind));
+        body.extend_from_slice(&u32::from(e.perm).to_le_bytes());
+        body.extend_from_slice(&e.uid.unwrap_or(0).to_le_bytes());
+        body.extend_from_slice(&e.gid.unwrap_or(0).to_le_bytes());
+        body.extend_from_slice(&e.mtime.to_le_bytes());
+        body.extend_from_slice(&e.size.to_le_bytes());
+        let off = match e.data {
+            DataRef::Seekable { offset } => offset,
+            _ => 0,
+        };
+        body.extend_from_slice(&off.to_le_bytes());
+        body.extend_from_slice(&(e.path.len() as u32).to_le_bytes());
+        body.extend_from_slice(&e.path);
+        body.extend_from_slice(&(e.link.len() as u32).to_le_bytes());
+        body.extend_from_slice(&e.link);
+    }
+    let compressed = zstd::bulk::compress(&body, level)?;
+    let mut payload = Vec::with_capacity(compressed.len() + 28);
+    payload.extend_from_slice(INDEX_MAGIC);
+    payload.extend_from_slice(&INDEX_VERSION.to_le_bytes());
+    payload.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    payload.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    payload.extend_from_slice(&compressed);
+    let mut frame = Vec::with_capacity(payload.len() + SKIPPABLE_HEADER);
+    frame.extend_from_slice(&INDEX_FRAME_MAGIC.to_le_bytes());
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&payload);
+    Ok(frame)
+}
+
+/// A little-endian cursor that fails instead of panicking.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
+        if self.0.len() < n {
+            return Err(bad("index entry truncated"));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, Error> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, Error> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, Error> {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(x))
+    }
+}
+
+/// Decode a pkgfs index frame (skippable header included). Every data range is checked
+/// against `stream_size`, the decompressed size of the tar stream.
+pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>, Error> {
+    if frame.len() < SKIPPABLE_HEADER + 24 || le32(frame, 0) != INDEX_FRAME_MAGIC {
+        return Err(bad("not a pkgfs index frame"));
+    }
+    if le32(frame, 4) as usize != frame.len() - SKIPPABLE_HEADER {
+        return Err(bad("index frame size is wrong"));
+    }
+    let p = &frame[SKIPPABLE_HEADER..];
+    if &p[0..8] != INDEX_MAGIC {
+        return Err(bad("index frame lacks the pkgfs magic"));
+    }
+    let version = le32(p, 8);
+    if version != INDEX_VERSION {
+        return Err(Error::Unsupported(format!("pkgfs index version {version}")));
+    }
+    let mut c = Cursor(&p[12..]);
+    let body_len = c.u64()?;
+    let crc = c.u32()?;
+    if body_len > MAX_INDEX_SIZE {
+        return Err(bad(format!("index claims {body_len} bytes")));
+    }
+    let body = zstd::bulk::decompress(c.0, body_len as usize)
+        .map_err(|e| Error::Corrupt(format!("index does not decompress: {e}")))?;
+    if body.len() as u64 != body_len || crc32fast::hash(&body) != crc {
+        return Err(Error::Corrupt("index checksum mismatch".into()));
+    }
+    let mut c = Cursor(&body);
+    let n = c.u64()?;
+    // Each entry takes at least 45 bytes: a count beyond that is a lie.
+    if n > body.len() as u64 / 45 {
+        return Err(bad(format!("index claims {n} entries")));
+    }
+    let mut entries = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let kind = match c.u8()? {
+            0 => EntryKind::File,
+            1 => EntryKind::Dir,
+            2 => EntryKind::Symlink,
+            3 => EntryKind::HardLink,
+            4 => EntryKind::Special,
+            k => return Err(bad(format!("unknown entry kind {k}"))),
+        };
+        let perm = (c.u32()? & 0o7777) as u16;
+        let uid = c.u32()?;
+        let gid = c.u32()?;
+        let mtime = c.u64()? as i64;
+        let size = c.u64()?;
+        let offset = c.u64()?;
+        let plen = c.u32()? as usize;
+        let path = c.take(plen)?.to_vec();
+        let llen = c.u32()? as usize;
+        let link = c.take(llen)?.to_vec();
+        let data = match kind {
+            EntryKind::File => {
+                if offset.checked_add(size).is_none_or(|end| end > stream_size) {
+                    return Err(bad(format!(
+                        "entry {:?} points outside the stream",
+                        String::from_utf8_lossy(&path)
+                    )));
+                }
+                DataRef::Seekable { offset }
+            }
+            _ => DataRef::None,
+        };
+        entries.push(Entry {
+            path,
+            kind,
+            perm,
+            mtime,
+            uid: Some(uid),
+            gid: Some(gid),
+            size: match kind {
+                EntryKind::File => size,
+                EntryKind::Symlink => link.len() as u64,
+                _ => 0,
+            },
+            data,
+            link,
+        });
+    }
+    Ok(entries)
+}
+
+/// What the end of a seekable file holds.
+pub struct Opened {
+    /// The seek table.
+    pub table: SeekTable,
+    /// The entries, from the pkgfs index or the index cache or a scan.
+    pub entries: Vec<Entry>,
+}
+
+/// Read the seek table of `file` given the tail already read; `Ok(None)` if the file is
+/// not seekable zstd.
+pub fn read_table(file: &File, size: u64, tail: &[u8]) -> Result<Option<SeekTable>, Error> {
+    let len = match probe(tail, size)? {
+        TableProbe::Absent => return Ok(None),
+        TableProbe::NeedTail(len) => len,
+    };
+    let table = if len <= tail.len() {
+        parse_seek_table(&tail[tail.len() - len..], size)?
+    } else {
+        let mut buf = vec![0u8; len];
+        read_exact_at(file, &mut buf, size - len as u64)?;
+        parse_seek_table(&buf, size)?
+    };
+    Ok(Some(table))
+}
+
+/// Whether `head` (the first bytes of a file) is an ordinary zstd frame.
+pub fn is_plain_zstd(head: &[u8]) -> bool {
+    head.len() >= 4 && le32(head, 0) == ZSTD_MAGIC
+}
+
+/// Read the pkgfs index between the last data frame and the seek table, if present.
+pub fn read_embedded_index(
+    file: &File,
+    table: &SeekTable,
+    tail: &[u8],
+    size: u64,
+) -> Result<Option<Vec<Entry>>, Error> {
+    let gap = table.table_start - table.data_end;
+    if gap == 0 {
+        return Ok(None);
+    }
+    if gap > MAX_INDEX_SIZE {
+        return Err(bad(format!(
+            "{gap} bytes between the frames and the seek table"
+        )));
+    }
+    let tail_start = size - tail.len() as u64;
+    let frame = if table.data_end >= tail_start {
+        let at = (table.data_end - tail_start) as usize;
+        tail[at..at + gap as usize].to_vec()
+    } else {
+        let mut buf = vec![0u8; gap as usize];
+        read_exact_at(file, &mut buf, table.data_end)?;
+        buf
+    };
+    decode_index(&frame, table.total).map(Some)
+}
+
+/// Decode frame `i` of `table` from `file`: the unit of caching for these archives.
+pub fn decode_frame(file: &File, table: &SeekTable, i: usize) -> Result<Vec<u8>, Error> {
+    let f = table
+        .frames
+        .get(i)
+        .ok_or_else(|| bad(format!("frame {i} is not in the seek table")))?;
+    let mut src = vec![0u8; f.csize as usize];
+    read_exact_at(file, &mut src, f.coff)?;
+    let out = zstd::bulk::decompress(&src, f.dsize as usize)
+        .map_err(|e| Error::Corrupt(format!("frame {i} does not decompress: {e}")))?;
+    if out.len() != f.dsize as usize {
+        return Err(Error::Corrupt(format!(
+            "frame {i} holds {} bytes, the seek table says {}",
+            out.len(),
+            f.dsize
+        )));
+    }
+    Ok(out)
+}
+
+/// A reader of the whole decompressed stream, frame by frame (for scanning tar headers
+/// of archives without a pkgfs index, and for `pkgfs check`).
+pub struct StreamReader<'a> {
+    file: &'a File,
+    table: &'a SeekTable,
+    next: usize,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl<'a> StreamReader<'a> {
+    /// Read the stream of `table` in `file` from the start.
+    pub fn new(file: &'a File, table: &'a SeekTable) -> Self {
+        StreamReader {
+            file,
+            table,
+            next: 0,
+            buf: Vec::new(),
+            pos: 0,
+        }
+    }
+}
+
+impl Read for StreamReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos == self.buf.len() {
+            if self.next == self.table.frames.len() {
+                return Ok(0);
+            }
+            self.buf =
+                decode_frame(self.file, self.table, self.next).map_err(std::io::Error::other)?;
+            self.pos = 0;
+            self.next += 1;
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Where indexes of foreign seekable archives (those without a pkgfs index) are kept.
+///
+/// The key of a cached index is the archive's device, inode, size, modification and
+/// change times (nanoseconds) and a hash of its seek table: any write to the archive
+/// changes its ctime, so a changed archive is never served from a stale index.
+#[derive(Clone, Debug)]
+pub struct IndexCache {
+    dir: PathBuf,
+}
+
+impl IndexCache {
+    /// A cache in `dir` (created on first store).
+    pub fn new(dir: PathBuf) -> Self {
+        IndexCache { dir }
+    }
+
+    /// The default location: `$XDG_CACHE_HOME/pkgfs/index`, else `~/.cache/pkgfs/index`.
+    pub fn default_dir() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+        Some(base.join("pkgfs").join("index"))
+    }
+
+    /// The cache file for an archive.
+    pub fn key_path(&self, meta: &std::fs::Metadata, table: &SeekTable) -> PathBuf {
+        let mut h = crc32fast::Hasher::new();
+        for f in &table.frames {
+            h.update(&f.csize.to_le_bytes());
+            h.update(&f.dsize.to_le_bytes());
+        }
+        let name = format!(
+            "{:x}-{:x}-{:x}-{}.{}-{}.{}-{:08x}.idx",
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+            h.finalize()
+        );
+        self.dir.join(name)
+    }
+
+    /// Load a cached index, if there is a valid one.
+    pub fn load(&self, key: &Path, table: &SeekTable) -> Option<Vec<Entry>> {
+        let bytes = std::fs::read(key).ok()?;
+        decode_index(&bytes, table.total).ok()
+    }
+
+    /// Store an index (best effort: a read-only cache only costs speed). Written to a
+    /// temporary file and renamed, so a concurrent mount never reads half a file.
+    pub fn store(&self, key: &Path, entries: &[Entry]) -> Result<(), Error> {
+        std::fs::create_dir_all(&self.dir)?;
+        let frame = encode_index(entries, 3)?;
+        let tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+        std::fs::write(tmp.path(), &frame)?;
+        tmp.persist(key).map_err(|e| Error::Io(e.error))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(path: &str, kind: EntryKind, size: u64, offset: u64) -> Entry {
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind,
+            perm: 0o640,
+            mtime: -5,
+            uid: Some(1000),
+            gid: Some(7),
+            size,
+            data: if kind == EntryKind::File {
+                DataRef::Seekable { offset }
+            } else {
+                DataRef::None
+            },
+            link: if kind == EntryKind::Symlink {
+                b"target".to_vec()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    #[test]
+    fn seek_table_round_trip_and_lookup() {
+        let t = encode_seek_table(&[(10, 100), (20, 50), (5, 1)]);
+        let size = 35 + t.len() as u64;
+        assert_eq!(probe(&t, size).unwrap(), TableProbe::NeedTail(t.len()));
+        let s = parse_seek_table(&t, size).unwrap();
+        assert_eq!(s.total, 151);
+        assert_eq!(s.data_end, 35);
+        assert_eq!(
+            s.frames[1],
+            Frame {
+                coff: 10,
+                csize: 20,
+                doff: 100,
+                dsize: 50
+            }
+        );
+        assert_eq!(s.frame_at(0), Some(0));
+        assert_eq!(s.frame_at(99), Some(0));
+        assert_eq!(s.frame_at(100), Some(1));
+        assert_eq!(s.frame_at(150), Some(2));
+        assert_eq!(s.frame_at(151), None);
+        // A table that claims more frame bytes than the file holds is refused.
+        assert!(parse_seek_table(&t, 20 + t.len() as u64).is_err());
+    }
+
+    #[test]
+    fn damaged_seek_tables_are_errors() {
+        let t = encode_seek_table(&[(10, 100)]);
+        let size = 10 + t.len() as u64;
+        for cut in 0..t.len() {
+            // Truncations either lose the footer (absent) or fail; never panic.
+            let _ = probe(&t[cut..], size);
+            let _ = parse_seek_table(&t[cut..], size);
+        }
+        let mut lying = t.clone();
+        let n = lying.len();
+        lying[n - 9..n - 5].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(probe(&lying, size).is_err());
+        assert_eq!(
+            probe(b"not a seekable file", 100).unwrap(),
+            TableProbe::Absent
+        );
+    }
+
+    #[test]
+    fn index_round_trip_and_bounds() {
+        let entries = vec![
+            entry("dir", EntryKind::Dir, 0, 0),
+            entry("dir/f", EntryKind::File, 10, 512),
+            entry("dir/l", EntryKind::Symlink, 6, 0),
+        ];
+        let frame = encode_index(&entries, 3).unwrap();
+        assert_eq!(decode_index(&frame, 522).unwrap(), entries);
+        let e = decode_index(&frame, 521).unwrap_err();
+        assert!(e.to_string().contains("outside the stream"), "{e}");
+        let mut bad_crc = frame.clone();
+        let at = SKIPPABLE_HEADER + 20;
+        bad_crc[at] ^= 1;
+        assert!(decode_index(&bad_crc, 522).is_err());
+        for cut in 0..frame.len() {
+            assert!(decode_index(&frame[..cut], 522).is_err());
+        }
+    }
+}

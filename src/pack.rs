@@ -1,0 +1,385 @@
+//! `pkgfs pack`: write a directory as a pkgfs package (docs/FORMAT.md).
+//!
+//! The tree is walked in byte order of names and written as a POSIX pax tar stream. The
+//! stream is cut into frames of about `--frame-size` decompressed bytes, *at entry
+//! boundaries* when an entry fits, so a small file is read by decompressing one frame;
+//! an entry larger than a frame spans several whole frames. Frames are compressed
+//! independently on every core (with zstd checksums), written in order, then followed by
+//! the pkgfs index and the seekable-zstd seek table. Output is deterministic: the same
+//! tree gives the same bytes, whatever the thread count.
+//!
+//! Symlinks are stored as symlinks and never followed, so nothing outside DIR is read.
+//! Hard links (same device and inode) are stored once, then as tar hard links. Devices,
+//! FIFOs and sockets are skipped with a warning.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::io::{IsTerminal, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::mpsc;
+
+use log::warn;
+
+use crate::archive::seekable::{encode_index, encode_seek_table};
+use crate::archive::tar::{TarKind, TarWriter, WriteEntry};
+use crate::archive::{DataRef, Entry, EntryKind};
+
+/// Read size when copying file data.
+const CHUNK: usize = 1 << 20;
+
+/// Settings of `pkgfs pack`.
+#[derive(Debug, Clone)]
+pub struct PackConfig {
+    /// Directory to pack.
+    pub dir: PathBuf,
+    /// Output file.
+    pub output: PathBuf,
+    /// zstd level.
+    pub level: i32,
+    /// Compression threads.
+    pub threads: usize,
+    /// Target decompressed frame size.
+    pub frame_size: usize,
+    /// Clamp every mtime to at most this.
+    pub mtime_clamp: Option<i64>,
+    /// Force this owner on every entry.
+    pub owner: Option<(u32, u32)>,
+}
+
+/// What was packed.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PackStats {
+    /// Entries written.
+    pub entries: u64,
+    /// Bytes of file data.
+    pub data_bytes: u64,
+    /// Size of the tar stream.
+    pub stream_bytes: u64,
+    /// Size of the output file.
+    pub output_bytes: u64,
+    /// Number of frames.
+    pub frames: u64,
+}
+
+/// One entry found by the walk.
+struct Item {
+    rel: Vec<u8>,
+    source: PathBuf,
+    entry: Entry,
+}
+
+/// Walk `dir` in byte order of names, depth first, a directory before its contents.
+fn walk(dir: &Path, cfg: &PackConfig) -> std::io::Result<Vec<Item>> {
+    let mut out = Vec::new();
+    let mut links: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
+    let mut stack: Vec<(PathBuf, Vec<u8>)> = vec![(dir.to_path_buf(), Vec::new())];
+    while let Some((path, rel)) = stack.pop() {
+        let mut names: Vec<OsString> = std::fs::read_dir(&path)?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<std::io::Result<_>>()?;
+        names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let mut subdirs = Vec::new();
+        for name in names {
+            let source = path.join(&name);
+            let meta = std::fs::symlink_metadata(&source)?;
+            let mut r = rel.clone();
+            if !r.is_empty() {
+                r.push(b'/');
+            }
+            r.extend_from_slice(name.as_bytes());
+            let ft = meta.file_type();
+            let (kind, link) = if ft.is_dir() {
+                (EntryKind::Dir, Vec::new())
+            } else if ft.is_symlink() {
+                let t = std::fs::read_link(&source)?;
+                (EntryKind::Symlink, t.as_os_str().as_bytes().to_vec())
+            } else if ft.is_file() {
+                match (meta.nlink() > 1)
+                    .then(|| links.get(&(meta.dev(), meta.ino())))
+                    .flatten()
+                {
+                    Some(first) => (EntryKind::HardLink, first.clone()),
+                    None => {
+                        if meta.nlink() > 1 {
+                            links.insert((meta.dev(), meta.ino()), r.clone());
+                        }
+                        (EntryKind::File, Vec::new())
+                    }
+                }
+            } else {
+                warn!("{}: device, FIFO or socket; not packed", source.display());
+                continue;
+            };
+            let (uid, gid) = cfg.owner.unwrap_or((meta.uid(), meta.gid()));
+            let mtime = cfg
+                .mtime_clamp
+                .map_or(meta.mtime(), |c| meta.mtime().min(c));
+            let entry = Entry {
+                path: r.clone(),
+                kind,
+                perm: (meta.mode() & 0o7777) as u16,
+                mtime,
+                uid: Some(uid),
+                gid: Some(gid),
+                size: if kind == EntryKind::File {
+                    meta.len()
+                } else {
+                    0
+                },
+                data: DataRef::None,
+                link,
+            };
+            if kind == EntryKind::Dir {
+                subdirs.push((source.clone(), r.clone()));
+            }
+            out.push(Item {
+                rel: r,
+                source,
+                entry,
+            });
+        }
+        // Depth first in name order: push in reverse so the first subdirectory is next.
+        stack.extend(subdirs.into_iter().rev());
+    }
+    // The stack order visits a directory's files before its subdirectories' contents,
+    // but entries must appear sorted by path with parents first: sort by components.
+    out.sort_by(|a, b| a.rel.split(|&c| c == b'/').cmp(b.rel.split(|&c| c == b'/')));
+    Ok(out)
+}
+
+/// The tar stream's sink: collects bytes into frames and hands full frames on.
+struct Frames {
+    current: Vec<u8>,
+    target: usize,
+    done: Vec<Vec<u8>>,
+}
+
+impl Frames {
+    fn cut(&mut self) {
+        if !self.current.is_empty() {
+            let f = std::mem::replace(&mut self.current, Vec::with_capacity(self.target));
+            self.done.push(f);
+        }
+    }
+}
+
+/// A `Write` handle onto shared [`Frames`], so the packer can cut frames between the
+/// tar writer's entries.
+#[derive(Clone)]
+struct FrameSink(Rc<RefCell<Frames>>);
+
+impl Write for FrameSink {
+    fn write(&mut self, mut buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len();
+        let mut f = self.0.borrow_mut();
+        while !buf.is_empty() {
+            let room = f.target - f.current.len();
+            let take = room.min(buf.len());
+            f.current.extend_from_slice(&buf[..take]);
+            buf = &buf[take..];
+            if f.current.len() >= f.target {
+                f.cut();
+            }
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn tar_kind(k: EntryKind) -> TarKind {
+    match k {
+        EntryKind::File => TarKind::File,
+        EntryKind::Dir => TarKind::Dir,
+        EntryKind::Symlink => TarKind::Symlink,
+        EntryKind::HardLink => TarKind::HardLink,
+        EntryKind::Special => TarKind::Other(b'0'),
+    }
+}
+
+/// Pack `cfg.dir` into `cfg.output`.
+pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
+    let ctx = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+    if !cfg.dir.is_dir() {
+        return Err(format!("{} is not a directory", cfg.dir.display()));
+    }
+    let mut items = walk(&cfg.dir, cfg).map_err(|e| ctx(&cfg.dir.display().to_string(), &e))?;
+    let out_dir = cfg
+        .output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp =
+        tempfile::NamedTempFile::new_in(out_dir).map_err(|e| ctx("temporary file", &e))?;
+    let progress = std::io::stderr().is_terminal();
+    let mut stats = PackStats::default();
+    let frames = Rc::new(RefCell::new(Frames {
+        current: Vec::with_capacity(cfg.frame_size),
+        target: cfg.frame_size,
+        done: Vec::new(),
+    }));
+    let mut tar = TarWriter::new(FrameSink(frames.clone()));
+    let mut sizes: Vec<(u32, u32)> = Vec::new();
+    let out = tmp.as_file_mut();
+
+    std::thread::scope(|s| -> Result<(), String> {
+        // Compression workers: frames go out numbered, come back numbered, and are written
+        // in order.
+        let (job_tx, job_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(cfg.threads * 2);
+        let job_rx = std::sync::Arc::new(std::sync::Mutex::new(job_rx));
+        let (done_tx, done_rx) = mpsc::channel::<(u64, std::io::Result<Vec<u8>>, u32)>();
+        for _ in 0..cfg.threads.max(1) {
+            let (rx, tx) = (job_rx.clone(), done_tx.clone());
+            let level = cfg.level;
+            s.spawn(move || {
+                let mut c = match zstd::bulk::Compressor::new(level) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send((0, Err(e), 0));
+                        return;
+                    }
+                };
+                let _ = c.include_checksum(true);
+                let _ = c.include_contentsize(true);
+                loop {
+                    let job = rx.lock().map(|r| r.recv());
+                    let Ok(Ok((n, data))) = job else { break };
+                    let r = c.compress(&data);
+                    if tx.send((n, r, data.len() as u32)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        let writer = s.spawn(move || -> Result<Vec<(u32, u32)>, String> {
+            let mut pending = BTreeMap::new();
+            let mut next = 0u64;
+            let mut sizes = Vec::new();
+            let mut file = std::io::BufWriter::new(out);
+            for (n, r, dsize) in done_rx {
+                let c = r.map_err(|e| format!("compression: {e}"))?;
+                pending.insert(n, (c, dsize));
+                while let Some((c, d)) = pending.remove(&next) {
+                    file.write_all(&c).map_err(|e| format!("write: {e}"))?;
+                    sizes.push((c.len() as u32, d));
+                    next += 1;
+                }
+            }
+            file.flush().map_err(|e| format!("write: {e}"))?;
+            Ok(sizes)
+        });
+
+        let mut sent = 0u64;
+        let send_done = |frames: &Rc<RefCell<Frames>>, sent: &mut u64| -> Result<(), String> {
+            let ready: Vec<Vec<u8>> = frames.borrow_mut().done.drain(..).collect();
+            for f in ready {
+                job_tx
+                    .send((*sent, f))
+                    .map_err(|_| "compression workers stopped".to_string())?;
+                *sent += 1;
+            }
+            Ok(())
+        };
+        let mut buf = vec![0u8; CHUNK];
+        for item in &mut items {
+            let e = item.entry.clone();
+            // Start a new frame rather than split an entry that would fit in one.
+            let whole = 1536 + e.size.div_ceil(512) * 512;
+            {
+                let mut f = frames.borrow_mut();
+                if !f.current.is_empty() && (f.current.len() as u64 + whole) > cfg.frame_size as u64
+                {
+                    f.cut();
+                }
+            }
+            let data_offset = tar
+                .header(&WriteEntry {
+                    path: &e.path,
+                    kind: tar_kind(e.kind),
+                    mode: u32::from(e.perm),
+                    uid: u64::from(e.uid.unwrap_or(0)),
+                    gid: u64::from(e.gid.unwrap_or(0)),
+                    mtime: e.mtime,
+                    size: e.size,
+                    link: &e.link,
+                })
+                .map_err(|err| ctx("tar", &err))?;
+            if e.kind == EntryKind::File {
+                let mut f = std::fs::File::open(&item.source)
+                    .map_err(|err| ctx(&item.source.display().to_string(), &err))?;
+                let mut left = e.size;
+                while left > 0 {
+                    let n = f
+                        .read(&mut buf[..left.min(CHUNK as u64) as usize])
+                        .map_err(|err| ctx(&item.source.display().to_string(), &err))?;
+                    if n == 0 {
+                        return Err(format!(
+                            "{}: file shrank while packing",
+                            item.source.display()
+                        ));
+                    }
+                    tar.data(&buf[..n]).map_err(|err| ctx("tar", &err))?;
+                    left -= n as u64;
+                    send_done(&frames, &mut sent)?;
+                }
+                item.entry.data = DataRef::Seekable {
+                    offset: data_offset,
+                };
+                stats.data_bytes += item.entry.size;
+            }
+            tar.end_entry().map_err(|err| ctx("tar", &err))?;
+            stats.entries += 1;
+            send_done(&frames, &mut sent)?;
+            if progress && stats.entries % 1000 == 0 {
+                eprint!(
+                    "\rpacked {} entries, {} MB",
+                    stats.entries,
+                    stats.data_bytes >> 20
+                );
+            }
+        }
+        tar.finish()
+            .map_err(|e| ctx("tar", &e))?
+            .0
+            .borrow_mut()
+            .cut();
+        send_done(&frames, &mut sent)?;
+        drop(job_tx);
+        sizes = writer
+            .join()
+            .map_err(|_| "writer thread panicked".to_string())??;
+        if progress {
+            eprintln!(
+                "\rpacked {} entries, {} MB",
+                stats.entries,
+                stats.data_bytes >> 20
+            );
+        }
+        Ok(())
+    })?;
+
+    stats.frames = sizes.len() as u64;
+    stats.stream_bytes = sizes.iter().map(|&(_, d)| u64::from(d)).sum();
+    let entries: Vec<Entry> = items.into_iter().map(|i| i.entry).collect();
+    let index = encode_index(&entries, cfg.level.min(19)).map_err(|e| ctx("index", &e))?;
+    let table = encode_seek_table(&sizes);
+    {
+        let f = tmp.as_file_mut();
+        f.write_all(&index).map_err(|e| ctx("write", &e))?;
+        f.write_all(&table).map_err(|e| ctx("write", &e))?;
+        f.sync_all().map_err(|e| ctx("sync", &e))?;
+    }
+    let file = tmp
+        .persist(&cfg.output)
+        .map_err(|e| ctx(&cfg.output.display().to_string(), &e.error))?;
+    // NamedTempFile is created 0600; a package is meant to be read by others.
+    let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    stats.output_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+    Ok(stats)
+}
