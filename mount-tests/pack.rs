@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::common::{Mount, pkgfs, python_with_pyzstd, require_fuse, run, trees_match};
 
@@ -150,16 +150,12 @@ fn pack_mount_and_standard_extraction_reproduce_the_tree() {
     // Standard tools unpack the same tree.
     let out = dir.path().join("extracted");
     fs::create_dir(&out).unwrap();
-    let zstd = Command::new("zstd")
-        .arg("-dc")
+    let tar = Command::new("sh")
+        .arg("-c")
+        .arg(r#"zstd -dc "$1" | tar -x --same-owner --same-permissions -C "$2""#)
+        .arg("sh")
         .arg(&pkg)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let tar = Command::new("tar")
-        .args(["-x", "--same-owner", "--same-permissions", "-C"])
         .arg(&out)
-        .stdin(zstd.stdout.unwrap())
         .status()
         .unwrap();
     assert!(tar.success());
