@@ -834,4 +834,22 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         assert!(archive::open(&path, None).is_err());
     }
+
+    #[test]
+    fn check_compares_the_index_with_the_tar_stream() {
+        let (dir, fs) = packed(&[("a.txt", b"aaa"), ("b/c.txt", b"ccc")], 65536);
+        let path = dir.path().join("p.tar.zst");
+        let idx = archive::open(&path, None).ok().unwrap();
+        let a = &fs.reader().archives()[0];
+        assert!(
+            archive::verify_seekable(a, &idx.entries)
+                .unwrap()
+                .is_empty()
+        );
+        let mut lying = idx.entries.clone();
+        let f = lying.iter_mut().find(|e| e.path == b"a.txt").unwrap();
+        f.data = archive::DataRef::Seekable { offset: 0 };
+        let problems = archive::verify_seekable(a, &lying).unwrap();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+    }
 }

@@ -153,6 +153,26 @@ pub fn check(sources: &[PathBuf], out: &mut impl Write) -> Result<bool, String> 
             c.reason
         ))?;
     }
+    // Seekable archives: the index must agree with the tar stream it describes.
+    for a in fs.reader().archives() {
+        if a.table.is_none() {
+            continue;
+        }
+        let cache = IndexCache::default_dir().map(IndexCache::new);
+        let result = crate::archive::open(&a.path, cache.as_ref())
+            .map_err(|e| match e {
+                crate::archive::OpenError::Bad(e) => e.to_string(),
+                crate::archive::OpenError::NotAnArchive => "no longer an archive".into(),
+            })
+            .and_then(|idx| {
+                crate::archive::verify_seekable(a, &idx.entries).map_err(|e| e.to_string())
+            });
+        let problems = result.unwrap_or_else(|e| vec![e]);
+        for p in problems {
+            errors += 1;
+            w(format!("error: {}: {p}\n", a.path.display()))?;
+        }
+    }
     let mut files = 0u64;
     let mut bytes = 0u64;
     for ino in 1..=tree.len() as u64 {

@@ -240,6 +240,48 @@ fn seekable_entries(
     Ok(entries)
 }
 
+/// `pkgfs check` of a seekable archive: decode every frame (verifying the zstd
+/// checksums), scan the tar stream, and compare it with the index the mount uses.
+/// Returns the differences found.
+pub fn verify_seekable(archive: &Archive, index: &[Entry]) -> Result<Vec<String>> {
+    let table = archive
+        .table
+        .as_ref()
+        .ok_or_else(|| Error::Format("not a seekable archive".into()))?;
+    let scanned: Vec<Entry> = tar::scan(seekable::StreamReader::new(&archive.file, table))
+        .map_err(|e| Error::Corrupt(format!("tar stream: {e}")))?
+        .into_iter()
+        .map(tar_entry)
+        .collect::<Result<_>>()?;
+    let mut problems = Vec::new();
+    if scanned.len() != index.len() {
+        problems.push(format!(
+            "the index lists {} entries, the tar stream has {}",
+            index.len(),
+            scanned.len()
+        ));
+    }
+    let trim = |p: &[u8]| -> Vec<u8> {
+        let p = p.strip_prefix(b"./").unwrap_or(p);
+        p.strip_suffix(b"/").unwrap_or(p).to_vec()
+    };
+    for (i, s) in index.iter().zip(&scanned) {
+        let same = trim(&i.path) == trim(&s.path)
+            && i.kind == s.kind
+            && i.size == s.size
+            && i.data == s.data
+            && i.link == s.link;
+        if !same {
+            problems.push(format!(
+                "index entry {:?} disagrees with the tar stream ({:?})",
+                String::from_utf8_lossy(&i.path),
+                String::from_utf8_lossy(&s.path)
+            ));
+        }
+    }
+    Ok(problems)
+}
+
 /// Convert a scanned tar entry.
 fn tar_entry(t: tar::TarEntry) -> Result<Entry> {
     let kind = match t.kind {
