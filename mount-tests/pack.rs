@@ -289,3 +289,42 @@ fn plain_zstd_tarballs_are_refused_with_the_fix_named() {
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("pkgfs pack"), "{text}");
 }
+
+#[test]
+fn pack_follows_symlinks_only_when_asked_and_never_outside_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("real")).unwrap();
+    fs::write(src.join("real/f.txt"), b"inside\n").unwrap();
+    symlink("real/f.txt", src.join("in-link")).unwrap();
+    let outside = dir.path().join("outside.txt");
+    fs::write(&outside, b"outside\n").unwrap();
+    let out = dir.path().join("p.tar.zst");
+    let cat = |path: &str| run(pkgfs().arg("cat").arg(&out).arg(path)).stdout;
+
+    // Default: links stay links, whatever they point to.
+    symlink(&outside, src.join("out-link")).unwrap();
+    pack(&src, &out, &[]);
+    assert_eq!(cat("in-link"), b"real/f.txt");
+    assert_eq!(cat("out-link"), outside.as_os_str().as_bytes());
+
+    // inside: a link leading out of DIR is refused.
+    let refused = pkgfs()
+        .arg("pack")
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .args(["--follow-symlinks", "inside"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("outside"));
+    fs::remove_file(src.join("out-link")).unwrap();
+    pack(&src, &out, &["--follow-symlinks", "inside"]);
+    assert_eq!(cat("in-link"), b"inside\n");
+
+    // all: even the outside target is stored.
+    symlink(&outside, src.join("out-link")).unwrap();
+    pack(&src, &out, &["--follow-symlinks", "all"]);
+    assert_eq!(cat("out-link"), b"outside\n");
+}

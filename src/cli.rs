@@ -49,7 +49,7 @@ enum CliCommand {
     ///
     /// `zstd -dc OUT | tar x` unpacks it with standard tools; `pkgfs mount` reads any file
     /// by decompressing only the frames that hold it. Output is reproducible: the same
-    /// tree gives the same bytes. Symlinks are stored, never followed.
+    /// tree gives the same bytes. Symlinks are stored as links unless --follow-symlinks.
     Pack(PackArgs),
 }
 
@@ -76,6 +76,11 @@ struct PackArgs {
     /// Record this owner for every entry (UID:GID), e.g. 0:0.
     #[arg(long, value_name = "UID:GID")]
     owner: Option<String>,
+    /// Store what symlinks point to instead of the links: `inside` follows only links
+    /// that stay inside DIR (others are an error), `all` follows every link. By default
+    /// no symlink is followed.
+    #[arg(long, value_name = "WHICH", value_parser = ["inside", "all"])]
+    follow_symlinks: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -326,6 +331,11 @@ fn pack_config(p: PackArgs) -> Result<crate::pack::PackConfig, String> {
         frame_size: frame_size as usize,
         mtime_clamp: p.mtime,
         owner,
+        follow: match p.follow_symlinks.as_deref() {
+            Some("inside") => crate::pack::Follow::Inside,
+            Some(_) => crate::pack::Follow::All,
+            None => crate::pack::Follow::Never,
+        },
     })
 }
 

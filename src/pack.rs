@@ -8,7 +8,9 @@
 //! the pkgfs index and the seekable-zstd seek table. Output is deterministic: the same
 //! tree gives the same bytes, whatever the thread count.
 //!
-//! Symlinks are stored as symlinks and never followed, so nothing outside DIR is read.
+//! Symlinks are stored as symlinks and not followed, so nothing outside DIR is read;
+//! `--follow-symlinks inside` stores what links point to when that stays inside DIR
+//! (a link leading outside is an error), `--follow-symlinks all` follows every link.
 //! Hard links (same device and inode) are stored once, then as tar hard links. Devices,
 //! FIFOs and sockets are skipped with a warning.
 
@@ -48,6 +50,19 @@ pub struct PackConfig {
     pub mtime_clamp: Option<i64>,
     /// Force this owner on every entry.
     pub owner: Option<(u32, u32)>,
+    /// Which symlinks to follow (store what they point to) instead of storing as links.
+    pub follow: Follow,
+}
+
+/// Which symlinks `pack` follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Follow {
+    /// None: every symlink is stored as a symlink (the default).
+    Never,
+    /// Symlinks whose target resolves inside DIR; one leading outside is an error.
+    Inside,
+    /// Every symlink, wherever it leads.
+    All,
 }
 
 /// What was packed.
@@ -77,6 +92,8 @@ fn walk(dir: &Path, cfg: &PackConfig) -> std::io::Result<Vec<Item>> {
     let mut out = Vec::new();
     let mut links: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
     let mut stack: Vec<(PathBuf, Vec<u8>)> = vec![(dir.to_path_buf(), Vec::new())];
+    let root = std::fs::canonicalize(dir)?;
+    let mut seen_dirs = std::collections::HashSet::new();
     while let Some((path, rel)) = stack.pop() {
         let mut names: Vec<OsString> = std::fs::read_dir(&path)?
             .map(|e| e.map(|e| e.file_name()))
@@ -84,8 +101,32 @@ fn walk(dir: &Path, cfg: &PackConfig) -> std::io::Result<Vec<Item>> {
         names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         let mut subdirs = Vec::new();
         for name in names {
-            let source = path.join(&name);
-            let meta = std::fs::symlink_metadata(&source)?;
+            let mut source = path.join(&name);
+            let mut meta = std::fs::symlink_metadata(&source)?;
+            if meta.file_type().is_symlink() && cfg.follow != Follow::Never {
+                let target = std::fs::canonicalize(&source).map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot follow {}: {e}", source.display()),
+                    )
+                })?;
+                if cfg.follow == Follow::Inside && !target.starts_with(&root) {
+                    return Err(std::io::Error::other(format!(
+                        "{} points outside {} (to {}); --follow-symlinks all follows it",
+                        source.display(),
+                        dir.display(),
+                        target.display()
+                    )));
+                }
+                meta = std::fs::metadata(&target)?;
+                if meta.is_dir() && !seen_dirs.insert((meta.dev(), meta.ino())) {
+                    return Err(std::io::Error::other(format!(
+                        "{} leads to a directory already packed (a symlink loop?)",
+                        source.display()
+                    )));
+                }
+                source = target;
+            }
             let mut r = rel.clone();
             if !r.is_empty() {
                 r.push(b'/');
@@ -93,6 +134,7 @@ fn walk(dir: &Path, cfg: &PackConfig) -> std::io::Result<Vec<Item>> {
             r.extend_from_slice(name.as_bytes());
             let ft = meta.file_type();
             let (kind, link) = if ft.is_dir() {
+                seen_dirs.insert((meta.dev(), meta.ino()));
                 (EntryKind::Dir, Vec::new())
             } else if ft.is_symlink() {
                 let t = std::fs::read_link(&source)?;

@@ -166,25 +166,12 @@ impl Reader {
         let table = a.table.as_ref().ok_or_else(|| {
             Error::Format("seekable member in an archive without a seek table".into())
         })?;
-        let mut out = Vec::with_capacity((end - start) as usize);
-        let mut pos = start;
-        while pos < end {
+        gather(start, end, |pos| {
             let fi = table.frame_at(pos).ok_or_else(|| {
                 Error::Corrupt(format!("offset {pos} is past the end of the stream"))
             })?;
-            let frame = self.frame(archive, a, table, fi)?;
-            let f = table.frames[fi];
-            let within = (pos - f.doff) as usize;
-            let take = (frame.len().saturating_sub(within) as u64).min(end - pos) as usize;
-            if take == 0 {
-                return Err(Error::Corrupt(
-                    "decoded frame is shorter than the seek table says".into(),
-                ));
-            }
-            out.extend_from_slice(&frame[within..within + take]);
-            pos += take as u64;
-        }
-        Ok(out)
+            Ok((table.frames[fi].doff, self.frame(archive, a, table, fi)?))
+        })
     }
 
     fn frame(&self, archive: u32, a: &Archive, table: &SeekTable, fi: usize) -> Result<Arc<[u8]>> {
@@ -271,22 +258,10 @@ impl Reader {
     }
 
     fn read_compressed(&self, idx: u32, m: &ZipMember, offset: u64, end: u64) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity((end - offset) as usize);
-        let mut pos = offset;
-        while pos < end {
+        gather(offset, end, |pos| {
             let bi = pos / BLOCK_SIZE;
-            let block = self.block(idx, m, bi)?;
-            let within = (pos - bi * BLOCK_SIZE) as usize;
-            let take = (block.len().saturating_sub(within) as u64).min(end - pos) as usize;
-            if take == 0 {
-                return Err(Error::Corrupt(
-                    "decoded block is shorter than expected".into(),
-                ));
-            }
-            out.extend_from_slice(&block[within..within + take]);
-            pos += take as u64;
-        }
-        Ok(out)
+            Ok((bi * BLOCK_SIZE, self.block(idx, m, bi)?))
+        })
     }
 
     /// Decoded block `bi` of member `idx`, from the cache or by decoding.
@@ -334,6 +309,30 @@ impl Reader {
             }
         }
     }
+}
+
+/// Copy bytes `[start, end)` out of a sequence of cached blocks: `block_at(pos)` returns
+/// the block holding `pos` and the offset where that block starts.
+fn gather(
+    start: u64,
+    end: u64,
+    mut block_at: impl FnMut(u64) -> Result<(u64, Arc<[u8]>)>,
+) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity((end - start) as usize);
+    let mut pos = start;
+    while pos < end {
+        let (block_start, block) = block_at(pos)?;
+        let within = (pos - block_start) as usize;
+        let take = (block.len().saturating_sub(within) as u64).min(end - pos) as usize;
+        if take == 0 {
+            return Err(Error::Corrupt(
+                "decoded data is shorter than its index says".into(),
+            ));
+        }
+        out.extend_from_slice(&block[within..within + take]);
+        pos += take as u64;
+    }
+    Ok(out)
 }
 
 fn check_crc(actual: u32, m: &ZipMember) -> Result<()> {
@@ -771,6 +770,7 @@ mod tests {
             frame_size,
             mtime_clamp: None,
             owner: None,
+            follow: crate::pack::Follow::Never,
         })
         .unwrap();
         let fs = open(&out, 64 << 20);
