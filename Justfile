@@ -33,3 +33,7 @@ demo MNT="/mnt": build
 # Unmount the demo.
 demo-stop MNT="/mnt":
     ./target/release/pkgfs umount {{MNT}}
+
+# Pack benchmark on the Linux source (installs linux-source-6.1; ~6 GB in /var/tmp).
+bench:
+    bash bench/pack.sh
