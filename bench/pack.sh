@@ -57,7 +57,8 @@ run "zip -r -6" "$work/linux.zip" sh -c "cd '$src' && zip -q -r -6 '$work/linux.
 run "tar | zstd -19 -T0 (not seekable)" "$work/linux.tar.zst" sh -c "tar -C '$src' -cf - . | zstd -q -19 -T0 -o '$work/linux.tar.zst'"
 run "mksquashfs -comp zstd" "$work/linux.sqfs" mksquashfs "$src" "$work/linux.sqfs" -comp zstd -quiet -no-progress
 
-# ~600 packages, one per second-level directory (files at the first level go to one more).
+# ~600 packages, one per second-level directory (files above that level are left out:
+# this part measures mount time).
 pk="$work/pkgs-zst"
 if [ ! -d "$pk" ]; then
   mkdir -p "$pk.tmp"
