@@ -152,21 +152,22 @@ impl PkgFs {
         if dir.kind != Kind::Dir {
             return Err(Error::NotDir);
         }
+        // Positions: 0 is ".", 1 is "..", 2 + i is child i. Resuming at a large offset
+        // must not walk the entries before it (directories can hold 100,000 names).
         let dots = [(ino, &b"."[..]), (dir.parent, &b".."[..])];
         let children = self
             .tree
-            .children(dir)
+            .children_from(dir, offset.saturating_sub(2))
             .map(|(i, n)| (self.tree.canonical(i), self.tree.name(n)));
-        for (pos, (child, name)) in dots
+        let entries = dots
             .into_iter()
-            .chain(children)
-            .enumerate()
-            .skip(offset as usize)
-        {
+            .skip(offset.min(2) as usize)
+            .chain(children);
+        for (pos, (child, name)) in (offset..).zip(entries) {
             let kind = self.node(child)?.kind;
             let full = add(DirEntry {
                 ino: child,
-                next_offset: pos as u64 + 1,
+                next_offset: pos + 1,
                 kind,
                 name,
             });
@@ -245,5 +246,68 @@ impl PkgFs {
             bsize: BLKSIZE,
             namelen: crate::path::NAME_MAX as u32,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::{DataRef, Entry, EntryKind};
+    use crate::tree::{Ownership, TreeBuilder};
+
+    #[test]
+    fn readdir_resumes_at_any_offset_in_name_order() {
+        let entries: Vec<Entry> = (0..50)
+            .rev()
+            .map(|i| Entry {
+                path: format!("d/f{i:02}").into_bytes(),
+                kind: EntryKind::Dir,
+                perm: 0o755,
+                mtime: 0,
+                uid: None,
+                gid: None,
+                size: 0,
+                data: DataRef::None,
+                link: Vec::new(),
+            })
+            .collect();
+        let mut b = TreeBuilder::new(Ownership {
+            uid: 0,
+            gid: 0,
+            force_uid: false,
+            force_gid: false,
+        });
+        b.add_layer(0, 0, &entries);
+        let fs = PkgFs::new(b.finish(), Vec::new(), 0);
+        let d = fs.lookup(1, b"d").unwrap().ino;
+        let list = |from: u64, max: usize| {
+            let mut got = Vec::new();
+            fs.readdir(d, from, |e| {
+                got.push((String::from_utf8_lossy(e.name).into_owned(), e.next_offset));
+                got.len() == max
+            })
+            .unwrap();
+            got
+        };
+        let all = list(0, usize::MAX);
+        assert_eq!(all.len(), 52);
+        assert_eq!(
+            (all[0].0.as_str(), all[1].0.as_str(), all[2].0.as_str()),
+            (".", "..", "f00")
+        );
+        // Reading in pages of 7 entries gives the same listing.
+        let mut paged = Vec::new();
+        let mut off = 0;
+        loop {
+            let page = list(off, 7);
+            if page.is_empty() {
+                break;
+            }
+            off = page.last().unwrap().1;
+            paged.extend(page);
+        }
+        assert_eq!(paged, all);
+        assert!(list(52, 10).is_empty());
+        assert_eq!(list(51, 10)[0].0, "f49");
     }
 }

@@ -185,11 +185,18 @@ impl Tree {
 
     /// Children of a directory as `(inode, node)` pairs in name order.
     pub fn children(&self, dir: &Node) -> impl Iterator<Item = (u64, &Node)> {
+        self.children_from(dir, 0)
+    }
+
+    /// Children of a directory from position `skip` on, in constant time per step (a
+    /// directory's children are a contiguous range of inodes).
+    pub fn children_from(&self, dir: &Node, skip: u64) -> impl Iterator<Item = (u64, &Node)> {
         let (first, count) = match dir.kind {
             Kind::Dir => (dir.a, u64::from(dir.b)),
             _ => (0, 0),
         };
-        (first..first + count).filter_map(move |ino| self.node(ino).map(|n| (ino, n)))
+        (first + skip.min(count)..first + count)
+            .filter_map(move |ino| self.node(ino).map(|n| (ino, n)))
     }
 
     /// Number of children of a directory.
