@@ -4,6 +4,7 @@
 //! unmounted by a guard even when a test fails.
 
 mod common;
+mod faults;
 mod pack;
 
 use std::collections::HashMap;

@@ -38,7 +38,7 @@ fn os_err(what: &str) -> String {
 
 /// `pkgfs mount`: mount in the foreground, or start a background daemon and wait for it.
 pub fn mount(cfg: &MountConfig) -> Result<(), String> {
-    clear_dead_mount(&cfg.mountpoint);
+    clear_dead_mount(&cfg.mountpoint)?;
     if !source::is_dir(&cfg.mountpoint) {
         return Err(format!(
             "mountpoint {} is not a directory",
@@ -244,14 +244,25 @@ fn raise_readahead(mountpoint: &Path) {
     }
 }
 
-/// If `mountpoint` is a dead FUSE mount (its daemon was killed: ENOTCONN), detach it so a
-/// new mount can take its place.
-fn clear_dead_mount(mountpoint: &Path) {
-    if let Err(e) = std::fs::metadata(mountpoint)
-        && e.raw_os_error() == Some(libc::ENOTCONN)
-    {
-        warn!("{} is a dead mount; detaching it", mountpoint.display());
-        let _ = unmount(mountpoint, true);
+/// If `mountpoint` is already a FUSE mount: a dead one (its daemon was killed; requests
+/// fail with ENOTCONN) is detached so the new mount can take its place; a live one is an
+/// error rather than a mount stacked on top of it. `stat` of the mountpoint itself may be
+/// answered from the kernel's attribute cache, so the probe looks up a fresh name.
+fn clear_dead_mount(mountpoint: &Path) -> Result<(), String> {
+    match mounted_type(mountpoint) {
+        Some(t) if t == "fuse" || t.starts_with("fuse.") => {}
+        _ => return Ok(()),
+    }
+    let probe = mountpoint.join(format!(".pkgfs-probe-{}", std::process::id()));
+    match std::fs::symlink_metadata(&probe) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            warn!("{} is a dead mount; detaching it", mountpoint.display());
+            unmount(mountpoint, true)
+        }
+        _ => Err(format!(
+            "{} is already a FUSE mount (pkgfs umount it first)",
+            mountpoint.display()
+        )),
     }
 }
 

@@ -186,7 +186,9 @@ impl Reader {
         {
             return Ok(b);
         }
-        let data: Arc<[u8]> = seekable::decode_frame(&a.file, table, fi)?.into();
+        let data = seekable::decode_frame(&a.file, table, fi);
+        a.unchanged()?;
+        let data: Arc<[u8]> = data?.into();
         self.count_archive_bytes(table.frames[fi].csize as usize);
         self.stats.blocks_decoded.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -209,7 +211,9 @@ impl Reader {
         }
         let archive = self.archive(m.archive)?;
         let mut lfh = [0u8; zip::LFH_LEN];
-        read_exact_at(&archive.file, &mut lfh, m.zip.header_offset)?;
+        let r = read_exact_at(&archive.file, &mut lfh, m.zip.header_offset);
+        archive.unchanged()?;
+        r?;
         self.count_archive_bytes(lfh.len());
         let start = m.zip.header_offset + zip::local_data_offset(&lfh)?;
         if start
@@ -239,12 +243,17 @@ impl Reader {
             )));
         }
         let start = self.data_start(idx, m)?;
-        let file = &self.archive(m.archive)?.file;
+        let archive = self.archive(m.archive)?;
+        let read = |buf: &mut [u8], at: u64| {
+            let r = read_exact_at(&archive.file, buf, at);
+            archive.unchanged()?;
+            self.count_archive_bytes(buf.len());
+            r
+        };
         let verified = &self.verified[idx as usize];
         if m.size <= VERIFY_MAX && !verified.load(Ordering::Relaxed) {
             let mut all = vec![0u8; m.size as usize];
-            read_exact_at(file, &mut all, start)?;
-            self.count_archive_bytes(all.len());
+            read(&mut all, start)?;
             check_crc(crc32fast::hash(&all), m)?;
             verified.store(true, Ordering::Relaxed);
             all.truncate(end as usize);
@@ -252,8 +261,7 @@ impl Reader {
             return Ok(all);
         }
         let mut buf = vec![0u8; (end - offset) as usize];
-        read_exact_at(file, &mut buf, start + offset)?;
-        self.count_archive_bytes(buf.len());
+        read(&mut buf, start + offset)?;
         Ok(buf)
     }
 
@@ -293,7 +301,9 @@ impl Reader {
         let archive = self.archive(m.archive)?;
         loop {
             let at = stream.out_pos / BLOCK_SIZE;
-            let (data, read) = stream.next_block(&archive.file, m)?;
+            let decoded = stream.next_block(&archive.file, m);
+            archive.unchanged()?;
+            let (data, read) = decoded?;
             self.count_archive_bytes(read);
             self.stats.blocks_decoded.fetch_add(1, Ordering::Relaxed);
             self.stats

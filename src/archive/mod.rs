@@ -11,7 +11,7 @@ pub mod tar;
 pub mod zip;
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
@@ -105,10 +105,32 @@ pub struct Archive {
     pub size: u64,
     /// The file's modification time (seconds), used for implied directories.
     pub mtime: i64,
+    /// The file's modification time (seconds, nanoseconds) when indexed: a write to the
+    /// file changes it, which is how a rewritten archive is noticed (see
+    /// [`Archive::unchanged`]). Not the ctime: renaming or deleting a package changes its
+    /// ctime but not its bytes, and must not break reads.
+    pub mtime_ns: (i64, i64),
     /// Its format.
     pub format: Format,
     /// The seek table of a seekable-zstd archive.
     pub table: Option<seekable::SeekTable>,
+}
+
+impl Archive {
+    /// Check that the file still has the size and modification time it was indexed with.
+    /// Called after reading from it: bytes read from a file rewritten in place must not
+    /// be served as if they were the old ones.
+    pub fn unchanged(&self) -> Result<()> {
+        let meta = self.file.metadata()?;
+        if meta.len() != self.size || (meta.mtime(), meta.mtime_nsec()) != self.mtime_ns {
+            return Err(Error::Corrupt(format!(
+                "the archive changed while mounted (size {} -> {}); its reads return EIO until remounted",
+                self.size,
+                meta.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// An archive together with the entries of its index.
@@ -175,6 +197,7 @@ pub fn open(
             file,
             size,
             mtime,
+            mtime_ns: (meta.mtime(), meta.mtime_nsec()),
             format,
             table,
         },

@@ -1,0 +1,144 @@
+//! Faults while mounted: archives rewritten, truncated or deleted under a live mount, and
+//! a daemon killed with SIGKILL. Readers must get EIO or the old bytes, never wrong bytes.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::common::{Mount, pkgfs, require_fuse, run};
+
+/// An archive of `n` stored files, `f{i}.bin`, each 64 KiB of byte `i`.
+fn stored_archive(path: &Path, n: usize, fill: u8) {
+    let mut w = zip::ZipWriter::new(fs::File::create(path).unwrap());
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for i in 0..n {
+        w.start_file(format!("f{i}.bin"), opts).unwrap();
+        w.write_all(&vec![fill.wrapping_add(i as u8); 65536])
+            .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn an_archive_changed_under_the_mount_gives_eio_or_old_bytes_never_new_ones() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let arc = dir.path().join("a.zip");
+    stored_archive(&arc, 4, 0);
+    let m = Mount::new(&[&arc], &[]);
+    let mp = m.path();
+    assert_eq!(fs::read(mp.join("f0.bin")).unwrap(), vec![0u8; 65536]);
+
+    // Rewrite the same bytes positions with other content, in place (same size).
+    let other = dir.path().join("b.zip");
+    stored_archive(&other, 4, 100);
+    let bytes = fs::read(&other).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&arc)
+        .unwrap()
+        .write_all(&bytes)
+        .unwrap();
+
+    // Already read: the old bytes (page cache). Not yet read: EIO, never the new bytes.
+    assert_eq!(fs::read(mp.join("f0.bin")).unwrap(), vec![0u8; 65536]);
+    for i in 1..4 {
+        match fs::read(mp.join(format!("f{i}.bin"))) {
+            Ok(data) => assert_eq!(
+                data,
+                vec![i as u8; 65536],
+                "f{i}: only old bytes may be served"
+            ),
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "f{i}: {e}"),
+        }
+    }
+    assert!(
+        m.log_text().contains("changed while mounted"),
+        "{}",
+        m.log_text()
+    );
+}
+
+#[test]
+fn truncated_or_deleted_archives_do_not_take_the_mount_down() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    stored_archive(&pkgs.join("a.zip"), 4, 0);
+    let mut w = zip::ZipWriter::new(fs::File::create(pkgs.join("b.zip")).unwrap());
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    w.start_file("b.bin", opts).unwrap();
+    w.write_all(&[7u8; 100_000]).unwrap();
+    w.finish().unwrap();
+
+    let m = Mount::new(&[&pkgs], &[]);
+    let mp = m.path();
+    // Deleted: the daemon holds the file open, so the old bytes are still served.
+    fs::remove_file(pkgs.join("b.zip")).unwrap();
+    assert_eq!(fs::read(mp.join("b.bin")).unwrap(), vec![7u8; 100_000]);
+    // Truncated: EIO for what is gone; the rest of the mount keeps working.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(pkgs.join("a.zip"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    let e = fs::read(mp.join("f3.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    assert_eq!(fs::read_dir(&mp).unwrap().count(), 5);
+    assert_eq!(fs::read(mp.join("b.bin")).unwrap().len(), 100_000);
+}
+
+#[test]
+fn a_killed_daemon_is_cleaned_up_by_umount_and_by_the_next_mount() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let arc = dir.path().join("a.zip");
+    stored_archive(&arc, 2, 0);
+    let mut m = Mount::foreground(&[&arc], &[]);
+    let mp = m.path();
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let e = fs::metadata(mp.join("never-looked-up")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "a dead FUSE mount");
+
+    // A new mount on the same mountpoint clears the dead one first.
+    run(pkgfs().arg("mount").arg(&arc).arg(&mp));
+    assert_eq!(fs::read(mp.join("f1.bin")).unwrap(), vec![1u8; 65536]);
+    // A live mount is not mounted over.
+    let again = pkgfs().arg("mount").arg(&arc).arg(&mp).output().unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already a FUSE mount"));
+    run(pkgfs().arg("umount").arg(&mp));
+
+    // And `pkgfs umount` cleans a dead mount too.
+    let mut m2 = Mount::foreground(&[&arc], &[]);
+    let mp2 = m2.path();
+    let mut child = m2.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    run(pkgfs().arg("umount").arg(&mp2));
+    let start = Instant::now();
+    while m2.is_mounted() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "dead mount not removed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        fs::read_dir(&mp2).unwrap().next().is_none(),
+        "the plain directory again"
+    );
+}
