@@ -210,12 +210,13 @@ impl Reader {
             return Ok(known);
         }
         let archive = self.archive(m.archive)?;
-        let mut lfh = [0u8; zip::LFH_LEN];
+        let mut lfh = vec![0u8; zip::LFH_LEN + usize::from(m.zip.name_len)];
         let r = read_exact_at(&archive.file, &mut lfh, m.zip.header_offset);
         archive.unchanged()?;
         r?;
         self.count_archive_bytes(lfh.len());
-        let start = m.zip.header_offset + zip::local_data_offset(&lfh)?;
+        let start =
+            m.zip.header_offset + zip::local_data_offset(&lfh, m.zip.name_len, m.zip.name_crc)?;
         if start
             .checked_add(m.zip.compressed_size)
             .is_none_or(|e| e > archive.size)
@@ -861,5 +862,39 @@ mod tests {
         f.data = archive::DataRef::Seekable { offset: 0 };
         let problems = archive::verify_seekable(a, &lying).unwrap();
         assert_eq!(problems.len(), 1, "{problems:?}");
+    }
+
+    #[test]
+    fn overlapping_entries_are_refused() {
+        // Point the second entry's local header offset at the first entry's header: the
+        // overlapping-zip-bomb trick. Its read fails; the first entry still reads.
+        let (dir, _) = build(
+            &[
+                ("first", ::zip::CompressionMethod::Deflated, &data(1000)),
+                ("other", ::zip::CompressionMethod::Deflated, &data(2000)),
+            ],
+            1 << 20,
+        );
+        let path = dir.path().join("t.zip");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let cds: Vec<usize> = bytes
+            .windows(4)
+            .enumerate()
+            .filter(|(_, w)| *w == b"PK\x01\x02")
+            .map(|(i, _)| i)
+            .collect();
+        let first_offset = bytes[cds[0] + 42..cds[0] + 46].to_vec();
+        bytes[cds[1] + 42..cds[1] + 46].copy_from_slice(&first_offset);
+        std::fs::write(&path, &bytes).unwrap();
+        let fs = open(&path, 1 << 20);
+        let e = fs
+            .read(fs.tree().resolve(b"other").unwrap(), 0, 10)
+            .unwrap_err();
+        assert!(e.to_string().contains("overlapping"), "{e}");
+        assert_eq!(
+            fs.read(fs.tree().resolve(b"first").unwrap(), 0, 10)
+                .unwrap(),
+            &data(1000)[..10]
+        );
     }
 }

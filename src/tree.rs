@@ -655,6 +655,8 @@ mod tests {
                 crc32: 0,
                 method: 0,
                 encrypted: false,
+                name_len: 0,
+                name_crc: 0,
             }),
             link: Vec::new(),
         }

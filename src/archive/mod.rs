@@ -45,6 +45,11 @@ pub struct ZipData {
     pub method: u16,
     /// The member is encrypted (general purpose flag bit 0).
     pub encrypted: bool,
+    /// Length and CRC-32 of the name stored in the central directory: the local header
+    /// must carry the same name, or the entry overlaps another (a zip-bomb trick).
+    pub name_len: u16,
+    /// See `name_len`.
+    pub name_crc: u32,
 }
 
 /// The location of an entry's data.

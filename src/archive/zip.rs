@@ -392,6 +392,8 @@ fn parse_record(
             crc32,
             method,
             encrypted: flags & 1 != 0,
+            name_len: name.len() as u16,
+            name_crc: crc32fast::hash(name),
         }),
     };
     Ok(Entry {
@@ -488,13 +490,23 @@ pub fn dos_to_unix(date: u16, time: u16) -> i64 {
     if t == -1 { 0 } else { t }
 }
 
-/// Given the fixed part of a local file header, the offset of the member's data relative
-/// to the header's start.
-pub fn local_data_offset(lfh: &[u8; LFH_LEN]) -> Result<u64, Error> {
-    if &lfh[0..4] != LFH_SIG {
+/// Given a local file header and the name after it (`LFH_LEN + name_len` bytes), the
+/// offset of the member's data relative to the header's start. The name must be the one
+/// the central directory gave (`name_len`, `name_crc`): entries whose local header names
+/// another file overlap it, the trick of overlapping zip bombs, and are refused.
+pub fn local_data_offset(lfh: &[u8], name_len: u16, name_crc: u32) -> Result<u64, Error> {
+    if lfh.len() < LFH_LEN || &lfh[0..4] != LFH_SIG {
         return Err(Error::Format("bad local file header signature".into()));
     }
-    Ok(LFH_LEN as u64 + u64::from(u16_at(lfh, 26)) + u64::from(u16_at(lfh, 28)))
+    let local_len = u16_at(lfh, 26);
+    let name = lfh.get(LFH_LEN..LFH_LEN + usize::from(local_len));
+    if local_len != name_len || name.is_none_or(|n| crc32fast::hash(n) != name_crc) {
+        return Err(Error::Corrupt(
+            "the local header names another file than the central directory (overlapping entries)"
+                .into(),
+        ));
+    }
+    Ok(LFH_LEN as u64 + u64::from(local_len) + u64::from(u16_at(lfh, 28)))
 }
 
 #[cfg(test)]
@@ -572,7 +584,9 @@ mod tests {
                 compressed_size: 10,
                 crc32: 0xdead_beef,
                 method: 8,
-                encrypted: false
+                encrypted: false,
+                name_len: 3,
+                name_crc: crc32fast::hash(b"big"),
             })
         );
     }
