@@ -37,10 +37,15 @@ pub const INDEX_MAGIC: &[u8; 8] = b"PKGFSIDX";
 pub const INDEX_VERSION: u32 = 1;
 /// Limits from the seekable format specification.
 const MAX_FRAMES: u64 = 0x800_0000;
-/// Largest decompressed frame accepted (the specification's limit, 1 GiB).
-pub const MAX_FRAME_SIZE: u64 = 0x4000_0000;
-/// Largest index accepted, decompressed (a hostile size must not allocate).
-const MAX_INDEX_SIZE: u64 = 1 << 31;
+/// Largest decompressed frame accepted. The specification allows 1 GiB; pkgfs packs at
+/// most 64 MiB per frame and refuses more than 256 MiB, so a hostile seek table cannot
+/// make one read allocate a gigabyte.
+pub const MAX_FRAME_SIZE: u64 = 256 << 20;
+/// Largest index accepted, decompressed (about ten million entries).
+const MAX_INDEX_SIZE: u64 = 1 << 30;
+/// An index body may claim at most this many times its compressed size (real indexes
+/// compress 5-20×): a tiny frame cannot claim a huge body.
+const MAX_INDEX_RATIO: u64 = 256;
 /// Magic of an ordinary zstd frame.
 const ZSTD_MAGIC: u32 = 0xFD2F_B528;
 const FOOTER_LEN: usize = 9;
@@ -284,10 +289,18 @@ pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>, Error>
     let mut c = Cursor(&p[12..]);
     let body_len = c.u64()?;
     let crc = c.u32()?;
-    if body_len > MAX_INDEX_SIZE {
-        return Err(bad(format!("index claims {body_len} bytes")));
+    let ratio_cap = (c.0.len() as u64).saturating_mul(MAX_INDEX_RATIO) + (1 << 20);
+    if body_len > MAX_INDEX_SIZE || body_len > ratio_cap {
+        return Err(bad(format!(
+            "index claims {body_len} bytes from {} compressed",
+            c.0.len()
+        )));
     }
-    let body = zstd::bulk::decompress(c.0, body_len as usize)
+    // Stream into a growing buffer: memory follows what really decompresses, never the
+    // claimed size, and stops one byte past it.
+    let mut body = Vec::new();
+    zstd::stream::read::Decoder::new(c.0)
+        .and_then(|d| d.take(body_len + 1).read_to_end(&mut body))
         .map_err(|e| Error::Corrupt(format!("index does not decompress: {e}")))?;
     if body.len() as u64 != body_len || crc32fast::hash(&body) != crc {
         return Err(Error::Corrupt("index checksum mismatch".into()));
@@ -621,5 +634,13 @@ mod tests {
         for cut in 0..frame.len() {
             assert!(decode_index(&frame[..cut], 522).is_err());
         }
+    }
+
+    #[test]
+    fn fuzz_regressions_fail_cleanly() {
+        // Found by `cargo fuzz run seekable_index`: an index frame claiming a 2 GiB body
+        // made the decoder allocate it up front.
+        let oom = include_bytes!("../../fuzz/regressions/seekable_index_oom.bin");
+        assert!(decode_index(oom, 1 << 30).is_err());
     }
 }
