@@ -554,3 +554,63 @@ fn uid_and_gid_overrides_apply_to_every_entry() {
     }
     assert!(seen > 5);
 }
+
+#[test]
+fn hostile_archives_from_the_catalogue() {
+    if !require_fuse() {
+        return;
+    }
+    let src = set("hostile");
+    let m = Mount::new(&[&src], &[]);
+    expect_matches(&m.path(), &[&src], &[]);
+    let mp = m.path();
+    // Garbage before the archive: found past the stub.
+    assert!(
+        fs::read(mp.join("sfx/inside.txt"))
+            .unwrap()
+            .starts_with(b"found past the stub")
+    );
+    // 100,000 entries with one name: one file, the last copy.
+    assert_eq!(fs::read(mp.join("dup/same.txt")).unwrap(), b"copy 99999\n");
+    // Symlink loops are served verbatim; the kernel reports the loop.
+    let e = fs::metadata(mp.join("loop/a")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+    // A 1000-level path reads; a 256-byte name was skipped with a warning.
+    let deep = mp.join(format!("deep/{}leaf.txt", "d/".repeat(1000)));
+    assert_eq!(fs::read(deep).unwrap(), b"deep leaf\n");
+    assert!(m.stderr.contains("longer than 255"), "{}", m.stderr);
+    // Sizes that lie: listed with the lie, read as EIO; the mount lives on.
+    let liar = mp.join("b64/liar.txt");
+    assert_eq!(fs::metadata(&liar).unwrap().len(), u32::MAX as u64);
+    assert_eq!(fs::read(&liar).unwrap_err().raw_os_error(), Some(libc::EIO));
+    assert_eq!(fs::read(mp.join("b64/fine.txt")).unwrap(), b"fine\n");
+}
+
+#[test]
+fn reading_a_4_gib_bomb_keeps_memory_within_the_cache_budget() {
+    if !require_fuse() {
+        return;
+    }
+    let src = large_fixtures().join("large");
+    let m = Mount::foreground(&[&src], &["--cache-size", "16M"]);
+    let pid = m.child.as_ref().unwrap().id();
+    let mut f = fs::File::open(m.path().join("zeros.bin")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    for _ in 0..768 {
+        f.read_exact(&mut buf).unwrap();
+    }
+    assert!(buf.iter().all(|&b| b == 0));
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap();
+    assert!(
+        rss_kb < 120 * 1024,
+        "daemon RSS {rss_kb} kB after 768 MiB of a 4 GiB member"
+    );
+}

@@ -204,6 +204,43 @@ def unsafe(out):
         patch(f"{out}/paths.zip", h.encode(), n.encode())
 
 
+def hostile(out):
+    # Garbage before a normal archive (self-extracting style, offsets not adjusted).
+    inner = out + "/.inner.zip"
+    with zipfile.ZipFile(inner, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(zinfo("sfx/inside.txt", 0o100644), "found past the stub\n" * 50)
+    with open(inner, "rb") as f:
+        body = f.read()
+    os.remove(inner)
+    write(f"{out}/selfextract.zip", random.Random(11).randbytes(20000) + body)
+    # 100,000 entries with one name: the last one wins.
+    with zipfile.ZipFile(f"{out}/dup100k.zip", "w", zipfile.ZIP_STORED) as z:
+        import warnings
+        warnings.simplefilter("ignore")
+        for i in range(100_000):
+            z.writestr(zinfo("dup/same.txt", 0o100644), f"copy {i}\n")
+    # A very deep tree, an over-long name, symlink loops.
+    with zipfile.ZipFile(f"{out}/shapes.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(zinfo("deep/" + "d/" * 1000 + "leaf.txt", 0o100644), "deep leaf\n")
+        z.writestr(zinfo("long/" + "n" * 256, 0o100644), "name too long: skipped\n")
+        z.writestr(zinfo("long/" + "n" * 255, 0o100644), "longest name\n")
+        z.writestr(zinfo("loop/a", 0o120777), "b")
+        z.writestr(zinfo("loop/b", 0o120777), "a")
+        z.writestr(zinfo("loop/self", 0o120777), "self")
+        z.writestr(zinfo("loop/up", 0o120777), "../../../../../../../../etc/passwd")
+    # ZIP64 markers without a ZIP64 field: the sizes read as 4 GiB - 1 and lie.
+    with zipfile.ZipFile(f"{out}/bogus64.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(zinfo("b64/fine.txt", 0o100644), "fine\n")
+        z.writestr(zinfo("b64/liar.txt", 0o100644), "PAYLOAD-" * 100)
+    with zipfile.ZipFile(f"{out}/bogus64.zip") as z:
+        info = z.getinfo("b64/liar.txt")
+    with open(f"{out}/bogus64.zip", "r+b") as f:
+        data = f.read()
+        cd = data.rfind(b"PK\x01\x02")  # the last central record is liar.txt's
+        f.seek(cd + 20)
+        f.write(b"\xff" * 8)  # compressed and uncompressed size
+
+
 def large(out):
     path = f"{out}/huge.zip"
     with zipfile.ZipFile(path + ".tmp", "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
@@ -219,7 +256,7 @@ def large(out):
 
 
 SETS = {"basic": basic, "empty": empty, "zip64-many": zip64_many, "conflicts": conflicts,
-        "corrupt": corrupt, "unsafe": unsafe}
+        "corrupt": corrupt, "unsafe": unsafe, "hostile": hostile}
 
 
 def main(argv):
