@@ -142,3 +142,75 @@ fn a_killed_daemon_is_cleaned_up_by_umount_and_by_the_next_mount() {
         "the plain directory again"
     );
 }
+
+#[test]
+fn thousands_of_archives_mount_under_a_low_descriptor_limit() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    for i in 0..1000 {
+        let mut w =
+            zip::ZipWriter::new(fs::File::create(pkgs.join(format!("p{i:04}.zip"))).unwrap());
+        let opts = zip::write::SimpleFileOptions::default();
+        w.start_file(format!("d{}/f{i}.txt", i % 10), opts).unwrap();
+        w.write_all(format!("file {i}\n").repeat(i % 50 + 1).as_bytes())
+            .unwrap();
+        w.finish().unwrap();
+    }
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let mut cmd = pkgfs();
+    cmd.args(["mount", "-f"]).arg(&pkgs).arg(&mp);
+    // SAFETY: setrlimit in the child before exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let lim = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            Ok(())
+        });
+    }
+    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    struct Guard<'a>(&'a Path);
+    impl Drop for Guard<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.0)
+                .status();
+        }
+    }
+    let _g = Guard(&mp);
+    let start = Instant::now();
+    while fs::read_dir(&mp).map(|d| d.count()).unwrap_or(0) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "mount did not appear"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every file of every archive reads back, twice (descriptors are recycled).
+    for round in 0..2 {
+        for i in (0..1000).rev() {
+            let p = mp.join(format!("d{}/f{i}.txt", i % 10));
+            let want = format!("file {i}\n").repeat(i % 50 + 1);
+            assert_eq!(
+                fs::read_to_string(&p).unwrap(),
+                want,
+                "round {round}, {}",
+                p.display()
+            );
+        }
+    }
+    let fds = fs::read_dir(format!("/proc/{}/fd", child.id()))
+        .unwrap()
+        .count();
+    assert!(fds <= 64, "{fds} descriptors open");
+    run(pkgfs().arg("umount").arg(&mp));
+    assert!(child.wait().unwrap().success());
+}

@@ -81,6 +81,10 @@ pub struct Reader {
     slots: Mutex<LruCache<BlockKey, Slot>>,
     /// Activity counters.
     pub stats: ReadStats,
+    /// Archives with an open descriptor, least recently used first.
+    open_files: Mutex<LruCache<u32, ()>>,
+    /// How many archives may be open at once.
+    fd_limit: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -93,13 +97,47 @@ impl Reader {
     pub fn new(archives: Vec<Archive>, members: usize, cache_bytes: u64) -> Self {
         let cap =
             std::num::NonZeroUsize::new(PARKED_STREAMS).unwrap_or(std::num::NonZeroUsize::MIN);
-        Reader {
+        let reader = Reader {
             archives,
             data_start: (0..members).map(|_| AtomicU64::new(0)).collect(),
             verified: (0..members).map(|_| AtomicBool::new(false)).collect(),
             cache: BlockCache::new(cache_bytes),
             slots: Mutex::new(LruCache::new(cap)),
             stats: ReadStats::default(),
+            open_files: Mutex::new(LruCache::unbounded()),
+            fd_limit: crate::archive::descriptor_budget(),
+        };
+        for (i, a) in reader.archives.iter().enumerate() {
+            if a.is_open() {
+                reader.note_open(i as u32, true);
+            }
+        }
+        reader
+    }
+
+    /// The open file of archive `idx`, reopened if it was closed; keeps at most
+    /// `fd_limit` archives open, closing the least recently used.
+    fn file(&self, idx: u32) -> Result<Arc<File>> {
+        let a = self.archive(idx)?;
+        let was_open = a.is_open();
+        let f = a.file()?;
+        self.note_open(idx, !was_open);
+        Ok(f)
+    }
+
+    fn note_open(&self, idx: u32, opened: bool) {
+        let mut lru = lock(&self.open_files);
+        lru.put(idx, ());
+        while opened && lru.len() > self.fd_limit {
+            match lru.pop_lru() {
+                Some((old, ())) if old != idx => {
+                    if let Some(a) = self.archives.get(old as usize) {
+                        a.close();
+                    }
+                }
+                Some(_) => {}
+                None => break,
+            }
         }
     }
 
@@ -186,7 +224,7 @@ impl Reader {
         {
             return Ok(b);
         }
-        let data = seekable::decode_frame(&a.file, table, fi);
+        let data = seekable::decode_frame(&*self.file(archive)?, table, fi);
         a.unchanged()?;
         let data: Arc<[u8]> = data?.into();
         self.count_archive_bytes(table.frames[fi].csize as usize);
@@ -211,7 +249,7 @@ impl Reader {
         }
         let archive = self.archive(m.archive)?;
         let mut lfh = vec![0u8; zip::LFH_LEN + usize::from(m.zip.name_len)];
-        let r = read_exact_at(&archive.file, &mut lfh, m.zip.header_offset);
+        let r = read_exact_at(&*self.file(m.archive)?, &mut lfh, m.zip.header_offset);
         archive.unchanged()?;
         r?;
         self.count_archive_bytes(lfh.len());
@@ -245,8 +283,9 @@ impl Reader {
         }
         let start = self.data_start(idx, m)?;
         let archive = self.archive(m.archive)?;
+        let file = self.file(m.archive)?;
         let read = |buf: &mut [u8], at: u64| {
-            let r = read_exact_at(&archive.file, buf, at);
+            let r = read_exact_at(&file, buf, at);
             archive.unchanged()?;
             self.count_archive_bytes(buf.len());
             r
@@ -302,7 +341,7 @@ impl Reader {
         let archive = self.archive(m.archive)?;
         loop {
             let at = stream.out_pos / BLOCK_SIZE;
-            let decoded = stream.next_block(&archive.file, m);
+            let decoded = stream.next_block(&*self.file(m.archive)?, m);
             archive.unchanged()?;
             let (data, read) = decoded?;
             self.count_archive_bytes(read);

@@ -83,6 +83,10 @@ pub fn index_all(
     let results: Vec<Mutex<Option<std::result::Result<Indexed, OpenError>>>> =
         candidates.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
+    // Indexed archives stay open only up to the descriptor budget; the rest are closed
+    // now and reopened when first read.
+    let kept_open = AtomicUsize::new(0);
+    let budget = archive::descriptor_budget();
     let workers = threads.clamp(1, candidates.len().max(1));
     std::thread::scope(|s| {
         for _ in 0..workers {
@@ -91,6 +95,11 @@ pub fn index_all(
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(c) = candidates.get(i) else { break };
                     let r = archive::open(&c.path, cache);
+                    if let Ok(idx) = &r
+                        && kept_open.fetch_add(1, Ordering::Relaxed) >= budget
+                    {
+                        idx.archive.close();
+                    }
                     *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                 }
             });

@@ -13,6 +13,7 @@ pub mod zip;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
 use crate::error::{Error, Result};
@@ -99,13 +100,20 @@ pub enum Format {
     SeekableTar,
 }
 
-/// An open archive file with its parsed index.
+/// An archive file with its parsed index.
+///
+/// Its descriptor may be closed to stay under the process's file limit (thousands of
+/// packages) and reopened by path on the next read; a reopened file must be the same
+/// file (device, inode, size and mtime), or reads fail rather than serve another file.
 #[derive(Debug)]
 pub struct Archive {
     /// The path it was opened from.
     pub path: PathBuf,
-    /// The open file; reads use positional I/O, so one handle serves every thread.
-    pub file: File,
+    /// The open file, when open; reads use positional I/O, so one handle serves every
+    /// thread, and an `Arc` keeps it alive for readers while it is being closed.
+    file: Mutex<Option<Arc<File>>>,
+    /// Device and inode of the file.
+    id: (u64, u64),
     /// The file's size when it was indexed.
     pub size: u64,
     /// The file's modification time (seconds), used for implied directories.
@@ -122,11 +130,48 @@ pub struct Archive {
 }
 
 impl Archive {
+    /// The open file, reopening it by path if it was closed.
+    pub fn file(&self) -> Result<Arc<File>> {
+        let mut slot = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        let f = File::open(&self.path)?;
+        let meta = f.metadata()?;
+        if (meta.dev(), meta.ino()) != self.id {
+            return Err(Error::Corrupt(
+                "the archive was replaced by another file while mounted".into(),
+            ));
+        }
+        let f = Arc::new(f);
+        *slot = Some(f.clone());
+        drop(slot);
+        self.unchanged_in(&meta)?;
+        Ok(f)
+    }
+
+    /// Whether the descriptor is open.
+    pub fn is_open(&self) -> bool {
+        self.file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Close the descriptor (readers holding it keep it until they finish).
+    pub fn close(&self) {
+        *self.file.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// Check that the file still has the size and modification time it was indexed with.
     /// Called after reading from it: bytes read from a file rewritten in place must not
     /// be served as if they were the old ones.
     pub fn unchanged(&self) -> Result<()> {
-        let meta = self.file.metadata()?;
+        let meta = self.file()?.metadata()?;
+        self.unchanged_in(&meta)
+    }
+
+    fn unchanged_in(&self, meta: &std::fs::Metadata) -> Result<()> {
         if meta.len() != self.size || (meta.mtime(), meta.mtime_nsec()) != self.mtime_ns {
             return Err(Error::Corrupt(format!(
                 "the archive changed while mounted (size {} -> {}); its reads return EIO until remounted",
@@ -199,7 +244,8 @@ pub fn open(
     Ok(Indexed {
         archive: Archive {
             path: path.to_path_buf(),
-            file,
+            file: Mutex::new(Some(Arc::new(file))),
+            id: (meta.dev(), meta.ino()),
             size,
             mtime,
             mtime_ns: (meta.mtime(), meta.mtime_nsec()),
@@ -276,7 +322,8 @@ pub fn verify_seekable(archive: &Archive, index: &[Entry]) -> Result<Vec<String>
         .table
         .as_ref()
         .ok_or_else(|| Error::Format("not a seekable archive".into()))?;
-    let scanned: Vec<Entry> = tar::scan(seekable::StreamReader::new(&archive.file, table))
+    let file = archive.file()?;
+    let scanned: Vec<Entry> = tar::scan(seekable::StreamReader::new(&file, table))
         .map_err(|e| Error::Corrupt(format!("tar stream: {e}")))?
         .into_iter()
         .map(tar_entry)
@@ -340,6 +387,22 @@ fn tar_entry(t: tar::TarEntry) -> Result<Entry> {
         gid: u32::try_from(t.gid).ok(),
         link: t.link,
     })
+}
+
+/// How many archives may keep a descriptor open: the soft `RLIMIT_NOFILE` less a reserve
+/// for FUSE channels, logs and the index cache. Beyond it, descriptors are closed and
+/// reopened on demand.
+pub fn descriptor_budget() -> usize {
+    // SAFETY: getrlimit fills a local struct.
+    let soft = unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur
+        } else {
+            1024
+        }
+    };
+    (soft.min(1 << 20) as usize).saturating_sub(128).max(16)
 }
 
 /// Read exactly `buf.len()` bytes at `offset`, or fail with a clear error if the file
