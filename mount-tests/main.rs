@@ -127,7 +127,7 @@ fn hostile_paths_never_escape_the_mount() {
     let m = Mount::new(&[&src], &[]);
     expect_matches(&m.path(), &[&src], &[]);
     let top = m.path().parent().unwrap().to_path_buf();
-    for name in ["escape.txt", "escape2.txt", "abs", "drive.txt"] {
+    for name in ["escape.txt", "escape2.txt", "abs", "drive.txt", "nul"] {
         assert!(
             !top.join(name).exists(),
             "{name} appeared outside the mount"
@@ -584,6 +584,17 @@ fn hostile_archives_from_the_catalogue() {
     assert_eq!(fs::metadata(&liar).unwrap().len(), u32::MAX as u64);
     assert_eq!(fs::read(&liar).unwrap_err().raw_os_error(), Some(libc::EIO));
     assert_eq!(fs::read(mp.join("b64/fine.txt")).unwrap(), b"fine\n");
+    // Overlapping entries: the one whose local header names another file is refused.
+    assert_eq!(
+        fs::read(mp.join("ovl/other.txt"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EIO)
+    );
+    assert_eq!(
+        fs::read(mp.join("ovl/first.txt")).unwrap(),
+        b"first\n".repeat(100)
+    );
 }
 
 #[test]

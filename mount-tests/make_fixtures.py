@@ -27,7 +27,7 @@ import subprocess
 import sys
 import zipfile
 
-VERSION = "1"
+VERSION = "2"
 ENV = dict(os.environ, TZ="UTC")
 # Fixed times, some odd seconds, one before 2000 (DOS dates start in 1980).
 TIMES = [946684799, 1234567891, 1600000001, 1700000000, 1041379200]
@@ -193,7 +193,8 @@ def corrupt(out):
 
 def unsafe(out):
     names = ["../escape.txt", "a/../../escape2.txt", "/abs/path.txt", "C:/drive.txt",
-             "a\\windows\\path.txt", "./dot/./file.txt", "dup//slash.txt", "ok.txt"]
+             "a\\windows\\path.txt", "./dot/./file.txt", "dup//slash.txt", "ok.txt",
+             "nul\0hidden.txt"]
     # zipfile sanitises names on write, so write unique placeholders of the same length
     # and then put the raw hostile names into both headers.
     holders = [f"Q{i}".ljust(len(n), "P") for i, n in enumerate(names)]
@@ -228,6 +229,16 @@ def hostile(out):
         z.writestr(zinfo("loop/b", 0o120777), "a")
         z.writestr(zinfo("loop/self", 0o120777), "self")
         z.writestr(zinfo("loop/up", 0o120777), "../../../../../../../../etc/passwd")
+    # Overlapping entries (the zip-bomb trick): a second central record whose local
+    # header offset points at the first member's header.
+    with zipfile.ZipFile(f"{out}/overlap.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(zinfo("ovl/first.txt", 0o100644), "first\n" * 100)
+        z.writestr(zinfo("ovl/other.txt", 0o100644), "other\n" * 100)
+    with open(f"{out}/overlap.zip", "r+b") as f:
+        data = f.read()
+        cd = data.rfind(b"PK\x01\x02")  # other.txt's central record
+        f.seek(cd + 42)
+        f.write((0).to_bytes(4, "little"))  # first.txt's local header is at offset 0
     # ZIP64 markers without a ZIP64 field: the sizes read as 4 GiB - 1 and lie.
     with zipfile.ZipFile(f"{out}/bogus64.zip", "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr(zinfo("b64/fine.txt", 0o100644), "fine\n")

@@ -328,3 +328,39 @@ fn pack_follows_symlinks_only_when_asked_and_never_outside_unless_told() {
     pack(&src, &out, &["--follow-symlinks", "all"]);
     assert_eq!(cat("out-link"), b"outside\n");
 }
+
+#[test]
+fn a_file_that_is_two_formats_at_once_is_read_by_its_last_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("from-package.txt"), b"package\n").unwrap();
+    let pkg = dir.path().join("p.tar.zst");
+    pack(&src, &pkg, &[]);
+    let zip_path = dir.path().join("z.zip");
+    {
+        let mut w = zip::ZipWriter::new(fs::File::create(&zip_path).unwrap());
+        w.start_file("from-zip.txt", zip::write::SimpleFileOptions::default())
+            .unwrap();
+        std::io::Write::write_all(&mut w, b"zip\n").unwrap();
+        w.finish().unwrap();
+    }
+    let (p, z) = (fs::read(&pkg).unwrap(), fs::read(&zip_path).unwrap());
+    // Package then ZIP: the end is a ZIP end record; the package is prepended data.
+    let both = dir.path().join("pkg-then-zip");
+    fs::write(&both, [p.clone(), z.clone()].concat()).unwrap();
+    let ls = String::from_utf8(run(pkgfs().arg("ls").arg(&both)).stdout).unwrap();
+    assert!(
+        ls.contains("from-zip.txt") && !ls.contains("from-package.txt"),
+        "{ls}"
+    );
+    // ZIP then package: the end is a seek table, whose frames are then not where the
+    // table says (the seekable format has no notion of prepended data): refused with a
+    // warning naming the file, never read as a mix of both.
+    let both = dir.path().join("zip-then-pkg");
+    fs::write(&both, [z, p].concat()).unwrap();
+    let out = pkgfs().arg("ls").arg(&both).output().unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("skipping"));
+}
