@@ -625,3 +625,124 @@ fn reading_a_4_gib_bomb_keeps_memory_within_the_cache_budget() {
         "daemon RSS {rss_kb} kB after 768 MiB of a 4 GiB member"
     );
 }
+
+/// Peak resident memory of a process, in KiB.
+fn peak_rss_kb(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn stress_many_threads_random_ranges_for_a_bounded_time() {
+    if !require_fuse() {
+        return;
+    }
+    // ZIP layers of every kind plus a seekable package of the same tree.
+    let src = set("basic");
+    let ref_dir = tempfile::tempdir().unwrap();
+    unzip_layers(&src, ref_dir.path());
+    let pkg_dir = tempfile::tempdir().unwrap();
+    let pkg = pkg_dir.path().join("zz-package.tar.zst");
+    run(pkgfs()
+        .arg("pack")
+        .arg(ref_dir.path().join("deflate-pkg"))
+        .arg("-o")
+        .arg(&pkg)
+        .args(["--frame-size", "64K"]));
+    let m = Mount::foreground(&[&src, &pkg], &["--cache-size", "8M", "--threads", "4"]);
+    let pid = m.child.as_ref().unwrap().id();
+
+    // Expected bytes: the unzip extraction (the package's files sit at the root).
+    let mut expected: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for e in fs::read_dir(ref_dir.path().join(&rel)).unwrap() {
+            let e = e.unwrap();
+            let r = rel.join(e.file_name());
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(r);
+            } else if t.is_file() {
+                let data = fs::read(e.path()).unwrap();
+                if let Ok(inner) = r.strip_prefix("deflate-pkg") {
+                    expected.push((inner.to_path_buf(), data.clone()));
+                }
+                expected.push((r, data));
+            }
+        }
+    }
+    let expected = Arc::new(expected);
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    let mp = m.path();
+    let workers: Vec<_> = (0..16u64)
+        .map(|t| {
+            let (expected, mp) = (expected.clone(), mp.clone());
+            std::thread::spawn(move || {
+                let mut rng = (t + 1).wrapping_mul(0x2545_F491_4F6C_DD1D);
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let (mut bytes, mut errors, mut reads) = (0u64, 0u64, 0u64);
+                while std::time::Instant::now() < deadline {
+                    let (path, want) = &expected[(next() % expected.len() as u64) as usize];
+                    let Ok(f) = fs::File::open(mp.join(path)) else {
+                        errors += 1;
+                        continue;
+                    };
+                    let off = if want.is_empty() {
+                        0
+                    } else {
+                        next() % want.len() as u64
+                    };
+                    let mut buf = vec![0u8; (next() % 200_000) as usize];
+                    match f.read_at(&mut buf, off) {
+                        Ok(n)
+                            if buf[..n]
+                                == want[off as usize..(off as usize + n).min(want.len())] =>
+                        {
+                            bytes += n as u64;
+                        }
+                        _ => errors += 1,
+                    }
+                    reads += 1;
+                }
+                (bytes, errors, reads)
+            })
+        })
+        .collect();
+    // Keep the daemon busy: drop the kernel's page cache every 200 ms, so reads keep
+    // reaching pkgfs instead of being served from cached pages.
+    let dropper = std::thread::spawn(move || {
+        while std::time::Instant::now() < deadline {
+            let _ = fs::write("/proc/sys/vm/drop_caches", "1");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let (mut bytes, mut errors, mut reads) = (0, 0, 0);
+    dropper.join().unwrap();
+    for w in workers {
+        let (b, e, r) = w.join().unwrap();
+        bytes += b;
+        errors += e;
+        reads += r;
+    }
+    let rss = peak_rss_kb(pid);
+    eprintln!(
+        "stress: {reads} reads, {:.1} MB/s, {errors} errors, daemon peak RSS {} MiB",
+        bytes as f64 / 8.0 / 1e6,
+        rss / 1024
+    );
+    assert_eq!(errors, 0);
+    assert!(reads > 1000, "only {reads} reads");
+    assert!(rss < 200 * 1024, "peak RSS {rss} kB with an 8 MiB cache");
+}
