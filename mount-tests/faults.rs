@@ -176,16 +176,7 @@ fn thousands_of_archives_mount_under_a_low_descriptor_limit() {
         });
     }
     let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
-    struct Guard<'a>(&'a Path);
-    impl Drop for Guard<'_> {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(self.0)
-                .status();
-        }
-    }
-    let _g = Guard(&mp);
+    let _g = crate::common::UmountGuard(&mp);
     let start = Instant::now();
     while fs::read_dir(&mp).map(|d| d.count()).unwrap_or(0) == 0 {
         assert!(

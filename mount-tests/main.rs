@@ -360,13 +360,7 @@ fn a_panicking_handler_answers_eio_and_the_mount_lives_on() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    struct Guard<'a>(&'a Path);
-    impl Drop for Guard<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(self.0).status();
-        }
-    }
-    let _g = Guard(&mp);
+    let _g = crate::common::UmountGuard(&mp);
     let start = std::time::Instant::now();
     while fs::read_dir(&mp).map(|d| d.count()).unwrap_or(0) == 0 {
         assert!(start.elapsed() < Duration::from_secs(20));

@@ -280,3 +280,12 @@ pub fn trees_match(expected: &Path, actual: &Path, extra: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Detaches a mountpoint when dropped, for tests that run the daemon themselves.
+pub struct UmountGuard<'a>(pub &'a Path);
+
+impl Drop for UmountGuard<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0).status();
+    }
+}
