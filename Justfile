@@ -37,3 +37,15 @@ demo-stop MNT="/mnt":
 # Pack benchmark on the Linux source (installs linux-source-6.1; ~6 GB in /var/tmp).
 bench:
     bash bench/pack.sh
+
+# Read benchmark against squashfuse, kernel squashfs, fuse-zip and the extracted tree.
+bench-read:
+    bash bench/read.sh
+
+# Unit tests under AddressSanitizer (nightly).
+asan:
+    RUSTFLAGS=-Zsanitizer=address cargo +nightly test --lib --target x86_64-unknown-linux-gnu --target-dir target/asan
+
+# Fuzz one parser for a while: just fuzz zip_index|seekable_index|tar_headers
+fuzz TARGET SECONDS="300":
+    cd fuzz && cargo +nightly fuzz run -O {{TARGET}} seeds/{{TARGET}} -- -max_total_time={{SECONDS}} -max_len=65536
