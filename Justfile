@@ -48,4 +48,4 @@ asan:
 
 # Fuzz one parser for a while: just fuzz zip_index|seekable_index|tar_headers
 fuzz TARGET SECONDS="300":
-    cd fuzz && cargo +nightly fuzz run -O {{TARGET}} seeds/{{TARGET}} -- -max_total_time={{SECONDS}} -max_len=65536
+    cd fuzz && mkdir -p corpus/{{TARGET}} && cargo +nightly fuzz run -O {{TARGET}} corpus/{{TARGET}} seeds/{{TARGET}} -- -max_total_time={{SECONDS}} -max_len=65536
