@@ -36,6 +36,27 @@ pub enum Error {
     WithPath(PathBuf, Box<Error>),
 }
 
+impl Clone for Error {
+    fn clone(&self) -> Self {
+        match self {
+            // io::Error is not Clone: keep its kind, OS code and message.
+            Error::Io(e) => Error::Io(match e.raw_os_error() {
+                Some(code) => io::Error::from_raw_os_error(code),
+                None => io::Error::new(e.kind(), e.to_string()),
+            }),
+            Error::Format(m) => Error::Format(m.clone()),
+            Error::Corrupt(m) => Error::Corrupt(m.clone()),
+            Error::Unsupported(m) => Error::Unsupported(m.clone()),
+            Error::NotFound => Error::NotFound,
+            Error::NotDir => Error::NotDir,
+            Error::IsDir => Error::IsDir,
+            Error::NotSymlink => Error::NotSymlink,
+            Error::ReadOnly => Error::ReadOnly,
+            Error::WithPath(p, e) => Error::WithPath(p.clone(), e.clone()),
+        }
+    }
+}
+
 /// Result alias of the core.
 pub type Result<T> = std::result::Result<T, Error>;
 

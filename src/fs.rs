@@ -1,13 +1,23 @@
 //! The filesystem operations, with no FUSE in them.
 //!
 //! [`PkgFs`] answers `lookup`, `getattr`, `readdir`, `readlink`, `read` and `statfs` over
-//! the merged [`Tree`] and the [`Reader`], returning [`Result`]s. The FUSE adapter
-//! (`crate::fuse`) only translates; the offline tools (`ls`, `cat`, `check`) and the
-//! tests call this directly. Everything here is `&self` and thread-safe: the tree is
-//! immutable, and the reader's caches lock internally.
+//! the current generation of the merged tree ([`View`]) and the [`Reader`], returning
+//! [`Result`]s. The FUSE adapter (`crate::fuse`) only translates; the offline tools
+//! (`ls`, `cat`, `check`) and the tests call this directly. Everything here is `&self`
+//! and thread-safe.
+//!
+//! A live mount ([`PkgFs::activate`]) swaps in a new generation atomically: a request
+//! sees the old tree or the new one, never a mix. Inodes the kernel still holds from an
+//! older generation (a file open in a package that was removed, a directory someone is
+//! in) keep being served from that generation, which stays alive, with its archives
+//! open, until the kernel forgets the last of them. To know that, a live mount counts
+//! lookups the way the kernel does (every entry returned by `lookup` and `readdirplus`
+//! is one reference, `forget` drops them).
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, RwLock};
 
 use log::warn;
 
@@ -15,6 +25,7 @@ use crate::archive::Archive;
 use crate::error::{Error, Result};
 use crate::read::Reader;
 use crate::tree::{Kind, Node, Tree};
+use crate::view::{InoMap, Invalidation, Layer, View};
 
 /// Block size reported in `st_blksize` and used by `statfs`.
 pub const BLKSIZE: u32 = 4096;
@@ -51,8 +62,8 @@ pub struct DirEntry<'a> {
     pub ino: u64,
     /// Offset to resume after this entry.
     pub next_offset: u64,
-    /// Type.
-    pub kind: Kind,
+    /// Its attributes (for READDIRPLUS).
+    pub attr: Attr,
     /// Name.
     pub name: &'a [u8],
 }
@@ -70,39 +81,227 @@ pub struct StatFs {
     pub namelen: u32,
 }
 
+/// Counters of filesystem requests.
+#[derive(Debug, Default)]
+pub struct OpStats {
+    /// `lookup` requests.
+    pub lookups: AtomicU64,
+    /// `getattr` requests.
+    pub getattrs: AtomicU64,
+    /// `readdir` and `readdirplus` requests.
+    pub readdirs: AtomicU64,
+    /// `readlink` requests.
+    pub readlinks: AtomicU64,
+    /// `read` requests.
+    pub reads: AtomicU64,
+    /// Bytes returned by `read`.
+    pub read_bytes: AtomicU64,
+    /// Requests that failed with a data error (EIO: corrupt or unreadable archive data).
+    pub errors: AtomicU64,
+}
+
+/// Lookup counts and the inodes of older generations the kernel still holds.
+struct Inodes {
+    /// The current generation (the same as `PkgFs::current`, but changed only under this
+    /// lock, so a lookup counted here is never lost by a concurrent activation).
+    current: Arc<View>,
+    /// The kernel's lookup count of each inode it has been given (live mounts only).
+    counts: InoMap<u64>,
+    /// Inodes no longer in the current generation that the kernel still references, with
+    /// the generation and local node that serve them.
+    retired: InoMap<(Arc<View>, u64)>,
+}
+
+/// What an activation changed.
+#[derive(Debug)]
+pub struct Activation {
+    /// The new generation number.
+    pub generation: u64,
+    /// The kernel cache entries to invalidate, in order.
+    pub invalidations: Vec<Invalidation>,
+    /// Inodes of older generations still referenced by the kernel after the swap.
+    pub retired: usize,
+}
+
 /// The mounted filesystem.
 pub struct PkgFs {
-    tree: Tree,
+    current: RwLock<Arc<View>>,
+    inodes: Mutex<Inodes>,
+    /// Count lookups and keep retired generations (a mount that can change).
+    live: bool,
+    next_ino: AtomicU64,
     reader: Reader,
     reported: Mutex<HashSet<u64>>,
+    /// Request counters.
+    pub stats: OpStats,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl PkgFs {
-    /// Assemble the filesystem from its tree and the archives the tree refers to.
+    /// Assemble a fixed filesystem from its tree and the archives the tree refers to.
     pub fn new(tree: Tree, archives: Vec<Archive>, cache_bytes: u64) -> Self {
-        let members = tree.member_count();
+        let layers = archives
+            .into_iter()
+            .map(|a| Layer {
+                archive: Arc::new(a),
+                entries: 0,
+            })
+            .collect();
+        Self::with_layers(tree, layers, cache_bytes, false)
+    }
+
+    /// Assemble the filesystem; `live` prepares it for [`PkgFs::activate`].
+    pub fn with_layers(tree: Tree, layers: Vec<Layer>, cache_bytes: u64, live: bool) -> Self {
+        let view = Arc::new(View::first(tree, layers));
+        let reader = Reader::new(cache_bytes);
+        reader.adopt(view.layers.iter().map(|l| &l.archive));
         PkgFs {
-            reader: Reader::new(archives, members, cache_bytes),
-            tree,
+            current: RwLock::new(view.clone()),
+            inodes: Mutex::new(Inodes {
+                current: view.clone(),
+                counts: InoMap::default(),
+                retired: InoMap::default(),
+            }),
+            live,
+            next_ino: AtomicU64::new(view.tree.len() as u64 + 1),
+            reader,
             reported: Mutex::new(HashSet::new()),
+            stats: OpStats::default(),
         }
     }
 
-    /// The merged tree.
-    pub fn tree(&self) -> &Tree {
-        &self.tree
+    /// The current generation.
+    pub fn view(&self) -> Arc<View> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    /// The read path (statistics, archives).
+    /// Whether this mount can change ([`PkgFs::activate`]).
+    pub fn is_live(&self) -> bool {
+        self.live
+    }
+
+    /// The global inode of a `/`-separated path in the current generation.
+    pub fn resolve(&self, path: &[u8]) -> Option<u64> {
+        let v = self.view();
+        v.tree.resolve(path).map(|l| v.global(l))
+    }
+
+    /// The read path (statistics, cache).
     pub fn reader(&self) -> &Reader {
         &self.reader
     }
 
-    fn node(&self, ino: u64) -> Result<&Node> {
-        self.tree.node(ino).ok_or(Error::NotFound)
+    /// How many inodes of older generations are still held by the kernel.
+    pub fn retired_count(&self) -> usize {
+        lock(&self.inodes).retired.len()
     }
 
-    fn attr_of(&self, ino: u64, n: &Node) -> Attr {
+    /// The generation and local node serving `ino`: the current generation, else an older
+    /// one the kernel still holds it from.
+    fn find(&self, ino: u64) -> Result<(Arc<View>, u64)> {
+        let v = self.view();
+        if let Some(l) = v.local(ino) {
+            return Ok((v, l));
+        }
+        if !self.live {
+            return Err(Error::NotFound);
+        }
+        lock(&self.inodes)
+            .retired
+            .get(&ino)
+            .cloned()
+            .ok_or(Error::NotFound)
+    }
+
+    /// Count one kernel reference to `ino` (served by `view`'s node `local`).
+    fn note_lookup(&self, inodes: &mut Inodes, ino: u64, view: &Arc<View>, local: u64) {
+        *inodes.counts.entry(ino).or_insert(0) += 1;
+        // An activation may have happened since `view` was read: keep what this
+        // reference points at alive.
+        if inodes.current.generation != view.generation
+            && inodes.current.local(ino).is_none()
+            && !inodes.retired.contains_key(&ino)
+        {
+            inodes.retired.insert(ino, (view.clone(), local));
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`. Older generations are released once
+    /// nothing refers to them (closing their archives).
+    pub fn forget(&self, ino: u64, n: u64) {
+        if !self.live {
+            return;
+        }
+        let released = {
+            let mut inodes = lock(&self.inodes);
+            let left = match inodes.counts.get_mut(&ino) {
+                Some(c) => {
+                    *c = c.saturating_sub(n);
+                    *c
+                }
+                None => return,
+            };
+            if left > 0 {
+                return;
+            }
+            inodes.counts.remove(&ino);
+            inodes.retired.remove(&ino)
+        };
+        // Dropping the last reference to a generation frees its tree: outside the lock.
+        drop(released);
+    }
+
+    /// Swap in a new generation built from `tree` and `layers`. Returns the kernel cache
+    /// entries that became stale. Activations must not run concurrently with each other
+    /// (one watcher thread does them); requests run concurrently with it freely.
+    pub fn activate(&self, tree: Tree, layers: Vec<Layer>) -> Activation {
+        let old = self.view();
+        let generation = old.generation + 1;
+        let (view, invalidations) =
+            crate::view::carry_over(&old, tree, layers, generation, &self.next_ino);
+        let view = Arc::new(view);
+        self.reader.adopt(view.layers.iter().map(|l| &l.archive));
+        let retired = {
+            let mut inodes = lock(&self.inodes);
+            *self.current.write().unwrap_or_else(|e| e.into_inner()) = view.clone();
+            inodes.current = view.clone();
+            let Inodes {
+                counts, retired, ..
+            } = &mut *inodes;
+            for &ino in counts.keys() {
+                if view.local(ino).is_none()
+                    && !retired.contains_key(&ino)
+                    && let Some(l) = old.local(ino)
+                {
+                    retired.insert(ino, (old.clone(), l));
+                }
+            }
+            // An inode that came back (a package removed, then restored) is current again.
+            retired.retain(|ino, _| view.local(*ino).is_none());
+            retired.len()
+        };
+        // Archives that only older generations use must stay open for them: the read
+        // path must not close them to save descriptors (their files may be gone).
+        let live_keys: HashSet<u32> = view.layers.iter().map(|l| l.archive.key).collect();
+        for l in &old.layers {
+            if !live_keys.contains(&l.archive.key) {
+                self.reader.pin(&l.archive);
+            }
+        }
+        Activation {
+            generation,
+            invalidations,
+            retired,
+        }
+    }
+
+    fn attr_of(ino: u64, n: &Node) -> Attr {
         Attr {
             ino,
             kind: n.kind,
@@ -116,63 +315,103 @@ impl PkgFs {
         }
     }
 
-    /// Attributes of `ino`.
-    pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        Ok(self.attr_of(ino, self.node(ino)?))
+    fn node(view: &View, local: u64) -> Result<&Node> {
+        view.tree.node(local).ok_or(Error::NotFound)
     }
 
-    /// Find `name` in directory `parent`.
+    /// Attributes of `ino`.
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.stats.getattrs.fetch_add(1, Relaxed);
+        let (v, l) = self.find(ino)?;
+        Ok(Self::attr_of(ino, Self::node(&v, l)?))
+    }
+
+    /// Find `name` in directory `parent`. On a live mount this counts as one kernel
+    /// reference to the inode returned.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        let dir = self.node(parent)?;
+        self.stats.lookups.fetch_add(1, Relaxed);
+        // Lookups are answered from the current generation only: a directory that is no
+        // longer there (someone's working directory in a removed package) is empty.
+        let v = self.view();
+        let pl = v.local(parent).ok_or(Error::NotFound)?;
+        let dir = Self::node(&v, pl)?;
         if dir.kind != Kind::Dir {
             return Err(Error::NotDir);
         }
-        let ino = match name {
-            b"." => parent,
+        let local = match name {
+            b"." => pl,
             b".." => dir.parent,
-            _ => self
+            _ => v
                 .tree
                 .lookup(dir, name)
-                .map(|i| self.tree.canonical(i))
+                .map(|i| v.tree.canonical(i))
                 .ok_or(Error::NotFound)?,
         };
-        self.getattr(ino)
+        let ino = v.global(local);
+        let attr = Self::attr_of(ino, Self::node(&v, local)?);
+        if self.live {
+            self.note_lookup(&mut lock(&self.inodes), ino, &v, local);
+        }
+        Ok(attr)
     }
 
     /// List directory `ino` from `offset` (0 to start; then the `next_offset` of the last
-    /// entry taken). `add` returns `true` when the caller's buffer is full. Entries come
-    /// in a fixed order: `.`, `..`, then children in byte order of their names.
+    /// entry taken). `add` returns `true` when the caller's buffer is full (the entry was
+    /// not taken). Entries come in a fixed order: `.`, `..`, then children in byte order
+    /// of their names. With `plus` (READDIRPLUS), every entry taken other than `.` and
+    /// `..` counts as a kernel reference, as a lookup does.
     pub fn readdir(
         &self,
         ino: u64,
         offset: u64,
+        plus: bool,
         mut add: impl FnMut(DirEntry<'_>) -> bool,
     ) -> Result<()> {
-        let dir = self.node(ino)?;
+        self.stats.readdirs.fetch_add(1, Relaxed);
+        let v = self.view();
+        let Some(dl) = v.local(ino) else {
+            // Not in the current generation: a removed directory lists as empty.
+            return match self.find(ino) {
+                Ok((old, l)) if Self::node(&old, l)?.kind != Kind::Dir => Err(Error::NotDir),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+        };
+        let dir = Self::node(&v, dl)?;
         if dir.kind != Kind::Dir {
             return Err(Error::NotDir);
         }
         // Positions: 0 is ".", 1 is "..", 2 + i is child i. Resuming at a large offset
         // must not walk the entries before it (directories can hold 100,000 names).
-        let dots = [(ino, &b"."[..]), (dir.parent, &b".."[..])];
-        let children = self
+        let dots = [(dl, &b"."[..]), (dir.parent, &b".."[..])];
+        let children = v
             .tree
             .children_from(dir, offset.saturating_sub(2))
-            .map(|(i, n)| (self.tree.canonical(i), self.tree.name(n)));
+            .map(|(i, n)| (v.tree.canonical(i), v.tree.name(n)));
         let entries = dots
             .into_iter()
             .skip(offset.min(2) as usize)
             .chain(children);
+        let mut taken: Vec<(u64, u64)> = Vec::new();
         for (pos, (child, name)) in (offset..).zip(entries) {
-            let kind = self.node(child)?.kind;
+            let child_ino = v.global(child);
             let full = add(DirEntry {
-                ino: child,
+                ino: child_ino,
                 next_offset: pos + 1,
-                kind,
+                attr: Self::attr_of(child_ino, Self::node(&v, child)?),
                 name,
             });
             if full {
                 break;
+            }
+            if plus && self.live && pos >= 2 {
+                taken.push((child_ino, child));
+            }
+        }
+        if !taken.is_empty() {
+            let mut inodes = lock(&self.inodes);
+            for (ino, local) in taken {
+                self.note_lookup(&mut inodes, ino, &v, local);
             }
         }
         Ok(())
@@ -180,59 +419,84 @@ impl PkgFs {
 
     /// Target of symlink `ino`.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        let node = self.node(ino)?;
+        self.stats.readlinks.fetch_add(1, Relaxed);
+        let (v, l) = self.find(ino)?;
+        let node = Self::node(&v, l)?;
         if node.kind != Kind::Symlink {
             return Err(Error::NotSymlink);
         }
         if node.size == 0 || node.size > MAX_LINK {
             return self.report(
+                &v,
+                l,
                 ino,
                 Error::Corrupt(format!("symlink target of {} bytes", node.size)),
             );
         }
-        let target = self.read_node(ino, node, 0, node.size as u32)?;
+        let target = self.read_node(&v, l, ino, node, 0, node.size as u32)?;
         if target.contains(&0) {
-            return self.report(ino, Error::Corrupt("symlink target contains NUL".into()));
+            return self.report(
+                &v,
+                l,
+                ino,
+                Error::Corrupt("symlink target contains NUL".into()),
+            );
         }
         Ok(target)
     }
 
     /// Read up to `size` bytes of file `ino` at `offset`.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let node = self.node(ino)?;
-        match node.kind {
+        self.stats.reads.fetch_add(1, Relaxed);
+        let (v, l) = self.find(ino)?;
+        let node = Self::node(&v, l)?;
+        let data = match node.kind {
             Kind::Dir => Err(Error::IsDir),
-            _ => self.read_node(ino, node, offset, size),
-        }
+            _ => self.read_node(&v, l, ino, node, offset, size),
+        }?;
+        self.stats.read_bytes.fetch_add(data.len() as u64, Relaxed);
+        Ok(data)
     }
 
-    fn read_node(&self, ino: u64, node: &Node, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let (Some(idx), Some(member)) = (self.tree.member_index(node), self.tree.member(node))
-        else {
-            return self.report(ino, Error::Format("file has no data".into()));
+    fn read_node(
+        &self,
+        v: &View,
+        local: u64,
+        ino: u64,
+        node: &Node,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>> {
+        let found = v.tree.member_index(node).and_then(|i| {
+            let m = v.tree.member(node)?;
+            let layer = v.layers.get(m.archive as usize)?;
+            Some((v.member_state(i)?, m, layer))
+        });
+        let Some((state, member, layer)) = found else {
+            return self.report(v, local, ino, Error::Format("file has no data".into()));
         };
-        match self.reader.read(idx, member, offset, size) {
+        match self
+            .reader
+            .read(&layer.archive, state, member, offset, size)
+        {
             Ok(data) => Ok(data),
-            Err(e) => self.report(ino, e),
+            Err(e) => self.report(v, local, ino, e),
         }
     }
 
     /// Log a data error once per inode, naming the file and its archive, and return it.
-    fn report<T>(&self, ino: u64, e: Error) -> Result<T> {
-        let first = self
-            .reported
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(ino);
+    fn report<T>(&self, v: &View, local: u64, ino: u64, e: Error) -> Result<T> {
+        self.stats.errors.fetch_add(1, Relaxed);
+        let first = lock(&self.reported).insert(ino);
         if first {
-            let archive = self
+            let archive = v
                 .tree
-                .node(ino)
-                .and_then(|n| self.reader.archives().get(n.archive as usize))
-                .map_or_else(|| "?".into(), |a| a.path.display().to_string());
+                .node(local)
+                .and_then(|n| v.layers.get(n.archive as usize))
+                .map_or_else(|| "?".into(), |l| l.archive.path.display().to_string());
             warn!(
                 "read error in /{} (from {archive}): {e}; reads return EIO",
-                String::from_utf8_lossy(&self.tree.path_of(ino))
+                String::from_utf8_lossy(&v.tree.path_of(local))
             );
         }
         Err(e)
@@ -240,9 +504,10 @@ impl PkgFs {
 
     /// Filesystem statistics.
     pub fn statfs(&self) -> StatFs {
+        let v = self.view();
         StatFs {
-            blocks: self.tree.total_bytes.div_ceil(u64::from(BLKSIZE)),
-            files: self.tree.len() as u64,
+            blocks: v.tree.total_bytes.div_ceil(u64::from(BLKSIZE)),
+            files: v.tree.len() as u64,
             bsize: BLKSIZE,
             namelen: crate::path::NAME_MAX as u32,
         }
@@ -282,7 +547,7 @@ mod tests {
         let d = fs.lookup(1, b"d").unwrap().ino;
         let list = |from: u64, max: usize| {
             let mut got = Vec::new();
-            fs.readdir(d, from, |e| {
+            fs.readdir(d, from, false, |e| {
                 got.push((String::from_utf8_lossy(e.name).into_owned(), e.next_offset));
                 got.len() == max
             })

@@ -164,6 +164,11 @@ impl Filesystem for Fuse {
         }
     }
 
+    // BATCH_FORGET arrives here too (fuser's default `batch_forget` calls `forget`).
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _ = catch_unwind(AssertUnwindSafe(|| self.fs.forget(ino.0, nlookup)));
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match guarded("getattr", || self.fs.getattr(ino.0)) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
@@ -214,11 +219,11 @@ impl Filesystem for Fuse {
         mut reply: ReplyDirectory,
     ) {
         let r = guarded("readdir", || {
-            self.fs.readdir(ino.0, offset, |e| {
+            self.fs.readdir(ino.0, offset, false, |e| {
                 reply.add(
                     INodeNo(e.ino),
                     e.next_offset,
-                    file_type(e.kind),
+                    file_type(e.attr.kind),
                     OsStr::from_bytes(e.name),
                 )
             })
@@ -238,23 +243,16 @@ impl Filesystem for Fuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let r = guarded("readdirplus", || {
-            let mut failed = None;
-            self.fs
-                .readdir(ino.0, offset, |e| match self.fs.getattr(e.ino) {
-                    Ok(a) => reply.add(
-                        INodeNo(e.ino),
-                        e.next_offset,
-                        OsStr::from_bytes(e.name),
-                        &TTL,
-                        &file_attr(&a),
-                        GEN,
-                    ),
-                    Err(err) => {
-                        failed = Some(err);
-                        true
-                    }
-                })?;
-            failed.map_or(Ok(()), Err)
+            self.fs.readdir(ino.0, offset, true, |e| {
+                reply.add(
+                    INodeNo(e.ino),
+                    e.next_offset,
+                    OsStr::from_bytes(e.name),
+                    &TTL,
+                    &file_attr(&e.attr),
+                    GEN,
+                )
+            })
         });
         match r {
             Ok(()) => reply.ok(),

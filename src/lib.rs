@@ -27,3 +27,4 @@ pub mod read;
 pub mod source;
 pub mod tools;
 pub mod tree;
+pub mod view;

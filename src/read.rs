@@ -16,8 +16,8 @@
 //!   reaches its end; the block that completes it is only served if it matches.
 
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use lru::LruCache;
 
@@ -27,6 +27,7 @@ use crate::archive::{Archive, ZipData, read_exact_at};
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::tree::{Member, MemberData};
+use crate::view::MemberState;
 
 /// Decompressed bytes per cache block.
 pub const BLOCK_SIZE: u64 = 256 * 1024;
@@ -55,34 +56,34 @@ pub struct ReadStats {
 /// for ZIP members it also parks the member's decoder between reads.
 type Slot = Arc<Mutex<Option<Stream>>>;
 
-/// Identifies a cached block.
+/// Identifies a cached block. Archives are named by [`Archive::key`], unique in the
+/// process, so generations of a live mount share the cache without ever confusing a
+/// removed package's blocks with another's.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum BlockKey {
-    /// Block `n` of ZIP member `m`'s decompressed data.
-    Member(u32, u64),
-    /// Frame `f` of seekable archive `a`.
+    /// Block `n` of the decompressed data of the ZIP member whose local header is at
+    /// `header` in archive `archive`.
+    Member {
+        /// [`Archive::key`].
+        archive: u32,
+        /// Offset of the member's local header.
+        header: u64,
+        /// Block number.
+        block: u64,
+    },
+    /// Frame `f` of seekable archive `a` (by [`Archive::key`]).
     Frame(u32, u32),
 }
 
-/// A ZIP member as the ZIP read path sees it.
-#[derive(Clone, Copy, Debug)]
-struct ZipMember {
-    archive: u32,
-    zip: ZipData,
-    size: u64,
-}
-
-/// Reads member data for a mounted set of archives.
+/// Reads member data, for every generation of a mount.
 pub struct Reader {
-    archives: Vec<Archive>,
-    data_start: Vec<AtomicU64>,
-    verified: Vec<AtomicBool>,
     cache: BlockCache<BlockKey>,
     slots: Mutex<LruCache<BlockKey, Slot>>,
     /// Activity counters.
     pub stats: ReadStats,
-    /// Archives with an open descriptor, least recently used first.
-    open_files: Mutex<LruCache<u32, ()>>,
+    /// Archives with an open descriptor that may be closed to save descriptors, least
+    /// recently used first.
+    open_files: Mutex<LruCache<u32, Weak<Archive>>>,
     /// How many archives may be open at once.
     fd_limit: usize,
 }
@@ -92,58 +93,59 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Reader {
-    /// A reader over `archives` (indexed as in [`Member::archive`]) for `members` members,
-    /// with a block cache of `cache_bytes`.
-    pub fn new(archives: Vec<Archive>, members: usize, cache_bytes: u64) -> Self {
+    /// A reader with a block cache of `cache_bytes`.
+    pub fn new(cache_bytes: u64) -> Self {
         let cap =
             std::num::NonZeroUsize::new(PARKED_STREAMS).unwrap_or(std::num::NonZeroUsize::MIN);
-        let reader = Reader {
-            archives,
-            data_start: (0..members).map(|_| AtomicU64::new(0)).collect(),
-            verified: (0..members).map(|_| AtomicBool::new(false)).collect(),
+        Reader {
             cache: BlockCache::new(cache_bytes),
             slots: Mutex::new(LruCache::new(cap)),
             stats: ReadStats::default(),
             open_files: Mutex::new(LruCache::unbounded()),
             fd_limit: crate::archive::descriptor_budget(),
-        };
-        for (i, a) in reader.archives.iter().enumerate() {
-            if a.is_open() {
-                reader.note_open(i as u32, true);
+        }
+    }
+
+    /// Start tracking the descriptors of `archives` (those already open count against the
+    /// budget).
+    pub fn adopt<'a>(&self, archives: impl Iterator<Item = &'a Arc<Archive>>) {
+        let mut lru = lock(&self.open_files);
+        for a in archives {
+            if a.is_open() && !lru.contains(&a.key) {
+                lru.put(a.key, Arc::downgrade(a));
             }
         }
-        reader
     }
 
-    /// The open file of archive `idx`, reopened if it was closed; keeps at most
-    /// `fd_limit` archives open, closing the least recently used.
-    fn file(&self, idx: u32) -> Result<Arc<File>> {
-        let a = self.archive(idx)?;
+    /// Never close `archive` to save descriptors: it is only used by an older generation
+    /// of a live mount, and its file may already be deleted or replaced.
+    pub fn pin(&self, archive: &Archive) {
+        lock(&self.open_files).pop(&archive.key);
+    }
+
+    /// The open file of `a`, reopened if it was closed; keeps at most `fd_limit` archives
+    /// open, closing the least recently used.
+    fn file(&self, a: &Arc<Archive>) -> Result<Arc<File>> {
         let was_open = a.is_open();
         let f = a.file()?;
-        self.note_open(idx, !was_open);
-        Ok(f)
-    }
-
-    fn note_open(&self, idx: u32, opened: bool) {
         let mut lru = lock(&self.open_files);
-        lru.put(idx, ());
-        while opened && lru.len() > self.fd_limit {
+        if was_open && !lru.contains(&a.key) {
+            // Pinned (or not tracked): leave it alone.
+            return Ok(f);
+        }
+        lru.put(a.key, Arc::downgrade(a));
+        while !was_open && lru.len() > self.fd_limit {
             match lru.pop_lru() {
-                Some((old, ())) if old != idx => {
-                    if let Some(a) = self.archives.get(old as usize) {
-                        a.close();
+                Some((old, w)) if old != a.key => {
+                    if let Some(old) = w.upgrade() {
+                        old.close();
                     }
                 }
                 Some(_) => {}
                 None => break,
             }
         }
-    }
-
-    /// The archives, in mount order.
-    pub fn archives(&self) -> &[Archive] {
-        &self.archives
+        Ok(f)
     }
 
     /// The block cache (for statistics).
@@ -151,15 +153,16 @@ impl Reader {
         &self.cache
     }
 
-    fn archive(&self, idx: u32) -> Result<&Archive> {
-        self.archives
-            .get(idx as usize)
-            .ok_or_else(|| Error::Format("member refers to an unknown archive".into()))
-    }
-
-    /// Read up to `len` bytes at `offset` of member number `idx`. Returns fewer bytes only
-    /// at the end of the member.
-    pub fn read(&self, idx: u32, m: &Member, offset: u64, len: u32) -> Result<Vec<u8>> {
+    /// Read up to `len` bytes at `offset` of member `m` of `archive`, whose lazily learnt
+    /// state is `state`. Returns fewer bytes only at the end of the member.
+    pub fn read(
+        &self,
+        archive: &Arc<Archive>,
+        state: &MemberState,
+        m: &Member,
+        offset: u64,
+        len: u32,
+    ) -> Result<Vec<u8>> {
         if offset >= m.size {
             return Ok(Vec::new());
         }
@@ -167,15 +170,14 @@ impl Reader {
         match &m.data {
             MemberData::Zip(zip) => {
                 let zm = ZipMember {
-                    archive: m.archive,
+                    archive,
+                    state,
                     zip: *zip,
                     size: m.size,
                 };
-                self.read_zip(idx, &zm, offset, end)
+                self.read_zip(&zm, offset, end)
             }
-            MemberData::Seekable(start) => {
-                self.read_seekable(m.archive, start + offset, start + end)
-            }
+            MemberData::Seekable(start) => self.read_seekable(archive, start + offset, start + end),
             MemberData::Inline(bytes) => Ok(bytes
                 .get(offset as usize..end as usize)
                 .ok_or_else(|| Error::Format("inline data shorter than its size".into()))?
@@ -183,13 +185,13 @@ impl Reader {
         }
     }
 
-    fn read_zip(&self, idx: u32, m: &ZipMember, offset: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_zip(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<Vec<u8>> {
         if m.zip.encrypted {
             return Err(Error::Unsupported("encrypted member".into()));
         }
         match m.zip.method {
-            METHOD_STORED => self.read_stored(idx, m, offset, end),
-            METHOD_DEFLATE | METHOD_ZSTD => self.read_compressed(idx, m, offset, end),
+            METHOD_STORED => self.read_stored(m, offset, end),
+            METHOD_DEFLATE | METHOD_ZSTD => self.read_compressed(m, offset, end),
             other => Err(Error::Unsupported(format!(
                 "compression method {other} ({})",
                 method_name(other)
@@ -199,8 +201,7 @@ impl Reader {
 
     /// Bytes `[start, end)` of a seekable archive's decompressed stream, frame by frame
     /// through the cache; concurrent misses on one frame share one decompression.
-    fn read_seekable(&self, archive: u32, start: u64, end: u64) -> Result<Vec<u8>> {
-        let a = self.archive(archive)?;
+    fn read_seekable(&self, a: &Arc<Archive>, start: u64, end: u64) -> Result<Vec<u8>> {
         let table = a.table.as_ref().ok_or_else(|| {
             Error::Format("seekable member in an archive without a seek table".into())
         })?;
@@ -208,12 +209,12 @@ impl Reader {
             let fi = table.frame_at(pos).ok_or_else(|| {
                 Error::Corrupt(format!("offset {pos} is past the end of the stream"))
             })?;
-            Ok((table.frames[fi].doff, self.frame(archive, a, table, fi)?))
+            Ok((table.frames[fi].doff, self.frame(a, table, fi)?))
         })
     }
 
-    fn frame(&self, archive: u32, a: &Archive, table: &SeekTable, fi: usize) -> Result<Arc<[u8]>> {
-        let key = BlockKey::Frame(archive, fi as u32);
+    fn frame(&self, a: &Arc<Archive>, table: &SeekTable, fi: usize) -> Result<Arc<[u8]>> {
+        let key = BlockKey::Frame(a.key, fi as u32);
         if let Some(b) = self.cache.get(&key) {
             return Ok(b);
         }
@@ -224,7 +225,7 @@ impl Reader {
         {
             return Ok(b);
         }
-        let data = seekable::decode_frame(&*self.file(archive)?, table, fi);
+        let data = seekable::decode_frame(&*self.file(a)?, table, fi);
         a.unchanged()?;
         let data: Arc<[u8]> = data?.into();
         self.count_archive_bytes(table.frames[fi].csize as usize);
@@ -236,35 +237,30 @@ impl Reader {
         Ok(data)
     }
 
-    /// Where member `idx`'s data starts, from its local header (read once, then
+    /// Where the member's data starts, from its local header (read once, then
     /// remembered), checked to lie inside the archive.
-    fn data_start(&self, idx: u32, m: &ZipMember) -> Result<u64> {
-        let slot = self
-            .data_start
-            .get(idx as usize)
-            .ok_or_else(|| Error::Format("member index out of range".into()))?;
-        let known = slot.load(Ordering::Relaxed);
+    fn data_start(&self, m: &ZipMember<'_>) -> Result<u64> {
+        let known = m.state.data_start.load(Ordering::Relaxed);
         if known != 0 {
             return Ok(known);
         }
-        let archive = self.archive(m.archive)?;
         let mut lfh = vec![0u8; zip::LFH_LEN + usize::from(m.zip.name_len)];
         let r = read_exact_at(&*self.file(m.archive)?, &mut lfh, m.zip.header_offset);
-        archive.unchanged()?;
+        m.archive.unchanged()?;
         r?;
         self.count_archive_bytes(lfh.len());
         let start =
             m.zip.header_offset + zip::local_data_offset(&lfh, m.zip.name_len, m.zip.name_crc)?;
         if start
             .checked_add(m.zip.compressed_size)
-            .is_none_or(|e| e > archive.size)
+            .is_none_or(|e| e > m.archive.size)
         {
             return Err(Error::Format(format!(
                 "member data ({} bytes at {start}) runs past the end of the archive ({} bytes)",
-                m.zip.compressed_size, archive.size
+                m.zip.compressed_size, m.archive.size
             )));
         }
-        slot.store(start, Ordering::Relaxed);
+        m.state.data_start.store(start, Ordering::Relaxed);
         Ok(start)
     }
 
@@ -274,28 +270,26 @@ impl Reader {
             .fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    fn read_stored(&self, idx: u32, m: &ZipMember, offset: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_stored(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<Vec<u8>> {
         if m.zip.compressed_size != m.size {
             return Err(Error::Corrupt(format!(
                 "stored member has compressed size {} but size {}",
                 m.zip.compressed_size, m.size
             )));
         }
-        let start = self.data_start(idx, m)?;
-        let archive = self.archive(m.archive)?;
+        let start = self.data_start(m)?;
         let file = self.file(m.archive)?;
         let read = |buf: &mut [u8], at: u64| {
             let r = read_exact_at(&file, buf, at);
-            archive.unchanged()?;
+            m.archive.unchanged()?;
             self.count_archive_bytes(buf.len());
             r
         };
-        let verified = &self.verified[idx as usize];
-        if m.size <= VERIFY_MAX && !verified.load(Ordering::Relaxed) {
+        if m.size <= VERIFY_MAX && !m.state.verified.load(Ordering::Relaxed) {
             let mut all = vec![0u8; m.size as usize];
             read(&mut all, start)?;
             check_crc(crc32fast::hash(&all), m)?;
-            verified.store(true, Ordering::Relaxed);
+            m.state.verified.store(true, Ordering::Relaxed);
             all.truncate(end as usize);
             all.drain(..offset as usize);
             return Ok(all);
@@ -305,23 +299,28 @@ impl Reader {
         Ok(buf)
     }
 
-    fn read_compressed(&self, idx: u32, m: &ZipMember, offset: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_compressed(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<Vec<u8>> {
         gather(offset, end, |pos| {
             let bi = pos / BLOCK_SIZE;
-            Ok((bi * BLOCK_SIZE, self.block(idx, m, bi)?))
+            Ok((bi * BLOCK_SIZE, self.block(m, bi)?))
         })
     }
 
-    /// Decoded block `bi` of member `idx`, from the cache or by decoding.
-    fn block(&self, idx: u32, m: &ZipMember, bi: u64) -> Result<Arc<[u8]>> {
-        let key = BlockKey::Member(idx, bi);
+    /// Decoded block `bi` of the member, from the cache or by decoding.
+    fn block(&self, m: &ZipMember<'_>, bi: u64) -> Result<Arc<[u8]>> {
+        let key_of = |block| BlockKey::Member {
+            archive: m.archive.key,
+            header: m.zip.header_offset,
+            block,
+        };
+        let key = key_of(bi);
         if let Some(b) = self.cache.get(&key) {
             return Ok(b);
         }
         // One slot per member (keyed by its block 0): fills of a member are serialised
         // and its decoder is parked there.
         let slot: Slot = lock(&self.slots)
-            .get_or_insert(BlockKey::Member(idx, 0), Slot::default)
+            .get_or_insert(key_of(0), Slot::default)
             .clone();
         let mut parked = lock(&slot);
         // Another thread may have produced the block while we waited for the member.
@@ -335,14 +334,13 @@ impl Reader {
             Some(s) if s.out_pos <= target => s,
             _ => {
                 self.stats.streams_started.fetch_add(1, Ordering::Relaxed);
-                Stream::new(m.zip.method, self.data_start(idx, m)?)?
+                Stream::new(m.zip.method, self.data_start(m)?)?
             }
         };
-        let archive = self.archive(m.archive)?;
         loop {
             let at = stream.out_pos / BLOCK_SIZE;
             let decoded = stream.next_block(&*self.file(m.archive)?, m);
-            archive.unchanged()?;
+            m.archive.unchanged()?;
             let (data, read) = decoded?;
             self.count_archive_bytes(read);
             self.stats.blocks_decoded.fetch_add(1, Ordering::Relaxed);
@@ -350,7 +348,7 @@ impl Reader {
                 .decompressed_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
             let data: Arc<[u8]> = data.into();
-            self.cache.insert(BlockKey::Member(idx, at), data.clone());
+            self.cache.insert(key_of(at), data.clone());
             if at == bi {
                 if stream.out_pos < m.size {
                     *parked = Some(stream);
@@ -359,6 +357,14 @@ impl Reader {
             }
         }
     }
+}
+
+/// A ZIP member as the ZIP read path sees it.
+struct ZipMember<'a> {
+    archive: &'a Arc<Archive>,
+    state: &'a MemberState,
+    zip: ZipData,
+    size: u64,
 }
 
 /// Copy bytes `[start, end)` out of a sequence of cached blocks: `block_at(pos)` returns
@@ -649,7 +655,7 @@ mod tests {
         let big = data(3 * BLOCK_SIZE as usize + 1234);
         for method in [Deflated, Zstd] {
             let (_d, fs) = build(&[("big", method, &big)], 64 << 20);
-            let ino = fs.tree().resolve(b"big").unwrap();
+            let ino = fs.resolve(b"big").unwrap();
             assert_eq!(read_all(&fs, ino, 128 * 1024), big, "{method:?}");
             let s = &fs.reader().stats;
             assert_eq!(
@@ -672,7 +678,7 @@ mod tests {
             &[("big", ::zip::CompressionMethod::Deflated, &big)],
             64 << 20,
         );
-        let ino = fs.tree().resolve(b"big").unwrap();
+        let ino = fs.resolve(b"big").unwrap();
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| assert_eq!(fs.read(ino, 1000, 10).unwrap(), &big[1000..1010]));
@@ -685,7 +691,7 @@ mod tests {
     fn a_tiny_cache_still_reads_correctly() {
         let big = data(5 * BLOCK_SIZE as usize);
         let (_d, fs) = build(&[("big", ::zip::CompressionMethod::Deflated, &big)], 1000);
-        let ino = fs.tree().resolve(b"big").unwrap();
+        let ino = fs.resolve(b"big").unwrap();
         assert_eq!(read_all(&fs, ino, 70_000), big);
         assert_eq!(
             fs.reader().cache().bytes(),
@@ -707,7 +713,7 @@ mod tests {
             ],
             1 << 20,
         );
-        let ino = fs.tree().resolve(b"large").unwrap();
+        let ino = fs.resolve(b"large").unwrap();
         assert_eq!(fs.read(ino, 7, 100).unwrap(), &large[7..107]);
         assert_eq!(fs.reader().stats.decompressed_bytes.load(Relaxed), 0);
         assert_eq!(
@@ -715,7 +721,7 @@ mod tests {
             0,
             "stored data is not copied into the cache"
         );
-        let ino = fs.tree().resolve(b"small").unwrap();
+        let ino = fs.resolve(b"small").unwrap();
         assert_eq!(fs.read(ino, 0, 10).unwrap(), &small[..10]);
 
         // Flip one byte of the small member's data: its first read fails with EIO.
@@ -728,7 +734,7 @@ mod tests {
         bytes[at] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         let fs = open(&path, 1 << 20);
-        let ino = fs.tree().resolve(b"small").unwrap();
+        let ino = fs.resolve(b"small").unwrap();
         let e = fs.read(ino, 0, 10).unwrap_err();
         assert_eq!(e.errno(), libc::EIO);
         assert!(e.to_string().contains("CRC"), "{e}");
@@ -762,7 +768,7 @@ mod tests {
             let path = dir.path().join("t.zip");
             patch_cd(&path, edit);
             let fs = open(&path, 1 << 20);
-            let ino = fs.tree().resolve(b"f").unwrap();
+            let ino = fs.resolve(b"f").unwrap();
             let mut err = None;
             let mut off = 0;
             while off < fs.getattr(ino).unwrap().size {
@@ -788,7 +794,7 @@ mod tests {
         patch_cd(&path, |r| r[10] = 12); // claim bzip2
         let fs = open(&path, 1 << 20);
         let e = fs
-            .read(fs.tree().resolve(b"f").unwrap(), 0, 10)
+            .read(fs.resolve(b"f").unwrap(), 0, 10)
             .unwrap_err();
         assert!(e.to_string().contains("bzip2"), "{e}");
 
@@ -798,7 +804,7 @@ mod tests {
         patch_cd(&path, |r| r[20..24].copy_from_slice(&100u32.to_le_bytes()));
         let fs = open(&path, 1 << 20);
         let e = fs
-            .read(fs.tree().resolve(b"f").unwrap(), 0, 200_000)
+            .read(fs.resolve(b"f").unwrap(), 0, 200_000)
             .unwrap_err();
         assert_eq!(e.errno(), libc::EIO);
     }
@@ -831,7 +837,7 @@ mod tests {
     fn seekable_random_reads_decode_only_the_frames_they_need() {
         let big = data(40 * 65536 + 77);
         let (_d, fs) = packed(&[("big.bin", &big), ("small.txt", b"small")], 65536);
-        let ino = fs.tree().resolve(b"big.bin").unwrap();
+        let ino = fs.resolve(b"big.bin").unwrap();
         let s = &fs.reader().stats;
         let mut expected_frames = 0;
         for off in [1_000_000u64, 5, 2_000_000, 65536 * 7 - 10, 2_500_000] {
@@ -847,7 +853,7 @@ mod tests {
         }
         assert!(s.decompressed_bytes.load(Relaxed) <= expected_frames * 65536);
         // A small file sits in one frame: one decode, then cached.
-        let small = fs.tree().resolve(b"small.txt").unwrap();
+        let small = fs.resolve(b"small.txt").unwrap();
         let before = s.blocks_decoded.load(Relaxed);
         assert_eq!(fs.read(small, 0, 100).unwrap(), b"small");
         assert_eq!(fs.read(small, 0, 100).unwrap(), b"small");
@@ -866,7 +872,7 @@ mod tests {
         bytes[200] ^= 0x55;
         std::fs::write(&path, &bytes).unwrap();
         let fs = open(&path, 1 << 20);
-        let ino = fs.tree().resolve(b"big.bin").unwrap();
+        let ino = fs.resolve(b"big.bin").unwrap();
         assert_eq!(fs.read(ino, 0, 100).unwrap_err().errno(), libc::EIO);
         assert_eq!(
             fs.read(ino, 9 * 65536, 100).unwrap(),
@@ -890,7 +896,8 @@ mod tests {
         let (dir, fs) = packed(&[("a.txt", b"aaa"), ("b/c.txt", b"ccc")], 65536);
         let path = dir.path().join("p.tar.zst");
         let idx = archive::open(&path, None).ok().unwrap();
-        let a = &fs.reader().archives()[0];
+        let view = fs.view();
+        let a = &view.layers[0].archive;
         assert!(
             archive::verify_seekable(a, &idx.entries)
                 .unwrap()
@@ -927,11 +934,11 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let fs = open(&path, 1 << 20);
         let e = fs
-            .read(fs.tree().resolve(b"other").unwrap(), 0, 10)
+            .read(fs.resolve(b"other").unwrap(), 0, 10)
             .unwrap_err();
         assert!(e.to_string().contains("overlapping"), "{e}");
         assert_eq!(
-            fs.read(fs.tree().resolve(b"first").unwrap(), 0, 10)
+            fs.read(fs.resolve(b"first").unwrap(), 0, 10)
                 .unwrap(),
             &data(1000)[..10]
         );

@@ -8,17 +8,20 @@
 //! An archive that cannot be read is skipped with a warning naming it: one bad package
 //! never takes down the mount.
 
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use log::{debug, info, warn};
 
 use crate::archive::seekable::IndexCache;
-use crate::archive::{self, Indexed, OpenError};
+use crate::archive::{self, Archive, Indexed, OpenError};
 use crate::error::{Error, Result};
 use crate::fs::PkgFs;
-use crate::tree::{Ownership, TreeBuilder};
+use crate::tree::{Ownership, Tree, TreeBuilder};
+use crate::view::Layer;
 
 /// A file that may be an archive, with how it was named.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,68 +131,256 @@ pub struct LoadOptions {
     pub index_cache: Option<IndexCache>,
 }
 
-/// Build the filesystem from command-line sources, logging what was skipped.
-pub fn load(sources: &[PathBuf], opts: &LoadOptions) -> Result<(PkgFs, LoadReport)> {
-    let candidates = discover(sources)?;
-    let indexed = index_all(&candidates, opts.threads, opts.index_cache.as_ref());
-    let mut report = LoadReport::default();
-    let mut builder = TreeBuilder::new(opts.owner);
-    let mut archives = Vec::new();
-    for (cand, result) in candidates.iter().zip(indexed) {
-        match result {
-            Ok(Indexed { archive, entries }) => {
-                debug!("{}: {} entries", cand.path.display(), entries.len());
-                builder.add_layer(archives.len() as u32, archive.mtime, &entries);
-                report.layers.push(cand.path.clone());
-                archives.push(archive);
-            }
-            Err(OpenError::NotAnArchive) if !cand.explicit && !looks_like_archive(&cand.path) => {
-                info!("{}: not an archive, ignored", cand.path.display());
-                report.ignored.push(cand.path.clone());
-            }
-            Err(OpenError::NotAnArchive) => {
-                let e =
-                    Error::Format("not a ZIP archive (no end of central directory record)".into());
-                warn!("skipping {}: {e}", cand.path.display());
-                report.skipped.push((cand.path.clone(), e));
-            }
-            Err(OpenError::Bad(e)) => {
-                warn!("skipping {}: {e}", cand.path.display());
-                report.skipped.push((cand.path.clone(), e));
-            }
+/// What identifies the file at a path: device, inode, size and modification time. A
+/// package replaced by rename, or rewritten in place, has a different stamp.
+pub type Stamp = (u64, u64, u64, (i64, i64));
+
+fn stamp_of(path: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.len(), (m.mtime(), m.mtime_nsec())))
+}
+
+fn archive_stamp(a: &Archive) -> Stamp {
+    let (dev, ino) = a.file_id();
+    (dev, ino, a.size, a.mtime_ns)
+}
+
+/// An active package.
+#[derive(Debug, Clone)]
+struct Active {
+    path: PathBuf,
+    archive: Arc<Archive>,
+}
+
+/// The result of a scan of the sources: a tree ready to mount or to activate.
+#[derive(Debug)]
+pub struct Scan {
+    /// The merged tree.
+    pub tree: Tree,
+    /// Its layers.
+    pub layers: Vec<Layer>,
+    /// Mounted, skipped and ignored files.
+    pub report: LoadReport,
+    /// Packages that became active since the previous scan.
+    pub added: Vec<PathBuf>,
+    /// Packages that are no longer active.
+    pub removed: Vec<PathBuf>,
+    /// Packages whose file was replaced by another version.
+    pub replaced: Vec<PathBuf>,
+}
+
+/// The set of packages the sources provide, kept between scans so that a rescan only
+/// indexes archives that are new or changed: an unchanged archive keeps its open file
+/// (and so its inodes and cached blocks) and only its index is read again.
+pub struct Packages {
+    sources: Vec<PathBuf>,
+    opts: LoadOptions,
+    active: Vec<Active>,
+    /// Files that failed, by stamp: warned about once, not retried until they change.
+    bad: HashMap<PathBuf, (Option<Stamp>, Error)>,
+    scanned: bool,
+}
+
+impl Packages {
+    /// Packages of `sources`; nothing is read until [`Packages::scan`].
+    pub fn new(sources: Vec<PathBuf>, opts: LoadOptions) -> Self {
+        Packages {
+            sources,
+            opts,
+            active: Vec::new(),
+            bad: HashMap::new(),
+            scanned: false,
         }
     }
-    let tree = builder.finish();
+
+    /// The directories among the sources (the ones a live mount watches).
+    pub fn source_dirs(&self) -> Vec<PathBuf> {
+        self.sources.iter().filter(|s| is_dir(s)).cloned().collect()
+    }
+
+    /// The block cache budget.
+    pub fn cache_bytes(&self) -> u64 {
+        self.opts.cache_bytes
+    }
+
+    /// Find the archives of the sources, index what is new or changed, and build the
+    /// merged tree. Files in `busy` (being written) are left out for now. Returns `None`
+    /// when nothing changed since the last scan. Errors only if a source itself cannot
+    /// be listed; bad archives are skipped, with a warning the first time.
+    pub fn scan(&mut self, busy: &HashSet<PathBuf>) -> Result<Option<Scan>> {
+        let first = !self.scanned;
+        let candidates: Vec<Candidate> = discover(&self.sources)?
+            .into_iter()
+            .filter(|c| !busy.contains(&c.path))
+            .collect();
+        let stamps: Vec<Option<Stamp>> = candidates.iter().map(|c| stamp_of(&c.path)).collect();
+        // Reuse what is unchanged; open the rest in parallel.
+        let mut reuse: Vec<Option<Arc<Archive>>> = Vec::with_capacity(candidates.len());
+        let mut to_open = Vec::new();
+        for (c, st) in candidates.iter().zip(&stamps) {
+            let kept = self
+                .active
+                .iter()
+                .find(|a| a.path == c.path && Some(archive_stamp(&a.archive)) == *st)
+                .map(|a| a.archive.clone());
+            let known_bad = matches!(self.bad.get(&c.path), Some((s, _)) if s == st);
+            if kept.is_none() && !known_bad {
+                to_open.push(c.clone());
+            }
+            reuse.push(kept);
+        }
+        let mut opened = index_all(&to_open, self.opts.threads, self.opts.index_cache.as_ref())
+            .into_iter()
+            .zip(&to_open)
+            .map(|(r, c)| (c.path.clone(), r))
+            .collect::<HashMap<_, _>>();
+
+        let mut report = LoadReport::default();
+        let mut builder = TreeBuilder::new(self.opts.owner);
+        let mut layers: Vec<Layer> = Vec::new();
+        let mut active = Vec::new();
+        let bad_before: HashSet<PathBuf> = self.bad.keys().cloned().collect();
+        let mut still_bad = HashSet::new();
+        for ((cand, st), kept) in candidates.iter().zip(&stamps).zip(reuse) {
+            let result = match kept {
+                Some(archive) => {
+                    match archive::reindex(&archive, self.opts.index_cache.as_ref()) {
+                        Ok(entries) => Ok((archive, entries)),
+                        Err(e) => Err(OpenError::Bad(e)),
+                    }
+                }
+                None => match opened.remove(&cand.path) {
+                    Some(r) => r.map(|Indexed { archive, entries }| (Arc::new(archive), entries)),
+                    None => {
+                        // Known bad and unchanged: skip quietly.
+                        if let Some((_, e)) = self.bad.get(&cand.path) {
+                            report.skipped.push((cand.path.clone(), e.clone()));
+                        }
+                        still_bad.insert(cand.path.clone());
+                        continue;
+                    }
+                },
+            };
+            match result {
+                Ok((archive, entries)) => {
+                    debug!("{}: {} entries", cand.path.display(), entries.len());
+                    builder.add_layer(layers.len() as u32, archive.mtime, &entries);
+                    report.layers.push(cand.path.clone());
+                    layers.push(Layer {
+                        archive: archive.clone(),
+                        entries: entries.len(),
+                    });
+                    active.push(Active {
+                        path: cand.path.clone(),
+                        archive,
+                    });
+                }
+                Err(OpenError::NotAnArchive)
+                    if !cand.explicit && !looks_like_archive(&cand.path) =>
+                {
+                    info!("{}: not an archive, ignored", cand.path.display());
+                    report.ignored.push(cand.path.clone());
+                }
+                Err(e) => {
+                    let e = match e {
+                        OpenError::NotAnArchive => Error::Format(
+                            "not a ZIP archive (no end of central directory record)".into(),
+                        ),
+                        OpenError::Bad(e) => e,
+                    };
+                    warn!("skipping {}: {e}", cand.path.display());
+                    report.skipped.push((cand.path.clone(), e.clone()));
+                    self.bad.insert(cand.path.clone(), (*st, e));
+                    still_bad.insert(cand.path.clone());
+                }
+            }
+        }
+        for gone in bad_before.difference(&still_bad) {
+            self.bad.remove(gone);
+        }
+
+        let key = |a: &Active| (a.path.clone(), a.archive.key);
+        let unchanged = !first
+            && active.len() == self.active.len()
+            && active.iter().zip(&self.active).all(|(a, b)| key(a) == key(b));
+        let mut added = Vec::new();
+        let mut replaced = Vec::new();
+        for a in &active {
+            match self.active.iter().find(|o| o.path == a.path) {
+                None => added.push(a.path.clone()),
+                Some(o) if o.archive.key != a.archive.key => replaced.push(a.path.clone()),
+                Some(_) => {}
+            }
+        }
+        let removed = self
+            .active
+            .iter()
+            .filter(|o| !active.iter().any(|a| a.path == o.path))
+            .map(|o| o.path.clone())
+            .collect();
+        self.active = active;
+        self.scanned = true;
+        if unchanged {
+            return Ok(None);
+        }
+        let tree = builder.finish();
+        log_tree(&tree, &report.layers, first);
+        Ok(Some(Scan {
+            tree,
+            layers,
+            report,
+            added,
+            removed,
+            replaced,
+        }))
+    }
+}
+
+fn log_tree(tree: &Tree, layers: &[PathBuf], first: bool) {
     for s in &tree.skipped {
-        warn!(
+        // Entries of unchanged packages were reported at mount.
+        let level = if first { log::Level::Warn } else { log::Level::Debug };
+        log::log!(
+            level,
             "{}: skipping entry {:?}: {}",
-            display_archive(&report.layers, s.archive),
+            display_archive(layers, s.archive),
             String::from_utf8_lossy(&s.path),
             s.reason
         );
     }
-    if !tree.conflicts.is_empty() {
+    if !tree.conflicts.is_empty() && first {
         warn!(
             "{} path conflicts between or within packages (the later package wins; `pkgfs check` lists them)",
             tree.conflicts.len()
         );
-        for c in &tree.conflicts {
-            debug!(
-                "conflict at {:?}: {} wins over {} ({})",
-                String::from_utf8_lossy(&c.path),
-                display_archive(&report.layers, c.winner),
-                display_archive(&report.layers, c.loser),
-                c.reason
-            );
-        }
+    }
+    for c in &tree.conflicts {
+        debug!(
+            "conflict at {:?}: {} wins over {} ({})",
+            String::from_utf8_lossy(&c.path),
+            display_archive(layers, c.winner),
+            display_archive(layers, c.loser),
+            c.reason
+        );
     }
     info!(
         "{} archives, {} inodes, {} bytes of file data",
-        archives.len(),
+        layers.len(),
         tree.len(),
         tree.total_bytes
     );
-    Ok((PkgFs::new(tree, archives, opts.cache_bytes), report))
+}
+
+/// Build a fixed filesystem from command-line sources, logging what was skipped.
+pub fn load(sources: &[PathBuf], opts: &LoadOptions) -> Result<(PkgFs, LoadReport)> {
+    let mut packages = Packages::new(sources.to_vec(), opts.clone());
+    let scan = packages
+        .scan(&HashSet::new())?
+        .ok_or_else(|| Error::Format("first scan found nothing to do".into()))?;
+    Ok((
+        PkgFs::with_layers(scan.tree, scan.layers, opts.cache_bytes, false),
+        scan.report,
+    ))
 }
 
 /// Extensions of ZIP-based package formats. A file in a source directory with one of

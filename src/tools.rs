@@ -51,7 +51,9 @@ fn mode_string(kind: Kind, perm: u16) -> String {
 /// mode, owner, size, mtime, path (with `-> target` for symlinks), and the package.
 pub fn ls(sources: &[PathBuf], path: &[u8], out: &mut impl Write) -> Result<bool, String> {
     let (fs, report) = load(sources)?;
-    let tree = fs.tree();
+    // A fixed mount: the tree's own node numbers are the inode numbers.
+    let view = fs.view();
+    let tree = &view.tree;
     let start = tree
         .resolve(path)
         .ok_or_else(|| format!("{}: not in the merged tree", String::from_utf8_lossy(path)))?;
@@ -90,7 +92,6 @@ pub fn cat(sources: &[PathBuf], path: &[u8], out: &mut impl Write) -> Result<(),
     let (fs, _) = load(sources)?;
     let shown = String::from_utf8_lossy(path).into_owned();
     let ino = fs
-        .tree()
         .resolve(path)
         .ok_or_else(|| format!("{shown}: not in the merged tree"))?;
     let node = fs.getattr(ino).map_err(|e| format!("{shown}: {e}"))?;
@@ -128,7 +129,9 @@ fn stream(
 /// `pkgfs check`: verify everything; prints findings to `out`; `Ok(true)` if clean.
 pub fn check(sources: &[PathBuf], out: &mut impl Write) -> Result<bool, String> {
     let (fs, report) = load(sources)?;
-    let tree = fs.tree();
+    // A fixed mount: the tree's own node numbers are the inode numbers.
+    let view = fs.view();
+    let tree = &view.tree;
     let mut errors = 0usize;
     let mut w = |s: String| out.write_all(s.as_bytes()).map_err(|e| e.to_string());
     for (path, e) in &report.skipped {
@@ -154,7 +157,7 @@ pub fn check(sources: &[PathBuf], out: &mut impl Write) -> Result<bool, String> 
         ))?;
     }
     // Seekable archives: the index must agree with the tar stream it describes.
-    for a in fs.reader().archives() {
+    for a in view.layers.iter().map(|l| &l.archive) {
         if a.table.is_none() {
             continue;
         }

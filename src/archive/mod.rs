@@ -127,9 +127,40 @@ pub struct Archive {
     pub format: Format,
     /// The seek table of a seekable-zstd archive.
     pub table: Option<seekable::SeekTable>,
+    /// A number no other archive opened by this process has: the read path's cache keys
+    /// use it, so blocks of a removed or replaced package can never be served for another.
+    pub key: u32,
+}
+
+/// Source of [`Archive::key`].
+static NEXT_KEY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn next_key() -> u32 {
+    NEXT_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Archive {
+    /// Device and inode number of the file.
+    pub fn file_id(&self) -> (u64, u64) {
+        self.id
+    }
+
+    /// An archive object with no file behind it (unit tests of the layers above).
+    #[cfg(test)]
+    pub(crate) fn detached(name: &str) -> Self {
+        Archive {
+            path: PathBuf::from(name),
+            file: Mutex::new(None),
+            id: (0, 0),
+            size: 0,
+            mtime: 0,
+            mtime_ns: (0, 0),
+            format: Format::Zip,
+            table: None,
+            key: next_key(),
+        }
+    }
+
     /// The open file, reopening it by path if it was closed.
     pub fn file(&self) -> Result<Arc<File>> {
         let mut slot = self.file.lock().unwrap_or_else(|e| e.into_inner());
@@ -251,9 +282,40 @@ pub fn open(
             mtime_ns: (meta.mtime(), meta.mtime_nsec()),
             format,
             table,
+            key: next_key(),
         },
         entries,
     })
+}
+
+/// Read the index of an already open archive again (a live mount rebuilding its tree
+/// keeps archive objects, not their entries, so memory stays proportional to the tree).
+/// Fails if the file changed since it was indexed.
+pub fn reindex(archive: &Archive, cache: Option<&seekable::IndexCache>) -> Result<Vec<Entry>> {
+    let file = archive.file()?;
+    let meta = file.metadata()?;
+    archive.unchanged_in(&meta)?;
+    let (tail, _) = zip::first_tail(&file, archive.size)?;
+    let entries = match &archive.table {
+        Some(table) => seekable_entries(
+            &archive.path,
+            &file,
+            &meta,
+            table,
+            &tail,
+            archive.size,
+            cache,
+        )?,
+        None => match zip::read_index_from(&file, archive.size, tail) {
+            Ok(entries) => entries,
+            Err(zip::IndexError::NotZip) => {
+                return Err(Error::Corrupt("the archive is no longer a ZIP file".into()));
+            }
+            Err(zip::IndexError::Bad(e)) => return Err(e),
+        },
+    };
+    archive.unchanged()?;
+    Ok(entries)
 }
 
 /// The entries of a seekable archive: its pkgfs index, else a cached index, else a scan

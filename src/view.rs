@@ -1,0 +1,451 @@
+//! Generations of the mounted tree, and inode numbers that outlive them.
+//!
+//! A [`View`] is one immutable generation: a merged [`Tree`], the archives it was built
+//! from, and the map between the tree's own node numbers ("local" numbers, breadth-first
+//! from 1) and the inode numbers the kernel knows ("global" numbers).
+//!
+//! The first generation uses its local numbers as inode numbers. When packages are added,
+//! removed or replaced under a live mount, a new generation is built from scratch and
+//! [`carry_over`] walks the old and new trees side by side, by path, so that everything
+//! that did not change keeps its inode number (and with it the kernel's cached entries,
+//! attributes and pages), while anything that changed gets a number never used before.
+//! The walk also yields the exact list of kernel cache entries to invalidate: a name
+//! whose inode changed, appeared or disappeared, and a directory whose listing or
+//! attributes changed. Nothing else is touched, so long cache timeouts stay safe.
+//!
+//! What counts as unchanged:
+//! - a directory at the same path stays the same inode (its listing may change);
+//! - a file or symlink stays the same inode only if it comes from the *same archive
+//!   file* (the same open archive object, not just the same path) at the same place in
+//!   it, with the same attributes. A package replaced by a new version gets new inodes
+//!   for all its files: without reading data pkgfs cannot prove a member's bytes equal.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+use crate::archive::Archive;
+use crate::tree::{Kind, Node, ROOT_INO, Tree};
+
+/// A fast hasher for inode numbers (they are already well spread, and not chosen by an
+/// attacker).
+#[derive(Default)]
+pub struct InoHasher(u64);
+
+impl Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A map keyed by inode number.
+pub type InoMap<V> = HashMap<u64, V, BuildHasherDefault<InoHasher>>;
+
+/// One archive of a generation.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// The archive.
+    pub archive: Arc<Archive>,
+    /// How many entries its index holds.
+    pub entries: usize,
+}
+
+/// Per-member state the read path learns lazily.
+#[derive(Debug, Default)]
+pub struct MemberState {
+    /// Where the member's data starts (0: not read yet).
+    pub data_start: AtomicU64,
+    /// Its CRC has been checked.
+    pub verified: AtomicBool,
+}
+
+/// Local (tree) numbers to global (kernel) inode numbers and back.
+#[derive(Debug)]
+enum Numbering {
+    /// Global numbers are the local ones (the first generation).
+    Identity,
+    /// Anything else.
+    Mapped {
+        to_global: Vec<u64>,
+        to_local: InoMap<u64>,
+    },
+}
+
+/// One immutable generation of the mounted tree.
+#[derive(Debug)]
+pub struct View {
+    /// 0 for the tree built at mount, then one more per activation.
+    pub generation: u64,
+    /// The merged tree.
+    pub tree: Tree,
+    /// The archives, in layer order (`Member::archive` and `Node::archive` index this).
+    pub layers: Vec<Layer>,
+    members: Vec<MemberState>,
+    numbering: Numbering,
+}
+
+impl View {
+    /// The first generation: inode numbers are the tree's own.
+    pub fn first(tree: Tree, layers: Vec<Layer>) -> Self {
+        let members = (0..tree.member_count())
+            .map(|_| MemberState::default())
+            .collect();
+        View {
+            generation: 0,
+            tree,
+            layers,
+            members,
+            numbering: Numbering::Identity,
+        }
+    }
+
+    /// The global inode number of local node `local` (after hard-link resolution).
+    pub fn global(&self, local: u64) -> u64 {
+        let local = self.tree.canonical(local);
+        match &self.numbering {
+            Numbering::Identity => local,
+            Numbering::Mapped { to_global, .. } => local
+                .checked_sub(1)
+                .and_then(|i| to_global.get(i as usize))
+                .copied()
+                .unwrap_or(0),
+        }
+    }
+
+    /// The local node of global inode `ino`, if this generation has it.
+    pub fn local(&self, ino: u64) -> Option<u64> {
+        match &self.numbering {
+            Numbering::Identity => self.tree.node(ino).map(|_| ino),
+            Numbering::Mapped { to_local, .. } => to_local.get(&ino).copied(),
+        }
+    }
+
+    /// The lazily learnt state of member number `idx`.
+    pub fn member_state(&self, idx: u32) -> Option<&MemberState> {
+        self.members.get(idx as usize)
+    }
+
+    /// Every global inode number of this generation with its local node (hard-link
+    /// aliases excluded).
+    pub fn inodes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        (1..=self.tree.len() as u64)
+            .filter(|&l| self.tree.canonical(l) == l)
+            .map(|l| (self.global(l), l))
+    }
+}
+
+/// A kernel cache entry that an activation made stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalidation {
+    /// The name `name` in directory `parent` now resolves differently (or not at all).
+    Entry {
+        /// Directory inode.
+        parent: u64,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// The attributes or the listing of directory `ino` changed.
+    Dir(u64),
+}
+
+/// Whether two non-directory nodes are the same file: same archive object, same member,
+/// same attributes.
+fn same_file(old: &View, o: &Node, new: &View, n: &Node) -> bool {
+    if (o.kind, o.perm, o.uid, o.gid, o.mtime, o.size, o.nlink)
+        != (n.kind, n.perm, n.uid, n.gid, n.mtime, n.size, n.nlink)
+    {
+        return false;
+    }
+    let (Some(om), Some(nm)) = (old.tree.member(o), new.tree.member(n)) else {
+        return false;
+    };
+    let (Some(oa), Some(na)) = (
+        old.layers.get(om.archive as usize),
+        new.layers.get(nm.archive as usize),
+    ) else {
+        return false;
+    };
+    Arc::ptr_eq(&oa.archive, &na.archive) && om.data == nm.data && om.size == nm.size
+}
+
+fn same_dir_attrs(o: &Node, n: &Node) -> bool {
+    (o.perm, o.uid, o.gid, o.mtime, o.nlink) == (n.perm, n.uid, n.gid, n.mtime, n.nlink)
+}
+
+/// Build generation `generation` from `tree` and `layers`, numbering its inodes so that
+/// what is unchanged since `old` keeps its number; new numbers come from `next_ino`
+/// (which is advanced). Returns the view and the kernel cache entries to invalidate.
+pub fn carry_over(
+    old: &View,
+    tree: Tree,
+    layers: Vec<Layer>,
+    generation: u64,
+    next_ino: &AtomicU64,
+) -> (View, Vec<Invalidation>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let members = (0..tree.member_count())
+        .map(|_| MemberState::default())
+        .collect();
+    let mut view = View {
+        generation,
+        tree,
+        layers,
+        members,
+        numbering: Numbering::Identity,
+    };
+    let len = view.tree.len();
+    let mut to_global = vec![0u64; len];
+    to_global[0] = ROOT_INO;
+    // Names present in both generations whose fate depends on the final numbering:
+    // (parent inode, name, old inode, new local node).
+    let mut pairs: Vec<(u64, Vec<u8>, u64, u64)> = Vec::new();
+    let mut inval = Vec::new();
+    let mut changed_dirs: Vec<u64> = Vec::new();
+    // Directories present at the same path in both: (old local, new local).
+    let mut stack = vec![(ROOT_INO, ROOT_INO)];
+    while let Some((ol, nl)) = stack.pop() {
+        let (Some(od), Some(nd)) = (old.tree.node(ol), view.tree.node(nl)) else {
+            continue;
+        };
+        let dir_ino = old.global(ol);
+        let mut dir_changed = !same_dir_attrs(od, nd);
+        let mut oc = old.tree.children(od).peekable();
+        let mut nc = view.tree.children(nd).peekable();
+        loop {
+            let order = match (oc.peek(), nc.peek()) {
+                (None, None) => break,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some((_, o)), Some((_, n))) => old.tree.name(o).cmp(view.tree.name(n)),
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    // Gone.
+                    let Some((_, o)) = oc.next() else { break };
+                    inval.push(Invalidation::Entry {
+                        parent: dir_ino,
+                        name: old.tree.name(o).to_vec(),
+                    });
+                    dir_changed = true;
+                }
+                std::cmp::Ordering::Greater => {
+                    // New (also clears a cached negative entry).
+                    let Some((_, n)) = nc.next() else { break };
+                    inval.push(Invalidation::Entry {
+                        parent: dir_ino,
+                        name: view.tree.name(n).to_vec(),
+                    });
+                    dir_changed = true;
+                }
+                std::cmp::Ordering::Equal => {
+                    let (Some((oi, o)), Some((ni, n))) = (oc.next(), nc.next()) else {
+                        break;
+                    };
+                    let old_ino = old.global(oi);
+                    match (o.kind, n.kind) {
+                        (Kind::Dir, Kind::Dir) => {
+                            to_global[ni as usize - 1] = old_ino;
+                            stack.push((oi, ni));
+                        }
+                        (Kind::Dir, _) | (_, Kind::Dir) => {
+                            inval.push(Invalidation::Entry {
+                                parent: dir_ino,
+                                name: view.tree.name(n).to_vec(),
+                            });
+                            dir_changed = true;
+                        }
+                        _ => {
+                            let oc_l = old.tree.canonical(oi);
+                            let nc_l = view.tree.canonical(ni);
+                            let (Some(ocn), Some(ncn)) =
+                                (old.tree.node(oc_l), view.tree.node(nc_l))
+                            else {
+                                continue;
+                            };
+                            let slot = &mut to_global[nc_l as usize - 1];
+                            if *slot == 0 && same_file(old, ocn, &view, ncn) {
+                                *slot = old_ino;
+                            }
+                            pairs.push((dir_ino, view.tree.name(n).to_vec(), old_ino, ni));
+                        }
+                    }
+                }
+            }
+        }
+        if dir_changed {
+            changed_dirs.push(dir_ino);
+        }
+    }
+    // Everything not carried over gets a fresh number (aliases share their canonical's).
+    for l in 1..=len as u64 {
+        if view.tree.canonical(l) == l && to_global[l as usize - 1] == 0 {
+            to_global[l as usize - 1] = next_ino.fetch_add(1, Relaxed);
+        }
+    }
+    for l in 1..=len as u64 {
+        let c = view.tree.canonical(l);
+        if c != l {
+            to_global[l as usize - 1] = to_global[c as usize - 1];
+        }
+    }
+    // A name kept in both whose inode changed is stale too, and so is its directory's
+    // listing (readdir caches inode numbers).
+    for (parent, name, old_ino, ni) in pairs {
+        let c = view.tree.canonical(ni);
+        if to_global[c as usize - 1] != old_ino {
+            inval.push(Invalidation::Entry { parent, name });
+            if changed_dirs.last() != Some(&parent) && !changed_dirs.contains(&parent) {
+                changed_dirs.push(parent);
+            }
+        }
+    }
+    inval.extend(changed_dirs.into_iter().map(Invalidation::Dir));
+    let mut to_local = InoMap::default();
+    to_local.reserve(len);
+    for (i, &g) in to_global.iter().enumerate() {
+        let l = i as u64 + 1;
+        if view.tree.canonical(l) == l {
+            to_local.insert(g, l);
+        }
+    }
+    view.numbering = Numbering::Mapped {
+        to_global,
+        to_local,
+    };
+    (view, inval)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::{DataRef, Entry, EntryKind, ZipData};
+    use crate::tree::{Ownership, TreeBuilder};
+
+    fn file(path: &str, off: u64) -> Entry {
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind: EntryKind::File,
+            perm: 0o644,
+            mtime: 100,
+            uid: None,
+            gid: None,
+            size: 1,
+            data: DataRef::Zip(ZipData {
+                header_offset: off,
+                compressed_size: 1,
+                crc32: 0,
+                method: 0,
+                encrypted: false,
+                name_len: 0,
+                name_crc: 0,
+            }),
+            link: Vec::new(),
+        }
+    }
+
+    fn archive(name: &str) -> Arc<Archive> {
+        Arc::new(Archive::detached(name))
+    }
+
+    fn build(layers: &[(Arc<Archive>, Vec<Entry>)]) -> (Tree, Vec<Layer>) {
+        let mut b = TreeBuilder::new(Ownership {
+            uid: 0,
+            gid: 0,
+            force_uid: false,
+            force_gid: false,
+        });
+        let mut out = Vec::new();
+        for (i, (a, e)) in layers.iter().enumerate() {
+            b.add_layer(i as u32, 0, e);
+            out.push(Layer {
+                archive: a.clone(),
+                entries: e.len(),
+            });
+        }
+        (b.finish(), out)
+    }
+
+    fn ino(v: &View, path: &str) -> u64 {
+        v.global(v.tree.resolve(path.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn unchanged_paths_keep_inodes_and_only_changes_are_invalidated() {
+        let (a, b, c) = (archive("a"), archive("b"), archive("c"));
+        let la = (a.clone(), vec![file("lib/a.py", 1), file("bin/x", 2)]);
+        let lb = (b.clone(), vec![file("lib/b.py", 1), file("bin/x", 9)]);
+        let (t, l) = build(&[la.clone(), lb]);
+        let old = View::first(t, l);
+        let next = AtomicU64::new(old.tree.len() as u64 + 1);
+        // Remove b (the winner of bin/x), add c.
+        let lc = (c.clone(), vec![file("share/c", 1)]);
+        let (t, l) = build(&[la, lc]);
+        let (new, inval) = carry_over(&old, t, l, 1, &next);
+        assert_eq!(ino(&new, "lib"), ino(&old, "lib"));
+        assert_eq!(ino(&new, "lib/a.py"), ino(&old, "lib/a.py"));
+        assert_ne!(ino(&new, "bin/x"), ino(&old, "bin/x"), "the loser is uncovered");
+        assert!(ino(&new, "share/c") > old.tree.len() as u64);
+        let (lib, bin, root) = (ino(&old, "lib"), ino(&old, "bin"), ROOT_INO);
+        let entry = |parent, name: &str| Invalidation::Entry {
+            parent,
+            name: name.as_bytes().to_vec(),
+        };
+        let mut want = vec![
+            entry(root, "share"),
+            entry(lib, "b.py"),
+            entry(bin, "x"),
+            Invalidation::Dir(root),
+            Invalidation::Dir(lib),
+            Invalidation::Dir(bin),
+        ];
+        let mut got = inval.clone();
+        let key = |i: &Invalidation| format!("{i:?}");
+        want.sort_by_key(key);
+        got.sort_by_key(key);
+        assert_eq!(got, want);
+        // Every inode of the new generation maps back.
+        for (g, l) in new.inodes() {
+            assert_eq!(new.local(g), Some(l));
+        }
+        assert_eq!(new.local(ino(&old, "lib/b.py")), None);
+    }
+
+    #[test]
+    fn identical_rebuild_invalidates_nothing() {
+        let a = archive("a");
+        let la = (a, vec![file("d/e/f", 1), file("g", 2)]);
+        let (t, l) = build(std::slice::from_ref(&la));
+        let old = View::first(t, l);
+        let next = AtomicU64::new(100);
+        let (t, l) = build(&[la]);
+        let (new, inval) = carry_over(&old, t, l, 1, &next);
+        assert!(inval.is_empty(), "{inval:?}");
+        assert_eq!(ino(&new, "d/e/f"), ino(&old, "d/e/f"));
+        assert_eq!(next.load(std::sync::atomic::Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn replaced_archive_gets_new_inodes_even_with_equal_entries() {
+        let la = (archive("v1"), vec![file("m", 1)]);
+        let lb = (archive("v1-again"), vec![file("m", 1)]);
+        let (t, l) = build(&[la]);
+        let old = View::first(t, l);
+        let next = AtomicU64::new(10);
+        let (t, l) = build(&[lb]);
+        let (new, inval) = carry_over(&old, t, l, 1, &next);
+        assert_eq!(ino(&new, "m"), 10);
+        assert!(inval.contains(&Invalidation::Entry {
+            parent: ROOT_INO,
+            name: b"m".to_vec()
+        }));
+    }
+}
