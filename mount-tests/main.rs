@@ -5,6 +5,7 @@
 
 mod common;
 mod faults;
+mod live;
 mod pack;
 
 use std::collections::HashMap;

@@ -3,6 +3,7 @@
 //! Stage one is [`Cli`], exactly what the user typed; stage two is [`Command`], validated
 //! values the rest of the program uses without knowing about clap (the ripgrep/fd split).
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -45,6 +46,10 @@ enum CliCommand {
     /// Verify every member (decompress, check CRC), report skipped archives and entries
     /// and path conflicts. Exits non-zero if anything is unreadable or was skipped.
     Check(CheckArgs),
+    /// Show what a running mount serves and how it is doing: active packages (entries,
+    /// conflicts won and lost), skipped archives, cache, bytes read and decompressed,
+    /// request counts, errors.
+    Status(StatusArgs),
     /// Write DIR as a pkgfs package: a seekable-zstd tar with an embedded index.
     ///
     /// `zstd -dc OUT | tar x` unpacks it with standard tools; `pkgfs mount` reads any file
@@ -110,7 +115,8 @@ struct MountArgs {
     #[arg(long)]
     allow_other: bool,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
-    /// fsname=NAME, uid=N, gid=N, cache_size=SIZE, threads=N, log_file=PATH; options
+    /// fsname=NAME, uid=N, gid=N, cache_size=SIZE, threads=N, log_file=PATH, no_watch,
+    /// index_cache=DIR, no_index_cache; options
     /// mount(8) passes (ro, nosuid, nodev, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -124,6 +130,19 @@ struct MountArgs {
     /// Do not cache indexes of foreign seekable archives (rescan them at every mount).
     #[arg(long)]
     no_index_cache: bool,
+    /// Mount a fixed set of packages: do not watch source directories for packages
+    /// being added, removed or replaced.
+    #[arg(long)]
+    no_watch: bool,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// The mountpoint.
+    mountpoint: PathBuf,
+    /// Print JSON (one object) instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -194,6 +213,8 @@ pub struct MountConfig {
     pub log_file: Option<PathBuf>,
     /// Index cache directory for foreign seekable archives (None: no cache).
     pub index_cache: Option<PathBuf>,
+    /// Watch source directories and activate packages as they come and go.
+    pub watch: bool,
 }
 
 /// A validated command.
@@ -201,6 +222,13 @@ pub struct MountConfig {
 pub enum Command {
     /// Mount.
     Mount(MountConfig),
+    /// Query a running mount.
+    Status {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// JSON output.
+        json: bool,
+    },
     /// Unmount.
     Umount {
         /// The mountpoint.
@@ -258,6 +286,73 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
+/// Names under which the binary acts as a mount(8) helper (`mount -t fuse.pkgfs` runs
+/// `/sbin/mount.fuse.pkgfs`, `mount -t pkgfs` runs `/sbin/mount.pkgfs`).
+pub const HELPER_NAMES: &[&str] = &["mount.fuse.pkgfs", "mount.pkgfs"];
+
+/// If the program was started as a mount helper, translate the helper's command line
+/// (`SOURCE MOUNTPOINT [-sfnv] [-o OPTIONS] [-t TYPE]`, as mount(8) passes it) into
+/// the equivalent `pkgfs mount` arguments. `SOURCE` may list several sources separated
+/// by `:`. Returns `None` for any other program name, and an empty list for `-f` (fake:
+/// do nothing).
+pub fn helper_args(args: &[std::ffi::OsString]) -> Option<Result<Vec<std::ffi::OsString>, String>> {
+    use std::ffi::OsString;
+    let name = std::path::Path::new(args.first()?).file_name()?.to_str()?;
+    if !HELPER_NAMES.contains(&name) {
+        return None;
+    }
+    let mut positional: Vec<OsString> = Vec::new();
+    let mut options: Vec<OsString> = Vec::new();
+    let mut fake = false;
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.to_str() {
+            Some("-o") => match it.next() {
+                Some(o) => options.push(o.clone()),
+                None => return Some(Err("-o needs a value".into())),
+            },
+            // -t TYPE: the subtype is ours whatever it says.
+            Some("-t") => {
+                it.next();
+            }
+            Some(f) if f.starts_with('-') && f.len() > 1 => {
+                for c in f[1..].chars() {
+                    match c {
+                        // -f: fake (do everything but mount); -n: no mtab; -s: sloppy;
+                        // -v: verbose.
+                        'f' => fake = true,
+                        'n' | 's' | 'v' => {}
+                        _ => return Some(Err(format!("unknown helper flag -{c}"))),
+                    }
+                }
+            }
+            _ => positional.push(a.clone()),
+        }
+    }
+    let [source, mountpoint] = positional.as_slice() else {
+        return Some(Err(format!(
+            "usage: {name} SOURCE MOUNTPOINT [-o OPTIONS] (got {} arguments)",
+            positional.len()
+        )));
+    };
+    if fake {
+        // Nothing to do: an empty command line.
+        return Some(Ok(Vec::new()));
+    }
+    let mut out: Vec<OsString> = vec!["pkgfs".into(), "mount".into()];
+    for o in options {
+        out.push("-o".into());
+        out.push(o);
+    }
+    // An fstab source field holds one word: several sources are `:`-separated.
+    let src = source.as_encoded_bytes();
+    for part in src.split(|&b| b == b':').filter(|p| !p.is_empty()) {
+        out.push(std::ffi::OsStr::from_bytes(part).to_os_string());
+    }
+    out.push(mountpoint.clone());
+    Some(Ok(out))
+}
+
 fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map_or(4, |n| n.get())
@@ -299,6 +394,10 @@ impl Cli {
                 }
             }
             CliCommand::Check(c) => Command::Check { sources: c.sources },
+            CliCommand::Status(s) => Command::Status {
+                mountpoint: s.mountpoint,
+                json: s.json,
+            },
             CliCommand::Pack(p) => Command::Pack(pack_config(p)?),
         })
     }
@@ -374,6 +473,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
             m.index_cache
                 .or_else(crate::archive::seekable::IndexCache::default_dir)
         },
+        watch: !m.no_watch,
     };
     for opt in m
         .options
@@ -411,6 +511,10 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
             "threads" => cfg.threads = number()? as usize,
             "log_file" => cfg.log_file = Some(PathBuf::from(need()?)),
             "foreground" => cfg.foreground = true,
+            "no_watch" | "nowatch" => cfg.watch = false,
+            "watch" => cfg.watch = true,
+            "index_cache" => cfg.index_cache = Some(PathBuf::from(need()?)),
+            "no_index_cache" => cfg.index_cache = None,
             // Always in force, or meaningless for a read-only FUSE mount: accepted so
             // fstab lines and mount(8) helpers work.
             "ro"

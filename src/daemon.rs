@@ -10,6 +10,7 @@
 //! starts and waits for them with `sigwait`; on a signal it unmounts (lazily if busy) and
 //! exits. An external `pkgfs umount` ends the session, which wakes the main thread too.
 
+use std::collections::HashSet;
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -17,15 +18,19 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant, SystemTime};
 
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 
 use crate::archive::seekable::IndexCache;
 use crate::cli::{Access, MountConfig};
+use crate::fs::PkgFs;
 use crate::fuse::Fuse;
-use crate::source::{self, LoadOptions};
+use crate::source::{self, LoadOptions, Packages};
+use crate::status::{self, Activity, MountInfo};
+use crate::view::Invalidation;
+use crate::watch::Watcher;
 
 /// Environment variable that marks the background child of `pkgfs mount`.
 const READY_ENV: &str = "PKGFS_READY_PIPE";
@@ -37,7 +42,9 @@ fn os_err(what: &str) -> String {
 }
 
 /// `pkgfs mount`: mount in the foreground, or start a background daemon and wait for it.
-pub fn mount(cfg: &MountConfig) -> Result<(), String> {
+/// `args` is the `pkgfs mount …` command line (after any mount-helper translation); the
+/// background daemon is started with it.
+pub fn mount(cfg: &MountConfig, args: &[std::ffi::OsString]) -> Result<(), String> {
     clear_dead_mount(&cfg.mountpoint)?;
     if !source::is_dir(&cfg.mountpoint) {
         return Err(format!(
@@ -48,15 +55,15 @@ pub fn mount(cfg: &MountConfig) -> Result<(), String> {
     if cfg.foreground || std::env::var_os(READY_ENV).is_some() {
         run_foreground(cfg)
     } else {
-        spawn_background()
+        spawn_background(args)
     }
 }
 
 /// Start this same command line again as a daemon and wait for its "ready".
-fn spawn_background() -> Result<(), String> {
+fn spawn_background(args: &[std::ffi::OsString]) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let mut cmd = Command::new(exe);
-    cmd.args(std::env::args_os().skip(1))
+    cmd.args(args.iter().skip(1))
         .env(READY_ENV, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -112,13 +119,34 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
         cache_bytes: cfg.cache_bytes,
         index_cache: cfg.index_cache.clone().map(IndexCache::new),
     };
-    let (fs, report) = source::load(&cfg.sources, &opts).map_err(|e| e.to_string())?;
+    let mut packages = Packages::new(cfg.sources.clone(), opts);
+    let dirs = packages.source_dirs();
+    // Watch before the first scan, so nothing installed during it is missed.
+    let watcher = if cfg.watch && !dirs.is_empty() {
+        Some(Watcher::new(&dirs).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let scan = packages
+        .scan(&HashSet::new())
+        .map_err(|e| e.to_string())?
+        .ok_or("no packages")?;
     info!(
         "mounting {} archives ({} skipped) at {}",
-        report.layers.len(),
-        report.skipped.len(),
+        scan.report.layers.len(),
+        scan.report.skipped.len(),
         cfg.mountpoint.display()
     );
+    let activity = Arc::new(Mutex::new(Activity {
+        skipped: skipped_list(&scan.report),
+        ..Activity::default()
+    }));
+    let fs = Arc::new(PkgFs::with_layers(
+        scan.tree,
+        scan.layers,
+        cfg.cache_bytes,
+        watcher.is_some(),
+    ));
     let mut config = fuser::Config::default();
     config.mount_options = mount_options(cfg);
     config.acl = match cfg.access {
@@ -128,9 +156,32 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
     };
     config.n_threads = Some(cfg.threads);
     config.clone_fd = true;
-    let session = fuser::spawn_mount(Fuse::new(fs), &cfg.mountpoint, &config)
+    let session = spawn_session(Fuse::new(fs.clone()), cfg, config)
         .map_err(|e| format!("cannot mount at {}: {e}", cfg.mountpoint.display()))?;
-    raise_readahead(&cfg.mountpoint);
+    let dev = raise_readahead(&cfg.mountpoint);
+    let info = MountInfo {
+        mountpoint: mount_path(&cfg.mountpoint),
+        sources: cfg.sources.clone(),
+        watching: watcher.is_some(),
+        started: SystemTime::now(),
+    };
+    match dev {
+        Some(dev) => {
+            if let Err(e) = status::serve(dev, fs.clone(), info, activity.clone()) {
+                warn!("no status channel: {e}");
+            }
+        }
+        None => warn!("cannot stat the mountpoint: no status channel"),
+    }
+    if let Some(w) = watcher {
+        let notifier = session.notifier();
+        let fs = fs.clone();
+        std::thread::Builder::new()
+            .name("pkgfs-watch".into())
+            .spawn(move || watch_loop(w, packages, &fs, &notifier, &activity))
+            .map_err(|e| format!("cannot start the watcher: {e}"))?;
+        info!("watching {} for packages", join_paths(&dirs));
+    }
     info!("mounted at {}", cfg.mountpoint.display());
     if std::env::var_os(READY_ENV).is_some() {
         detach_output(cfg.log_file.as_deref());
@@ -162,6 +213,179 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
         break;
     }
     Ok(())
+}
+
+fn join_paths(p: &[PathBuf]) -> String {
+    p.iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn skipped_list(report: &source::LoadReport) -> Vec<(PathBuf, String)> {
+    report
+        .skipped
+        .iter()
+        .map(|(p, e)| (p.clone(), e.to_string()))
+        .collect()
+}
+
+/// The live mount: wait for a batch of changes in the source directories, rescan, swap
+/// in the new tree, and tell the kernel exactly which cached entries went stale.
+fn watch_loop(
+    mut watcher: Watcher,
+    mut packages: Packages,
+    fs: &PkgFs,
+    notifier: &fuser::Notifier,
+    activity: &Mutex<Activity>,
+) {
+    loop {
+        let batch = match watcher.next_batch() {
+            Ok(b) => b,
+            Err(e) => {
+                error!("watching the sources failed: {e}; the mount keeps its current packages");
+                return;
+            }
+        };
+        let started = Instant::now();
+        let scan = match packages.scan(&batch.busy) {
+            Ok(Some(scan)) => scan,
+            Ok(None) => {
+                debug!("{} events, no package changed", batch.events);
+                continue;
+            }
+            Err(e) => {
+                warn!("rescan failed: {e}; the mount keeps its current packages");
+                lock(activity).failed_scans += 1;
+                continue;
+            }
+        };
+        for p in &scan.added {
+            info!("activating package {}", p.display());
+        }
+        for p in &scan.replaced {
+            info!("activating new version of package {}", p.display());
+        }
+        for p in &scan.removed {
+            info!("deactivating package {}", p.display());
+        }
+        let summary = format!(
+            "+{} -{} ~{}",
+            scan.added.len(),
+            scan.removed.len(),
+            scan.replaced.len()
+        );
+        let skipped = skipped_list(&scan.report);
+        let act = fs.activate(scan.tree, scan.layers);
+        let sent = invalidate(notifier, &act.invalidations);
+        info!(
+            "generation {}: {} packages ({summary}), {sent} kernel cache entries invalidated, {} inodes of older generations still in use, {} ms",
+            act.generation,
+            fs.view().layers.len(),
+            act.retired,
+            started.elapsed().as_millis()
+        );
+        let mut a = lock(activity);
+        a.activations += 1;
+        a.last = Some((SystemTime::now(), summary));
+        a.skipped = skipped;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Send the invalidations; returns how many the kernel had cached. ENOENT means the
+/// kernel did not have the entry: nothing to do.
+fn invalidate(notifier: &fuser::Notifier, list: &[Invalidation]) -> usize {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut sent = 0;
+    for inv in list {
+        let r = match inv {
+            Invalidation::Delete { parent, name, old } => notifier.delete(
+                fuser::INodeNo(*parent),
+                fuser::INodeNo(*old),
+                std::ffi::OsStr::from_bytes(name),
+            ),
+            Invalidation::Entry { parent, name } => {
+                notifier.inval_entry(fuser::INodeNo(*parent), std::ffi::OsStr::from_bytes(name))
+            }
+            Invalidation::Dir(ino) => notifier.inval_inode(fuser::INodeNo(*ino), 0, 0),
+        };
+        match r {
+            Ok(()) => sent += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => debug!("invalidating {inv:?}: {e}"),
+        }
+    }
+    sent
+}
+
+/// Mount and start serving. As root pkgfs calls mount(2) itself, with the filesystem
+/// type `fuse.pkgfs` (what fstab lines and `findmnt -t` use; fuser's own mount records
+/// plain `fuse`); otherwise fuser mounts through `fusermount3`.
+fn spawn_session(
+    fs: Fuse,
+    cfg: &MountConfig,
+    config: fuser::Config,
+) -> std::io::Result<fuser::BackgroundSession> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return fuser::spawn_mount(fs, &cfg.mountpoint, &config);
+    }
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    use std::os::fd::AsRawFd;
+    let mut data = format!(
+        "fd={},rootmode=40000,user_id={},group_id={},default_permissions",
+        dev.as_raw_fd(),
+        // SAFETY: getuid/getgid cannot fail.
+        unsafe { libc::getuid() },
+        unsafe { libc::getgid() }
+    );
+    if cfg.access != Access::Owner {
+        // allow_root is enforced by fuser on top of the kernel's allow_other.
+        data.push_str(",allow_other");
+    }
+    let mut flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    if cfg.noexec {
+        flags |= libc::MS_NOEXEC;
+    }
+    if cfg.noatime {
+        flags |= libc::MS_NOATIME;
+    }
+    let cstr = |s: &[u8]| {
+        CString::new(s).map_err(|_| std::io::Error::other("argument contains a NUL byte"))
+    };
+    let source = cstr(cfg.fsname.as_bytes())?;
+    let target = cstr(mount_path(&cfg.mountpoint).as_os_str().as_bytes())?;
+    let fstype = cstr(format!("fuse.{SUBTYPE}").as_bytes())?;
+    let data = cstr(data.as_bytes())?;
+    // SAFETY: valid C strings; `data` is the FUSE option string the kernel parses.
+    let r = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast::<libc::c_void>(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let acl = config.acl;
+    match fuser::Session::from_fd(fs, dev.into(), acl, config).and_then(|s| s.spawn()) {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            // SAFETY: a valid C string; detach what we just mounted.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+            Err(e)
+        }
+    }
 }
 
 fn mount_options(cfg: &MountConfig) -> Vec<fuser::MountOption> {
@@ -228,11 +452,10 @@ fn raise_fd_limit() {
 }
 
 /// Buffered reads arrive as 128 KiB requests unless the mount's backing device allows
-/// more readahead; raise it to 1 MiB (root only; best effort).
-fn raise_readahead(mountpoint: &Path) {
-    let Ok(meta) = std::fs::metadata(mountpoint) else {
-        return;
-    };
+/// more readahead; raise it to 1 MiB (root only; best effort). Returns the mount's
+/// device number.
+fn raise_readahead(mountpoint: &Path) -> Option<u64> {
+    let meta = std::fs::metadata(mountpoint).ok()?;
     let dev = meta.dev();
     let path = format!(
         "/sys/class/bdi/{}:{}/read_ahead_kb",
@@ -242,6 +465,7 @@ fn raise_readahead(mountpoint: &Path) {
     if let Err(e) = std::fs::write(&path, "1024") {
         debug!("cannot raise readahead via {path}: {e}");
     }
+    Some(dev)
 }
 
 /// If `mountpoint` is already a FUSE mount: a dead one (its daemon was killed; requests

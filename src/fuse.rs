@@ -15,6 +15,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -39,13 +40,13 @@ pub const PANIC_ENV: &str = "PKGFS_FAULT_PANIC_ON_LOOKUP";
 
 /// The FUSE filesystem: a [`PkgFs`] behind the `fuser` trait.
 pub struct Fuse {
-    fs: PkgFs,
+    fs: Arc<PkgFs>,
     panic_on: Option<Vec<u8>>,
 }
 
 impl Fuse {
     /// Wrap a filesystem.
-    pub fn new(fs: PkgFs) -> Self {
+    pub fn new(fs: Arc<PkgFs>) -> Self {
         let panic_on = std::env::var_os(PANIC_ENV).map(|v| v.as_bytes().to_vec());
         Fuse { fs, panic_on }
     }
@@ -166,6 +167,7 @@ impl Filesystem for Fuse {
 
     // BATCH_FORGET arrives here too (fuser's default `batch_forget` calls `forget`).
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        log::trace!("forget {} {nlookup}", ino.0);
         let _ = catch_unwind(AssertUnwindSafe(|| self.fs.forget(ino.0, nlookup)));
     }
 

@@ -25,6 +25,8 @@ pub mod pack;
 pub mod path;
 pub mod read;
 pub mod source;
+pub mod status;
 pub mod tools;
 pub mod tree;
 pub mod view;
+pub mod watch;

@@ -20,7 +20,16 @@ fn init_logging(level: Option<&str>, default: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (cli, args) = match pkgfs::cli::helper_args(&args) {
+        None => (Cli::parse_from(&args), args),
+        Some(Ok(translated)) if translated.is_empty() => return ExitCode::SUCCESS,
+        Some(Ok(translated)) => (Cli::parse_from(&translated), translated),
+        Some(Err(e)) => {
+            eprintln!("pkgfs: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let level = cli.log_level.clone();
     let command = match cli.into_command() {
         Ok(c) => c,
@@ -33,8 +42,11 @@ fn main() -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = match command {
-        Command::Mount(cfg) => daemon::mount(&cfg).map(|()| true),
+        Command::Mount(cfg) => daemon::mount(&cfg, &args).map(|()| true),
         Command::Umount { mountpoint, lazy } => daemon::unmount(&mountpoint, lazy).map(|()| true),
+        Command::Status { mountpoint, json } => pkgfs::status::query(&mountpoint, json)
+            .and_then(|s| out.write_all(s.as_bytes()).map_err(|e| e.to_string()))
+            .map(|()| true),
         Command::Ls { sources, path } => tools::ls(&sources, &path, &mut out),
         Command::Cat { sources, path } => tools::cat(&sources, &path, &mut out).map(|()| true),
         Command::Check { sources } => tools::check(&sources, &mut out),

@@ -793,9 +793,7 @@ mod tests {
         let path = dir.path().join("t.zip");
         patch_cd(&path, |r| r[10] = 12); // claim bzip2
         let fs = open(&path, 1 << 20);
-        let e = fs
-            .read(fs.resolve(b"f").unwrap(), 0, 10)
-            .unwrap_err();
+        let e = fs.read(fs.resolve(b"f").unwrap(), 0, 10).unwrap_err();
         assert!(e.to_string().contains("bzip2"), "{e}");
 
         // Compressed size cut short: the stream runs out of input.
@@ -803,9 +801,7 @@ mod tests {
         let path = dir.path().join("t.zip");
         patch_cd(&path, |r| r[20..24].copy_from_slice(&100u32.to_le_bytes()));
         let fs = open(&path, 1 << 20);
-        let e = fs
-            .read(fs.resolve(b"f").unwrap(), 0, 200_000)
-            .unwrap_err();
+        let e = fs.read(fs.resolve(b"f").unwrap(), 0, 200_000).unwrap_err();
         assert_eq!(e.errno(), libc::EIO);
     }
 
@@ -933,13 +929,10 @@ mod tests {
         bytes[cds[1] + 42..cds[1] + 46].copy_from_slice(&first_offset);
         std::fs::write(&path, &bytes).unwrap();
         let fs = open(&path, 1 << 20);
-        let e = fs
-            .read(fs.resolve(b"other").unwrap(), 0, 10)
-            .unwrap_err();
+        let e = fs.read(fs.resolve(b"other").unwrap(), 0, 10).unwrap_err();
         assert!(e.to_string().contains("overlapping"), "{e}");
         assert_eq!(
-            fs.read(fs.resolve(b"first").unwrap(), 0, 10)
-                .unwrap(),
+            fs.read(fs.resolve(b"first").unwrap(), 0, 10).unwrap(),
             &data(1000)[..10]
         );
     }

@@ -243,12 +243,10 @@ impl Packages {
         let mut still_bad = HashSet::new();
         for ((cand, st), kept) in candidates.iter().zip(&stamps).zip(reuse) {
             let result = match kept {
-                Some(archive) => {
-                    match archive::reindex(&archive, self.opts.index_cache.as_ref()) {
-                        Ok(entries) => Ok((archive, entries)),
-                        Err(e) => Err(OpenError::Bad(e)),
-                    }
-                }
+                Some(archive) => match archive::reindex(&archive, self.opts.index_cache.as_ref()) {
+                    Ok(entries) => Ok((archive, entries)),
+                    Err(e) => Err(OpenError::Bad(e)),
+                },
                 None => match opened.remove(&cand.path) {
                     Some(r) => r.map(|Indexed { archive, entries }| (Arc::new(archive), entries)),
                     None => {
@@ -302,7 +300,10 @@ impl Packages {
         let key = |a: &Active| (a.path.clone(), a.archive.key);
         let unchanged = !first
             && active.len() == self.active.len()
-            && active.iter().zip(&self.active).all(|(a, b)| key(a) == key(b));
+            && active
+                .iter()
+                .zip(&self.active)
+                .all(|(a, b)| key(a) == key(b));
         let mut added = Vec::new();
         let mut replaced = Vec::new();
         for a in &active {
@@ -339,7 +340,11 @@ impl Packages {
 fn log_tree(tree: &Tree, layers: &[PathBuf], first: bool) {
     for s in &tree.skipped {
         // Entries of unchanged packages were reported at mount.
-        let level = if first { log::Level::Warn } else { log::Level::Debug };
+        let level = if first {
+            log::Level::Warn
+        } else {
+            log::Level::Debug
+        };
         log::log!(
             level,
             "{}: skipping entry {:?}: {}",

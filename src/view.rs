@@ -146,7 +146,18 @@ impl View {
 /// A kernel cache entry that an activation made stale.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invalidation {
-    /// The name `name` in directory `parent` now resolves differently (or not at all).
+    /// The name `name` in directory `parent` no longer resolves to inode `old` (it is gone
+    /// or resolves to a new inode). The kernel drops the entry and treats `old` as
+    /// deleted, so it forgets `old` as soon as nothing uses it any more.
+    Delete {
+        /// Directory inode.
+        parent: u64,
+        /// The name.
+        name: Vec<u8>,
+        /// The inode it resolved to.
+        old: u64,
+    },
+    /// The name `name` in directory `parent` is new: drop any cached negative entry.
     Entry {
         /// Directory inode.
         parent: u64,
@@ -175,6 +186,35 @@ fn same_file(old: &View, o: &Node, new: &View, n: &Node) -> bool {
         return false;
     };
     Arc::ptr_eq(&oa.archive, &na.archive) && om.data == nm.data && om.size == nm.size
+}
+
+/// Deletions for everything under old directory `dir` (local `dl`), deepest first, so
+/// the kernel can drop a whole removed subtree even where it has cached its contents.
+fn delete_subtree(old: &View, dl: u64, out: &mut Vec<Invalidation>) {
+    let Some(d) = old.tree.node(dl) else { return };
+    let parent = old.global(dl);
+    for (ci, c) in old.tree.children(d) {
+        if c.kind == Kind::Dir {
+            delete_subtree(old, ci, out);
+        }
+        out.push(Invalidation::Delete {
+            parent,
+            name: old.tree.name(c).to_vec(),
+            old: old.global(ci),
+        });
+    }
+}
+
+/// Deletion of the old entry `name` -> local `ol` in `parent`, with its subtree.
+fn delete_entry(old: &View, parent: u64, ol: u64, o: &Node, out: &mut Vec<Invalidation>) {
+    if o.kind == Kind::Dir {
+        delete_subtree(old, ol, out);
+    }
+    out.push(Invalidation::Delete {
+        parent,
+        name: old.tree.name(o).to_vec(),
+        old: old.global(ol),
+    });
 }
 
 fn same_dir_attrs(o: &Node, n: &Node) -> bool {
@@ -230,11 +270,8 @@ pub fn carry_over(
             match order {
                 std::cmp::Ordering::Less => {
                     // Gone.
-                    let Some((_, o)) = oc.next() else { break };
-                    inval.push(Invalidation::Entry {
-                        parent: dir_ino,
-                        name: old.tree.name(o).to_vec(),
-                    });
+                    let Some((oi, o)) = oc.next() else { break };
+                    delete_entry(old, dir_ino, oi, o, &mut inval);
                     dir_changed = true;
                 }
                 std::cmp::Ordering::Greater => {
@@ -257,10 +294,7 @@ pub fn carry_over(
                             stack.push((oi, ni));
                         }
                         (Kind::Dir, _) | (_, Kind::Dir) => {
-                            inval.push(Invalidation::Entry {
-                                parent: dir_ino,
-                                name: view.tree.name(n).to_vec(),
-                            });
+                            delete_entry(old, dir_ino, oi, o, &mut inval);
                             dir_changed = true;
                         }
                         _ => {
@@ -302,7 +336,11 @@ pub fn carry_over(
     for (parent, name, old_ino, ni) in pairs {
         let c = view.tree.canonical(ni);
         if to_global[c as usize - 1] != old_ino {
-            inval.push(Invalidation::Entry { parent, name });
+            inval.push(Invalidation::Delete {
+                parent,
+                name,
+                old: old_ino,
+            });
             if changed_dirs.last() != Some(&parent) && !changed_dirs.contains(&parent) {
                 changed_dirs.push(parent);
             }
@@ -392,17 +430,26 @@ mod tests {
         let (new, inval) = carry_over(&old, t, l, 1, &next);
         assert_eq!(ino(&new, "lib"), ino(&old, "lib"));
         assert_eq!(ino(&new, "lib/a.py"), ino(&old, "lib/a.py"));
-        assert_ne!(ino(&new, "bin/x"), ino(&old, "bin/x"), "the loser is uncovered");
+        assert_ne!(
+            ino(&new, "bin/x"),
+            ino(&old, "bin/x"),
+            "the loser is uncovered"
+        );
         assert!(ino(&new, "share/c") > old.tree.len() as u64);
         let (lib, bin, root) = (ino(&old, "lib"), ino(&old, "bin"), ROOT_INO);
         let entry = |parent, name: &str| Invalidation::Entry {
             parent,
             name: name.as_bytes().to_vec(),
         };
+        let delete = |parent, name: &str, path: &str| Invalidation::Delete {
+            parent,
+            name: name.as_bytes().to_vec(),
+            old: ino(&old, path),
+        };
         let mut want = vec![
             entry(root, "share"),
-            entry(lib, "b.py"),
-            entry(bin, "x"),
+            delete(lib, "b.py", "lib/b.py"),
+            delete(bin, "x", "bin/x"),
             Invalidation::Dir(root),
             Invalidation::Dir(lib),
             Invalidation::Dir(bin),
@@ -443,9 +490,30 @@ mod tests {
         let (t, l) = build(&[lb]);
         let (new, inval) = carry_over(&old, t, l, 1, &next);
         assert_eq!(ino(&new, "m"), 10);
-        assert!(inval.contains(&Invalidation::Entry {
+        assert!(inval.contains(&Invalidation::Delete {
             parent: ROOT_INO,
-            name: b"m".to_vec()
+            name: b"m".to_vec(),
+            old: ino(&old, "m"),
         }));
+    }
+
+    #[test]
+    fn a_removed_subtree_is_deleted_deepest_first() {
+        let (a, b) = (archive("a"), archive("b"));
+        let la = (a, vec![file("keep", 1)]);
+        let lb = (b, vec![file("app/lib/x", 1), file("app/y", 2)]);
+        let (t, l) = build(&[la.clone(), lb]);
+        let old = View::first(t, l);
+        let next = AtomicU64::new(100);
+        let (t, l) = build(&[la]);
+        let (_, inval) = carry_over(&old, t, l, 1, &next);
+        let names: Vec<String> = inval
+            .iter()
+            .filter_map(|i| match i {
+                Invalidation::Delete { name, .. } => Some(String::from_utf8_lossy(name).into()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["x", "lib", "y", "app"]);
     }
 }

@@ -1,0 +1,500 @@
+//! Live activation: packages added, removed, replaced and renamed under a running mount,
+//! while readers run; the status channel; mounting through mount(8) and fstab.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::common::{Mount, expect_matches, pkgfs, require_fuse, run};
+
+/// Write a ZIP package (deflate) with the zip crate, atomically: to a hidden temporary
+/// name, then renamed into place, as package managers install.
+fn install(path: &Path, files: &[(&str, &[u8])]) {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp",
+        path.file_name().unwrap().to_string_lossy()
+    ));
+    write_zip(&tmp, files);
+    fs::rename(&tmp, path).unwrap();
+}
+
+fn write_zip(path: &Path, files: &[(&str, &[u8])]) {
+    let mut w = zip::ZipWriter::new(fs::File::create(path).unwrap());
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .last_modified_time(zip::DateTime::from_date_and_time(2024, 5, 6, 7, 8, 10).unwrap());
+    for (name, data) in files {
+        w.start_file(*name, opts).unwrap();
+        w.write_all(data).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// Poll `cond` until it holds; panics after `limit`. Returns how long it took.
+fn within(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn read(p: &Path) -> Option<Vec<u8>> {
+    fs::read(p).ok()
+}
+
+fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// Descriptors of the daemon open on files under `dir`.
+fn fds_on(pid: u32, dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.starts_with(dir))
+        .collect()
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[test]
+fn packages_added_removed_replaced_and_renamed_show_within_a_second() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    install(
+        &pkgs.join("a.zip"),
+        &[("lib/a.py", b"A1"), ("share/common", b"from a")],
+    );
+    install(
+        &pkgs.join("b.zip"),
+        &[("lib/b.py", b"B1"), ("share/common", b"from b")],
+    );
+    let m = Mount::new(&[&pkgs], &["--log-level", "info"]);
+    let mp = m.path();
+    assert_eq!(
+        read(&mp.join("share/common")).unwrap(),
+        b"from b",
+        "later name wins"
+    );
+    // Warm the kernel caches, including a negative entry for what is not there yet.
+    assert!(read(&mp.join("lib/c.py")).is_none());
+    let _ = fs::read_dir(mp.join("lib")).unwrap().count();
+
+    // Added by rename (the usual atomic install).
+    install(&pkgs.join("c.zip"), &[("lib/c.py", b"C1")]);
+    let t = within(SECOND, "added package", || {
+        read(&mp.join("lib/c.py")).is_some()
+    });
+    eprintln!("added: visible after {t:?}");
+    assert_eq!(read(&mp.join("lib/c.py")).unwrap(), b"C1");
+
+    // Removing the winner uncovers the next package.
+    fs::remove_file(pkgs.join("b.zip")).unwrap();
+    within(SECOND, "removed package", || {
+        read(&mp.join("lib/b.py")).is_none()
+    });
+    assert_eq!(read(&mp.join("share/common")).unwrap(), b"from a");
+
+    // Replaced by a new version: new contents, and what the old one had is gone.
+    install(
+        &pkgs.join("a.zip"),
+        &[("lib/a.py", b"A2, longer"), ("share/common", b"a2")],
+    );
+    within(SECOND, "replaced package", || {
+        read(&mp.join("lib/a.py")).as_deref() == Some(&b"A2, longer"[..])
+    });
+    assert_eq!(fs::metadata(mp.join("lib/a.py")).unwrap().len(), 10);
+
+    // Renamed: same contents, and precedence follows the new name ("0-c" before "a").
+    install(&pkgs.join("z.zip"), &[("share/common", b"z")]);
+    within(SECOND, "z wins", || {
+        read(&mp.join("share/common")).as_deref() == Some(b"z")
+    });
+    fs::rename(pkgs.join("z.zip"), pkgs.join("0-z.zip")).unwrap();
+    within(SECOND, "renamed package loses", || {
+        read(&mp.join("share/common")).as_deref() == Some(b"a2")
+    });
+
+    // Written in place, slowly: nothing half-written is ever mounted or warned about,
+    // and it appears once closed.
+    let tmp = dir.path().join("slow.zip");
+    write_zip(&tmp, &[("slow/data", &[7u8; 100_000])]);
+    let bytes = fs::read(&tmp).unwrap();
+    let mut f = fs::File::create(pkgs.join("slow.zip")).unwrap();
+    f.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    f.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(!mp.join("slow").exists());
+    f.write_all(&bytes[bytes.len() / 2..]).unwrap();
+    drop(f);
+    within(SECOND, "package written in place", || {
+        mp.join("slow/data").exists()
+    });
+    assert!(!m.log_text().contains("skipping"), "{}", m.log_text());
+
+    // A bad archive dropped in is skipped with a warning naming it; nothing else changes.
+    fs::write(pkgs.join("broken.zip"), b"PK\x03\x04 this is not a zip").unwrap();
+    within(Duration::from_secs(2), "warning about broken.zip", || {
+        m.log_text().contains("broken.zip")
+    });
+    assert_eq!(read(&mp.join("lib/a.py")).unwrap(), b"A2, longer");
+
+    // The final tree is exactly what a fresh look at the directory gives.
+    fs::remove_file(pkgs.join("broken.zip")).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    expect_matches(&mp, &[&pkgs], &[]);
+    let log = m.log_text();
+    for needle in [
+        "activating package",
+        "deactivating package",
+        "activating new version of package",
+        "skipping",
+    ] {
+        assert!(log.contains(needle), "log lacks {needle:?}:\n{log}");
+    }
+}
+
+#[test]
+fn open_files_keep_their_bytes_and_descriptors_are_released() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    install(&pkgs.join("base.zip"), &[("base/file", b"base")]);
+    let m = Mount::foreground(&[&pkgs], &[]);
+    let mp = m.path();
+    let pid = m.child.as_ref().unwrap().id();
+    let baseline = open_fds(pid);
+
+    let v1: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let v2: Vec<u8> = (0..2_000_000u32).map(|i| (i * 13 % 253) as u8).collect();
+    install(
+        &pkgs.join("app.zip"),
+        &[("app/big.bin", &v1), ("app/small", b"one")],
+    );
+    within(SECOND, "v1", || mp.join("app/big.bin").exists());
+    let mut f1 = fs::File::open(mp.join("app/big.bin")).unwrap();
+    let mut head = vec![0u8; 1_000_000];
+    f1.read_exact(&mut head).unwrap();
+    assert_eq!(head, v1[..1_000_000]);
+
+    // Replace: the open file keeps reading version 1; a new open gets version 2.
+    install(
+        &pkgs.join("app.zip"),
+        &[("app/big.bin", &v2), ("app/small", b"two")],
+    );
+    within(SECOND, "v2", || {
+        read(&mp.join("app/small")).as_deref() == Some(b"two")
+    });
+    assert_eq!(read(&mp.join("app/big.bin")).unwrap(), v2);
+    let mut f2 = fs::File::open(mp.join("app/big.bin")).unwrap();
+    // Remove the package altogether: both open files still read their own version.
+    fs::remove_file(pkgs.join("app.zip")).unwrap();
+    within(SECOND, "removal", || !mp.join("app").exists());
+    let mut rest = Vec::new();
+    f1.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, v1[1_000_000..], "the open file kept its bytes");
+    let mut all2 = Vec::new();
+    f2.read_to_end(&mut all2).unwrap();
+    assert_eq!(all2, v2);
+    // The daemon still holds the two removed archives open, for those readers.
+    assert_eq!(fds_on(pid, &pkgs).len(), 3, "base, app v1 and app v2");
+
+    // Closing them releases the old generations and their descriptors.
+    drop(f1);
+    drop(f2);
+    let fd_list = || {
+        fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+            .collect::<Vec<_>>()
+    };
+    let start = Instant::now();
+    while open_fds(pid) != baseline {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "descriptors: {} now, {baseline} at the start: {:?}",
+            open_fds(pid),
+            fd_list()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(fds_on(pid, &pkgs), [pkgs.join("base.zip")]);
+    assert_eq!(read(&mp.join("base/file")).unwrap(), b"base");
+}
+
+#[test]
+fn readers_never_see_errors_or_partial_packages_while_packages_churn() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    let stable: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("stable/f{i:02}"), vec![i as u8; 1000 + i * 3000]))
+        .collect();
+    let as_refs = |v: &[(String, Vec<u8>)]| -> Vec<(String, Vec<u8>)> { v.to_vec() };
+    let files: Vec<(&str, &[u8])> = stable
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.as_slice()))
+        .collect();
+    install(&pkgs.join("stable.zip"), &files);
+    let version = |v: u8| -> Vec<(String, Vec<u8>)> {
+        (0..10)
+            .map(|i| (format!("moving/m{i}"), vec![v; 20_000 + i * 100]))
+            .collect()
+    };
+    let put = |name: &str, content: &[(String, Vec<u8>)]| {
+        let f: Vec<(&str, &[u8])> = content
+            .iter()
+            .map(|(n, d)| (n.as_str(), d.as_slice()))
+            .collect();
+        install(&pkgs.join(name), &f);
+    };
+    put("moving.zip", &version(1));
+    let m = Mount::new(&[&pkgs], &[]);
+    let mp = m.path();
+    let stop = Arc::new(AtomicBool::new(false));
+    let checks = Arc::new(AtomicUsize::new(0));
+    let mut readers = Vec::new();
+    for t in 0..4 {
+        let (mp, stop, checks) = (mp.clone(), stop.clone(), checks.clone());
+        let stable = as_refs(&stable);
+        readers.push(std::thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                // The stable package never flickers.
+                let (name, data) = &stable[(n + t) % stable.len()];
+                match fs::read(mp.join(name)) {
+                    Ok(d) => assert_eq!(&d, data, "{name}"),
+                    Err(e) => panic!("reading {name}: {e}"),
+                }
+                // The replaced package is always whole: one version in every file of a
+                // listing, never a mix, never an error, never a partial listing.
+                let listing: Vec<_> = fs::read_dir(mp.join("moving"))
+                    .unwrap_or_else(|e| panic!("listing moving/: {e}"))
+                    .map(|e| e.unwrap().file_name())
+                    .collect();
+                assert_eq!(listing.len(), 10, "partial package: {listing:?}");
+                let f = mp.join(format!("moving/m{}", n % 10));
+                let d = fs::read(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+                assert!(
+                    d.len() == 20_000 + (n % 10) * 100 && d.iter().all(|&b| b == d[0]),
+                    "torn read of {}",
+                    f.display()
+                );
+                n += 1;
+                checks.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // 30 activations: replace the moving package, add and remove others.
+    for round in 0..30u8 {
+        put("moving.zip", &version(round + 2));
+        let extra = pkgs.join(format!("extra{}.zip", round % 3));
+        if extra.exists() {
+            fs::remove_file(&extra).unwrap();
+        } else {
+            install(&extra, &[(&format!("extra/{round}") as &str, b"x")]);
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().expect("a reader failed");
+    }
+    assert!(checks.load(Ordering::Relaxed) > 100, "readers barely ran");
+    assert_eq!(read(&mp.join("moving/m3")).unwrap(), vec![31u8; 20_300]);
+    expect_matches(&mp, &[&pkgs], &[]);
+}
+
+#[test]
+fn no_watch_mounts_a_fixed_set() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    install(&pkgs.join("a.zip"), &[("a", b"a")]);
+    let m = Mount::new(&[&pkgs], &["--no-watch"]);
+    install(&pkgs.join("b.zip"), &[("b", b"b")]);
+    fs::remove_file(pkgs.join("a.zip")).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(!m.path().join("b").exists());
+    // The removed package's file is gone from disk, but the fixed mount still has it open.
+    assert_eq!(read(&m.path().join("a")).unwrap(), b"a");
+    let st = run(pkgfs().arg("status").arg(m.path()));
+    assert!(String::from_utf8_lossy(&st.stdout).contains("fixed set"));
+}
+
+#[test]
+fn status_reports_packages_conflicts_cache_and_requests() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    install(&pkgs.join("a.zip"), &[("x", b"from a"), ("only-a", b"1")]);
+    install(&pkgs.join("b.zip"), &[("x", &[b'b'; 300_000]), ("y", b"2")]);
+    fs::write(pkgs.join("c.zip"), b"PK\x03\x04 broken").unwrap();
+    let m = Mount::new(&[&pkgs], &[]);
+    assert_eq!(read(&m.path().join("x")).unwrap().len(), 300_000);
+    let text = String::from_utf8(run(pkgfs().arg("status").arg(m.path())).stdout).unwrap();
+    eprintln!("{text}");
+    assert!(text.contains("2 active, 1 skipped"), "{text}");
+    let line = |pkg: &str| {
+        text.lines()
+            .find(|l| l.ends_with(pkg))
+            .unwrap_or_else(|| panic!("no line for {pkg}:\n{text}"))
+            .split_whitespace()
+            .take(3)
+            .map(|w| w.parse::<u64>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(line("a.zip"), [2, 0, 1], "entries, wins, loses");
+    assert_eq!(line("b.zip"), [2, 1, 0]);
+    assert!(text.contains("skipped") && text.contains("c.zip"), "{text}");
+    let json = run(pkgfs().arg("status").arg("--json").arg(m.path())).stdout;
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import json,sys; s=json.load(sys.stdin); \
+             print(len(s['packages']), s['packages'][1]['conflicts_won'], \
+             s['read_bytes'] >= 300000, s['bytes_decompressed'] >= 300000, \
+             s['requests']['read'] > 0, s['cache']['misses'] > 0, s['errors'], \
+             s['watching'], len(s['skipped']))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(&json)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "2 1 True True True True 0 True 1",
+        "{}",
+        String::from_utf8_lossy(&json)
+    );
+    // Not a pkgfs mount: a clear error.
+    let bad = pkgfs().arg("status").arg(dir.path()).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no pkgfs daemon"));
+}
+
+/// Installs `/sbin/mount.fuse.pkgfs` (a link to the binary under test) for the life of
+/// the guard, as `just install` does.
+struct HelperLink(PathBuf);
+
+impl HelperLink {
+    fn new() -> HelperLink {
+        let link = PathBuf::from("/sbin/mount.fuse.pkgfs");
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_pkgfs"), &link).unwrap();
+        HelperLink(link)
+    }
+}
+
+impl Drop for HelperLink {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+fn mounted(mp: &Path) -> bool {
+    fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == mp.to_str())
+}
+
+#[test]
+fn mount_and_umount_through_fstab_as_an_admin_does() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    let more = dir.path().join("more.zip");
+    fs::create_dir(&pkgs).unwrap();
+    install(&pkgs.join("a.zip"), &[("etc/a.conf", b"a")]);
+    write_zip(&more, &[("etc/more.conf", b"more")]);
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _link = HelperLink::new();
+    let _guard = crate::common::UmountGuard(&mp);
+    // The documented fstab line, in a private fstab (mount -T).
+    let fstab = dir.path().join("fstab");
+    fs::write(
+        &fstab,
+        format!(
+            "{}:{} {} fuse.pkgfs ro,nofail,allow_other,cache_size=64M,x-systemd.requires=local-fs.target 0 0\n",
+            pkgs.display(),
+            more.display(),
+            mp.display()
+        ),
+    )
+    .unwrap();
+    run(Command::new("mount").arg("-T").arg(&fstab).arg(&mp));
+    assert!(mounted(&mp));
+    assert_eq!(read(&mp.join("etc/a.conf")).unwrap(), b"a");
+    assert_eq!(read(&mp.join("etc/more.conf")).unwrap(), b"more");
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == mp.to_str())
+        .unwrap();
+    assert!(
+        line.contains("fuse.pkgfs") && line.contains("ro,"),
+        "{line}"
+    );
+    assert!(line.contains("allow_other"), "{line}");
+    // The mount is live: a package installed now shows up.
+    install(&pkgs.join("b.zip"), &[("etc/b.conf", b"b")]);
+    within(SECOND, "package installed after boot", || {
+        mp.join("etc/b.conf").exists()
+    });
+    let st = String::from_utf8(run(pkgfs().arg("status").arg(&mp)).stdout).unwrap();
+    assert!(st.contains("3 active"), "{st}");
+    // umount(8), and the daemon goes away with the mount.
+    run(Command::new("umount").arg(&mp));
+    assert!(!mounted(&mp));
+    let gone = within(Duration::from_secs(5), "daemon exit", || {
+        pkgfs()
+            .arg("status")
+            .arg(&mp)
+            .output()
+            .is_ok_and(|o| !o.status.success())
+    });
+    eprintln!("daemon gone {gone:?} after umount");
+    // mount -t with the source on the command line, as in a systemd mount unit.
+    run(Command::new("mount")
+        .args(["-t", "fuse.pkgfs", "-o", "no_watch"])
+        .arg(&pkgs)
+        .arg(&mp));
+    assert_eq!(read(&mp.join("etc/b.conf")).unwrap(), b"b");
+    let st = String::from_utf8(run(pkgfs().arg("status").arg(&mp)).stdout).unwrap();
+    assert!(st.contains("fixed set"), "{st}");
+    run(Command::new("umount").arg(&mp));
+    assert!(!mounted(&mp));
+}
