@@ -4,6 +4,12 @@
 build:
     cargo build --release
 
+# Install the binary in PREFIX/bin and the mount(8) helper /sbin/mount.fuse.pkgfs
+# (fstab and systemd mount units with type fuse.pkgfs need it).
+install PREFIX="/usr/local": build
+    install -D -m 0755 target/release/pkgfs {{PREFIX}}/bin/pkgfs
+    ln -sf {{PREFIX}}/bin/pkgfs /sbin/mount.fuse.pkgfs
+
 # The whole test suite: unit tests and real FUSE mounts (root and /dev/fuse needed).
 test:
     cargo test

@@ -81,7 +81,7 @@ fn packages_added_removed_replaced_and_renamed_show_within_a_second() {
         &pkgs.join("b.zip"),
         &[("lib/b.py", b"B1"), ("share/common", b"from b")],
     );
-    let m = Mount::new(&[&pkgs], &["--log-level", "info"]);
+    let m = Mount::new(&[&pkgs], &[]);
     let mp = m.path();
     assert_eq!(
         read(&mp.join("share/common")).unwrap(),
@@ -443,18 +443,22 @@ fn mount_and_umount_through_fstab_as_an_admin_does() {
     fs::create_dir(&mp).unwrap();
     let _link = HelperLink::new();
     let _guard = crate::common::UmountGuard(&mp);
-    // The documented fstab line, in a private fstab (mount -T).
+    // The documented fstab line (docs/examples/fstab), pointed at this test's
+    // directories, in a private fstab (mount -T).
+    let example = fs::read_to_string(crate::common::repo().join("docs/examples/fstab")).unwrap();
+    let line = example
+        .lines()
+        .find(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .unwrap()
+        .replace("/var/lib/pkgs", pkgs.to_str().unwrap())
+        .replace("/opt/extra/tools.zip", more.to_str().unwrap())
+        .replace("/srv/pkgs", mp.to_str().unwrap())
+        .replace(
+            "/var/log/pkgfs.log",
+            dir.path().join("fstab.log").to_str().unwrap(),
+        );
     let fstab = dir.path().join("fstab");
-    fs::write(
-        &fstab,
-        format!(
-            "{}:{} {} fuse.pkgfs ro,nofail,allow_other,cache_size=64M,x-systemd.requires=local-fs.target 0 0\n",
-            pkgs.display(),
-            more.display(),
-            mp.display()
-        ),
-    )
-    .unwrap();
+    fs::write(&fstab, format!("{line}\n")).unwrap();
     run(Command::new("mount").arg("-T").arg(&fstab).arg(&mp));
     assert!(mounted(&mp));
     assert_eq!(read(&mp.join("etc/a.conf")).unwrap(), b"a");
@@ -487,14 +491,47 @@ fn mount_and_umount_through_fstab_as_an_admin_does() {
             .is_ok_and(|o| !o.status.success())
     });
     eprintln!("daemon gone {gone:?} after umount");
-    // mount -t with the source on the command line, as in a systemd mount unit.
+    // The example systemd mount unit, run the way systemd runs it (mount -t TYPE -o
+    // OPTIONS WHAT WHERE), with What= and Where= pointed at this test's directories.
+    let unit =
+        fs::read_to_string(crate::common::repo().join("docs/examples/srv-pkgs.mount")).unwrap();
+    let key = |k: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("unit has no {k}="))
+            .to_string()
+    };
+    assert_eq!(key("Type"), "fuse.pkgfs");
+    let log = dir.path().join("unit.log");
+    let options = key("Options").replace(
+        "log_file=/var/log/pkgfs-srv-pkgs.log",
+        &format!("log_file={}", log.display()),
+    );
     run(Command::new("mount")
-        .args(["-t", "fuse.pkgfs", "-o", "no_watch"])
+        .args(["-t", &key("Type"), "-o", &options])
         .arg(&pkgs)
         .arg(&mp));
     assert_eq!(read(&mp.join("etc/b.conf")).unwrap(), b"b");
-    let st = String::from_utf8(run(pkgfs().arg("status").arg(&mp)).stdout).unwrap();
-    assert!(st.contains("fixed set"), "{st}");
+    fs::remove_file(pkgs.join("b.zip")).unwrap();
+    within(SECOND, "package removed", || {
+        !mp.join("etc/b.conf").exists()
+    });
+    within(SECOND, "activation logged", || {
+        fs::read_to_string(&log).is_ok_and(|l| l.contains("deactivating package"))
+    });
+    // systemd itself accepts the unit, where systemd-analyze is available.
+    match Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(crate::common::repo().join("docs/examples/srv-pkgs.mount"))
+        .output()
+    {
+        Ok(out) => assert!(
+            out.status.success(),
+            "systemd-analyze verify: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => eprintln!("systemd-analyze not available ({e}): unit not verified"),
+    }
     run(Command::new("umount").arg(&mp));
     assert!(!mounted(&mp));
 }

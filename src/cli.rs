@@ -32,6 +32,10 @@ enum CliCommand {
     /// not extension) are mounted. Later sources win when two provide the same path;
     /// inside a directory, archives are layered in byte order of their names. Returns
     /// once the mount answers; the daemon stays in the background unless --foreground.
+    ///
+    /// Directory sources are watched: packages added, removed or replaced there are
+    /// activated in the mounted tree without a remount (see --no-watch). Installed as
+    /// /sbin/mount.fuse.pkgfs, the binary is the mount(8) helper for type fuse.pkgfs.
     Mount(MountArgs),
     /// Unmount a pkgfs mount (lazily if it is busy).
     #[command(alias = "unmount")]
@@ -595,6 +599,45 @@ mod tests {
             cli(&["pkgfs", "mount", "/m"]).is_err(),
             "a source is required"
         );
+    }
+
+    #[test]
+    fn mount_helper_command_lines_become_pkgfs_mount() {
+        let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert!(helper_args(&os(&["pkgfs", "mount", "a", "b"])).is_none());
+        let got = helper_args(&os(&[
+            "/sbin/mount.fuse.pkgfs",
+            "/pkgs:/extra/x.zip",
+            "/srv/pkgs",
+            "-n",
+            "-o",
+            "rw,nofail,no_watch",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            got,
+            os(&[
+                "pkgfs",
+                "mount",
+                "-o",
+                "rw,nofail,no_watch",
+                "/pkgs",
+                "/extra/x.zip",
+                "/srv/pkgs"
+            ])
+        );
+        let Command::Mount(c) = Cli::try_parse_from(&got).unwrap().into_command().unwrap() else {
+            panic!()
+        };
+        assert!(!c.watch);
+        assert_eq!(c.sources.len(), 2);
+        // -f (fake): nothing to do.
+        assert_eq!(
+            helper_args(&os(&["mount.pkgfs", "-f", "/a", "/b"])).unwrap(),
+            Ok(Vec::new())
+        );
+        assert!(helper_args(&os(&["mount.pkgfs", "/a"])).unwrap().is_err());
     }
 
     #[test]

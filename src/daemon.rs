@@ -407,11 +407,38 @@ fn mount_options(cfg: &MountConfig) -> Vec<fuser::MountOption> {
     o
 }
 
+/// Set by [`quiet_until_ready`].
+static QUIET_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Log only warnings until the mount is ready (they reach the user's terminal), then the
+/// configured level (into the log file).
+pub fn quiet_until_ready() {
+    QUIET_START.store(true, std::sync::atomic::Ordering::Relaxed);
+    LEVEL_AFTER_READY.store(
+        log::max_level() as usize,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    log::set_max_level(log::max_level().min(log::LevelFilter::Warn));
+}
+
+static LEVEL_AFTER_READY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Tell the readiness pipe we are mounted, then point stdout and stderr at the log.
 fn detach_output(log_file: Option<&Path>) {
     let mut out = std::io::stdout();
     let _ = writeln!(out, "ready");
     let _ = out.flush();
+    if QUIET_START.load(std::sync::atomic::Ordering::Relaxed) {
+        let level = match LEVEL_AFTER_READY.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => log::LevelFilter::Off,
+            1 => log::LevelFilter::Error,
+            2 => log::LevelFilter::Warn,
+            3 => log::LevelFilter::Info,
+            4 => log::LevelFilter::Debug,
+            _ => log::LevelFilter::Trace,
+        };
+        log::set_max_level(level);
+    }
     let log = log_file.and_then(|p| {
         std::fs::OpenOptions::new()
             .create(true)

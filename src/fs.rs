@@ -518,7 +518,7 @@ impl PkgFs {
 mod tests {
     use super::*;
     use crate::archive::{DataRef, Entry, EntryKind};
-    use crate::tree::{Ownership, TreeBuilder};
+    use crate::tree::{Ownership, ROOT_INO as ROOT, TreeBuilder};
 
     #[test]
     fn readdir_resumes_at_any_offset_in_name_order() {
@@ -574,5 +574,86 @@ mod tests {
         assert_eq!(paged, all);
         assert!(list(52, 10).is_empty());
         assert_eq!(list(51, 10)[0].0, "f49");
+    }
+
+    fn entry(path: &str, kind: EntryKind, off: u64) -> Entry {
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind,
+            perm: 0o644,
+            mtime: 0,
+            uid: None,
+            gid: None,
+            size: u64::from(kind == EntryKind::File),
+            data: match kind {
+                EntryKind::File => DataRef::Zip(crate::archive::ZipData {
+                    header_offset: off,
+                    compressed_size: 1,
+                    crc32: 0,
+                    method: 0,
+                    encrypted: false,
+                    name_len: 0,
+                    name_crc: 0,
+                }),
+                _ => DataRef::None,
+            },
+            link: Vec::new(),
+        }
+    }
+
+    fn tree_of(layers: &[(&Arc<Archive>, Vec<Entry>)]) -> (Tree, Vec<Layer>) {
+        let mut b = TreeBuilder::new(Ownership {
+            uid: 0,
+            gid: 0,
+            force_uid: false,
+            force_gid: false,
+        });
+        let mut out = Vec::new();
+        for (i, (a, e)) in layers.iter().enumerate() {
+            b.add_layer(i as u32, 0, e);
+            out.push(Layer {
+                archive: (*a).clone(),
+                entries: e.len(),
+            });
+        }
+        (b.finish(), out)
+    }
+
+    #[test]
+    fn retired_inodes_are_served_until_forgotten() {
+        let a = Arc::new(Archive::detached("a"));
+        let b = Arc::new(Archive::detached("b"));
+        let la = vec![entry("d/keep", EntryKind::File, 1)];
+        let lb = vec![entry("d/gone", EntryKind::File, 2)];
+        let (t, l) = tree_of(&[(&a, la.clone()), (&b, lb)]);
+        let fs = PkgFs::with_layers(t, l, 0, true);
+        let d = fs.lookup(ROOT, b"d").unwrap().ino;
+        let gone = fs.lookup(d, b"gone").unwrap().ino;
+        // Listed twice by READDIRPLUS: two more references ("." and ".." are not).
+        for _ in 0..2 {
+            fs.readdir(d, 0, true, |_| false).unwrap();
+        }
+        let keep = fs.resolve(b"d/keep").unwrap();
+        let weak_b = Arc::downgrade(&b);
+        drop(b);
+        let (t, l) = tree_of(&[(&a, la)]);
+        let act = fs.activate(t, l);
+        assert_eq!(act.retired, 1, "only d/gone is referenced and gone");
+        assert!(fs.lookup(d, b"gone").is_err(), "the new tree has no d/gone");
+        assert_eq!(fs.getattr(gone).unwrap().ino, gone, "still served");
+        assert_eq!(fs.resolve(b"d/keep"), Some(keep), "unchanged: same inode");
+        fs.forget(gone, 2);
+        assert!(fs.getattr(gone).is_ok());
+        assert!(
+            weak_b.upgrade().is_some(),
+            "the old generation holds archive b"
+        );
+        fs.forget(gone, 1);
+        assert!(fs.getattr(gone).is_err());
+        assert_eq!(fs.retired_count(), 0);
+        assert!(
+            weak_b.upgrade().is_none(),
+            "archive b is released with its generation"
+        );
     }
 }

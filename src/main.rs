@@ -38,7 +38,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(level.as_deref(), "warn");
+    // A mount daemon logs activations at info level into its log; before it is ready, a
+    // background mount only shows warnings on the user's terminal.
+    let is_mount = matches!(command, Command::Mount(_));
+    init_logging(level.as_deref(), if is_mount { "info" } else { "warn" });
+    if let Command::Mount(c) = &command
+        && !c.foreground
+        && level.is_none()
+        && std::env::var_os("RUST_LOG").is_none()
+    {
+        daemon::quiet_until_ready();
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = match command {
