@@ -325,6 +325,55 @@ fn readers_never_see_errors_or_partial_packages_while_packages_churn() {
 }
 
 #[test]
+fn a_burst_of_200_installs_is_batched() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    install(&pkgs.join("base.zip"), &[("base", b"b")]);
+    let m = Mount::new(&[&pkgs], &[]);
+    // Write the packages first, then install them all by rename, as a package manager
+    // does after downloading.
+    let staging = dir.path().join("staging");
+    fs::create_dir(&staging).unwrap();
+    for i in 0..200 {
+        let data = format!("package {i}");
+        write_zip(
+            &staging.join(format!("p{i:03}.zip")),
+            &[(&format!("pkg{i:03}/data") as &str, data.as_bytes())],
+        );
+    }
+    let start = Instant::now();
+    for i in 0..200 {
+        let name = format!("p{i:03}.zip");
+        fs::rename(staging.join(&name), pkgs.join(&name)).unwrap();
+    }
+    within(Duration::from_secs(3), "200 packages", || {
+        mp_count(&m.path()) == 201
+    });
+    eprintln!("200 packages visible after {:?}", start.elapsed());
+    let json = run(pkgfs().args(["status", "--json"]).arg(m.path())).stdout;
+    let json = String::from_utf8(json).unwrap();
+    let activations: u64 = json
+        .split("\"activations\":")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no activation count in {json}"));
+    assert!(
+        (1..=4).contains(&activations),
+        "{activations} activations for one burst"
+    );
+    assert_eq!(read(&m.path().join("pkg123/data")).unwrap(), b"package 123");
+}
+
+fn mp_count(mp: &Path) -> usize {
+    fs::read_dir(mp).map_or(0, |d| d.count())
+}
+
+#[test]
 fn no_watch_mounts_a_fixed_set() {
     if !require_fuse() {
         return;

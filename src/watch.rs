@@ -166,7 +166,7 @@ impl Watcher {
         };
         if mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0 {
             warn!(
-                "source directory {} was moved or deleted; its packages stay mounted until it is back",
+                "source directory {} was moved or deleted: it is no longer watched (remount to watch it again)",
                 dir.display()
             );
             return true;
