@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod error;
 pub mod fs;
 pub mod fuse;
+pub mod inflate;
 pub mod pack;
 pub mod path;
 pub mod read;

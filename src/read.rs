@@ -26,6 +26,7 @@ use crate::archive::zip::{self, METHOD_DEFLATE, METHOD_STORED, METHOD_ZSTD};
 use crate::archive::{Archive, ZipData, read_exact_at};
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
+use crate::inflate::Inflater;
 use crate::tree::{Member, MemberData};
 use crate::view::MemberState;
 
@@ -35,6 +36,12 @@ pub const BLOCK_SIZE: u64 = 256 * 1024;
 pub const VERIFY_MAX: u64 = 1024 * 1024;
 /// Compressed input is read in chunks of this size.
 const INPUT_CHUNK: usize = 128 * 1024;
+/// A deflate member keeps a checkpoint of its decoder every this many decompressed bytes
+/// (a multiple of [`BLOCK_SIZE`]), so a random read decodes at most this much.
+pub const CHECKPOINT_EVERY: u64 = 16 * BLOCK_SIZE;
+/// Most checkpoints kept in all (each holds a decoder: its 32 KiB window and state,
+/// about 45 KiB); the least recently used member's are dropped first.
+const MAX_CHECKPOINTS: usize = 512;
 /// How many members or frames may have a fill slot (a ZIP member's holds its parked
 /// decoder: a window and an input buffer).
 const PARKED_STREAMS: usize = 64;
@@ -50,6 +57,8 @@ pub struct ReadStats {
     pub streams_started: AtomicU64,
     /// Blocks produced by decompression.
     pub blocks_decoded: AtomicU64,
+    /// Deflate decoders resumed from a checkpoint instead of the member's start.
+    pub checkpoint_resumes: AtomicU64,
 }
 
 /// A fill slot: whoever holds its lock is filling the blocks of one member or frame;
@@ -79,6 +88,9 @@ pub enum BlockKey {
 pub struct Reader {
     cache: BlockCache<BlockKey>,
     slots: Mutex<LruCache<BlockKey, Slot>>,
+    /// Decoder checkpoints of deflate members (by archive key and header offset), in
+    /// output order, with their total count.
+    checkpoints: Mutex<(Checkpoints, usize)>,
     /// Activity counters.
     pub stats: ReadStats,
     /// Archives with an open descriptor that may be closed to save descriptors, least
@@ -100,6 +112,7 @@ impl Reader {
         Reader {
             cache: BlockCache::new(cache_bytes),
             slots: Mutex::new(LruCache::new(cap)),
+            checkpoints: Mutex::new((LruCache::unbounded(), 0)),
             stats: ReadStats::default(),
             open_files: Mutex::new(LruCache::unbounded()),
             fd_limit: crate::archive::descriptor_budget(),
@@ -264,6 +277,69 @@ impl Reader {
         Ok(start)
     }
 
+    /// A decoder for the member resumed from its last checkpoint at or before `target`,
+    /// if there is one past `better_than` (the parked decoder's position).
+    fn resume_checkpoint(
+        &self,
+        m: &ZipMember<'_>,
+        target: u64,
+        better_than: Option<u64>,
+    ) -> Result<Option<Stream>> {
+        if m.zip.method != METHOD_DEFLATE || m.size <= CHECKPOINT_EVERY {
+            return Ok(None);
+        }
+        let data_start = self.data_start(m)?;
+        let mut guard = lock(&self.checkpoints);
+        let Some(list) = guard.0.get_mut(&(m.archive.key, m.zip.header_offset)) else {
+            return Ok(None);
+        };
+        let i = list.partition_point(|c| c.out_pos <= target);
+        let Some(cp) = i.checked_sub(1).and_then(|i| list.get_mut(i)) else {
+            return Ok(None);
+        };
+        if better_than.is_some_and(|p| p >= cp.out_pos) {
+            return Ok(None);
+        }
+        self.stats
+            .checkpoint_resumes
+            .fetch_add(1, Ordering::Relaxed);
+        Stream::resume(cp, data_start).map(Some)
+    }
+
+    /// Keep a checkpoint of `stream` (once per position), within [`MAX_CHECKPOINTS`].
+    fn save_checkpoint(&self, m: &ZipMember<'_>, stream: &mut Stream) {
+        let key = (m.archive.key, m.zip.header_offset);
+        let mut guard = lock(&self.checkpoints);
+        let (lru, total) = &mut *guard;
+        let list = lru.get_or_insert_mut(key, Vec::new);
+        let i = list.partition_point(|c| c.out_pos < stream.out_pos);
+        if list.get(i).is_some_and(|c| c.out_pos == stream.out_pos) {
+            return;
+        }
+        let Some(cp) = stream.checkpoint() else {
+            return;
+        };
+        list.insert(i, cp);
+        *total += 1;
+        while *total > MAX_CHECKPOINTS {
+            match lru.pop_lru() {
+                Some((k, v)) if k == key => {
+                    // Only this member is left: thin it instead.
+                    let mut v = v;
+                    let dropped = v.len() / 2;
+                    *total -= dropped;
+                    v = v.into_iter().step_by(2).collect();
+                    lru.put(k, v);
+                    if dropped == 0 {
+                        break;
+                    }
+                }
+                Some((_, v)) => *total -= v.len(),
+                None => break,
+            }
+        }
+    }
+
     fn count_archive_bytes(&self, n: usize) {
         self.stats
             .archive_bytes
@@ -330,8 +406,14 @@ impl Reader {
             return Ok(b);
         }
         let target = bi * BLOCK_SIZE;
-        let mut stream = match parked.take() {
-            Some(s) if s.out_pos <= target => s,
+        let parked_at = parked.as_ref().map(|s| s.out_pos).filter(|&p| p <= target);
+        let resumed = match parked_at {
+            Some(p) if target - p < CHECKPOINT_EVERY => None,
+            _ => self.resume_checkpoint(m, target, parked_at)?,
+        };
+        let mut stream = match (resumed, parked.take()) {
+            (Some(s), _) => s,
+            (None, Some(s)) if s.out_pos <= target => s,
             _ => {
                 self.stats.streams_started.fetch_add(1, Ordering::Relaxed);
                 Stream::new(m.zip.method, self.data_start(m)?)?
@@ -349,6 +431,9 @@ impl Reader {
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
             let data: Arc<[u8]> = data.into();
             self.cache.insert(key_of(at), data.clone());
+            if stream.out_pos % CHECKPOINT_EVERY == 0 && stream.out_pos < m.size {
+                self.save_checkpoint(m, &mut stream);
+            }
             if at == bi {
                 if stream.out_pos < m.size {
                     *parked = Some(stream);
@@ -418,7 +503,7 @@ pub fn method_name(method: u16) -> &'static str {
 }
 
 enum Codec {
-    Deflate(flate2::Decompress),
+    Deflate(Inflater),
     Zstd(zstd::stream::raw::Decoder<'static>),
 }
 
@@ -433,14 +518,11 @@ impl Codec {
     fn step(&mut self, input: &[u8], output: &mut [u8], input_done: bool) -> Result<Step> {
         match self {
             Codec::Deflate(d) => {
-                let (in0, out0) = (d.total_in(), d.total_out());
-                let status = d
-                    .decompress(input, output, flate2::FlushDecompress::None)
-                    .map_err(|e| Error::Corrupt(format!("bad deflate stream: {e}")))?;
+                let p = d.step(input, output)?;
                 Ok(Step {
-                    consumed: (d.total_in() - in0) as usize,
-                    produced: (d.total_out() - out0) as usize,
-                    ended: status == flate2::Status::StreamEnd,
+                    consumed: p.consumed,
+                    produced: p.produced,
+                    ended: p.ended,
                 })
             }
             Codec::Zstd(z) => {
@@ -461,6 +543,17 @@ impl Codec {
     }
 }
 
+/// Checkpoints by member (archive key, local header offset), in output order.
+type Checkpoints = LruCache<(u32, u64), Vec<Checkpoint>>;
+
+/// A saved decoder position inside a deflate member.
+struct Checkpoint {
+    inflater: Inflater,
+    in_pos: u64,
+    out_pos: u64,
+    crc: crc32fast::Hasher,
+}
+
 /// A member's decoder, positioned after the last block it produced.
 struct Stream {
     codec: Codec,
@@ -476,7 +569,7 @@ struct Stream {
 impl Stream {
     fn new(method: u16, data_start: u64) -> Result<Stream> {
         let codec = match method {
-            METHOD_DEFLATE => Codec::Deflate(flate2::Decompress::new(false)),
+            METHOD_DEFLATE => Codec::Deflate(Inflater::new()?),
             METHOD_ZSTD => Codec::Zstd(
                 zstd::stream::raw::Decoder::new()
                     .map_err(|e| Error::Io(std::io::Error::other(e)))?,
@@ -506,6 +599,35 @@ impl Stream {
         self.in_pos += n as u64;
         self.in_start = 0;
         Ok(n)
+    }
+
+    /// A copy of this decoder's position (deflate only): the decoder state, where its
+    /// input resumes, its output position and the CRC so far.
+    fn checkpoint(&mut self) -> Option<Checkpoint> {
+        let Codec::Deflate(d) = &mut self.codec else {
+            return None;
+        };
+        let inflater = d.try_clone().ok()?;
+        Some(Checkpoint {
+            inflater,
+            in_pos: self.in_pos - (self.input.len() - self.in_start) as u64,
+            out_pos: self.out_pos,
+            crc: self.crc.clone(),
+        })
+    }
+
+    /// A decoder resumed from a checkpoint (which stays as it is).
+    fn resume(cp: &mut Checkpoint, data_start: u64) -> Result<Stream> {
+        Ok(Stream {
+            codec: Codec::Deflate(cp.inflater.try_clone()?),
+            data_start,
+            in_pos: cp.in_pos,
+            input: Vec::new(),
+            in_start: 0,
+            out_pos: cp.out_pos,
+            crc: cp.crc.clone(),
+            ended: false,
+        })
     }
 
     fn input_done(&self, m: &ZipMember) -> bool {
@@ -636,6 +758,47 @@ mod tests {
                 b"abcdefgh\n"[(x >> 28) as usize % 9]
             })
             .collect()
+    }
+
+    #[test]
+    fn random_reads_deep_in_a_deflate_member_resume_from_checkpoints() {
+        let big = data(40 << 20);
+        // A cache of 1 MiB: blocks do not stay, so every read below must decode.
+        let (_d, fs) = build(
+            &[("big", ::zip::CompressionMethod::Deflated, &big)],
+            1 << 20,
+        );
+        let ino = fs.resolve(b"big").unwrap();
+        let s = &fs.reader().stats;
+        // The first read near the end decodes everything before it once, leaving
+        // checkpoints on the way.
+        let end = big.len() as u64 - 4096;
+        assert_eq!(fs.read(ino, end, 4096).unwrap(), &big[end as usize..]);
+        assert_eq!(s.streams_started.load(Relaxed), 1);
+        // Then reads at random places cost at most one checkpoint interval each.
+        let mut x = 7u64;
+        let mut early = 0;
+        for _ in 0..40 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let off = (x >> 11) % (big.len() as u64 - 4096);
+            let before = s.decompressed_bytes.load(Relaxed);
+            let got = fs.read(ino, off, 4096).unwrap();
+            assert_eq!(got, &big[off as usize..off as usize + 4096], "at {off}");
+            // Before the first checkpoint, the member's start is the nearest point.
+            early += u64::from(off < CHECKPOINT_EVERY);
+            let cost = s.decompressed_bytes.load(Relaxed) - before;
+            assert!(
+                cost <= CHECKPOINT_EVERY + 2 * BLOCK_SIZE,
+                "read at {off} decoded {cost} bytes"
+            );
+        }
+        assert!(
+            s.streams_started.load(Relaxed) <= 1 + early,
+            "from the start only before the first checkpoint"
+        );
+        assert!(s.checkpoint_resumes.load(Relaxed) >= 20);
+        // And a full sequential read through checkpoints still checks the CRC.
+        assert_eq!(read_all(&fs, ino, 1 << 20), big);
     }
 
     fn read_all(fs: &PkgFs, ino: u64, chunk: u32) -> Vec<u8> {

@@ -195,10 +195,11 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
         );
         let _ = write!(
             o,
-            "\"archive_bytes_read\":{},\"bytes_decompressed\":{},\"streams_started\":{},\"read_bytes\":{},\"errors\":{},\"requests\":{{{}}}}}",
+            "\"archive_bytes_read\":{},\"bytes_decompressed\":{},\"streams_started\":{},\"checkpoint_resumes\":{},\"read_bytes\":{},\"errors\":{},\"requests\":{{{}}}}}",
             rs.archive_bytes.load(Relaxed),
             rs.decompressed_bytes.load(Relaxed),
             rs.streams_started.load(Relaxed),
+            rs.checkpoint_resumes.load(Relaxed),
             ops.read_bytes.load(Relaxed),
             ops.errors.load(Relaxed),
             counters
@@ -279,10 +280,11 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
     );
     let _ = writeln!(
         o,
-        "archives: {} read, {} decompressed, {} streams started",
+        "archives: {} read, {} decompressed, {} streams started, {} resumed from checkpoints",
         mib(rs.archive_bytes.load(Relaxed)),
         mib(rs.decompressed_bytes.load(Relaxed)),
-        rs.streams_started.load(Relaxed)
+        rs.streams_started.load(Relaxed),
+        rs.checkpoint_resumes.load(Relaxed)
     );
     let _ = writeln!(
         o,
