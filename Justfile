@@ -40,13 +40,19 @@ demo MNT="/mnt": build
 demo-stop MNT="/mnt":
     ./target/release/pkgfs umount {{MNT}}
 
-# Pack benchmark on the Linux source (installs linux-source-6.1; ~6 GB in /var/tmp).
-bench:
+# The benchmarks on the Linux source (installs linux-source-6.1 and the peers; ~10 GB in
+# /var/tmp): packing, then the peer comparison and the scaling run (results, tables and
+# plots in docs/bench/ and docs/img/).
+bench: bench-pack bench-peers
+
+# Pack throughput and sizes against zip, tar|zstd and mksquashfs.
+bench-pack:
     bash bench/pack.sh
 
-# Read benchmark against squashfuse, kernel squashfs, fuse-zip and the extracted tree.
-bench-read:
-    bash bench/read.sh
+# pkgfs against squashfuse_ll, kernel squashfs, fuse-zip, ratarmount, archivemount and
+# the extracted tree; ARGS go to bench/peers.py (e.g. --only pkgfs-zst --skip-scaling).
+bench-peers *ARGS:
+    bash bench/peers.sh /var/tmp/pkgfs-bench {{ARGS}}
 
 # Unit tests under AddressSanitizer (nightly).
 asan:

@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""The peer benchmark of issue 5: pkgfs against squashfuse_ll, the kernel's squashfs,
+fuse-zip, ratarmount, archivemount and the extracted tree, on the Linux 6.1 source,
+all measured in one run on one machine. Run through bench/peers.sh (which prepares the
+corpus and installs the peers).
+
+    peers.py WORKDIR OUT.json [--only SYSTEM,...] [--skip-scaling] [--quick]
+
+Workloads (each system, each in a fresh mount where "cold" matters, page cache dropped):
+  mount      time until the mountpoint lists (cold)
+  find1/2    `find -size +0` over the whole tree, just after mounting and again
+  stat       lstat of every path (after the finds: the kernel caches should answer)
+  read1/2    every file read (`tar cf - . | cat`), cold, then again warm
+  small      2,000 random files under 16 KiB read whole, cold: per-file latency
+  large_seq  the largest file (24 MB) read sequentially, cold
+  large_rand 200 random 4 KiB preads in that file, cold mount
+  huge_rand  200 random 4 KiB preads in a 1 GiB member, cold mount
+  rss        peak resident memory of the daemon over its mounts
+and a scaling run of pkgfs alone: 1,000 to 10,000 generated packages, up to 1,000,000
+entries: mount time and RSS against the number of entries.
+"""
+
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import zipfile
+
+WORK = sys.argv[1]
+OUT = sys.argv[2]
+ARGS = sys.argv[3:]
+ONLY = None
+if "--only" in ARGS:
+    ONLY = set(ARGS[ARGS.index("--only") + 1].split(","))
+QUICK = "--quick" in ARGS
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKGFS = os.path.join(HERE, "target/release/pkgfs")
+VENV = os.path.join(HERE, "target/bench-venv/bin")
+MNT = os.path.join(WORK, "mnt")
+SRC = os.path.join(WORK, "linux")
+TIMEOUT = 900
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def sh(cmd, timeout=TIMEOUT, check=True):
+    return subprocess.run(cmd, shell=True, timeout=timeout, check=check,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def is_mounted(path):
+    with open("/proc/self/mounts") as f:
+        return any(l.split(" ")[1] == path for l in f)
+
+
+def unmount():
+    for _ in range(50):
+        if not is_mounted(MNT):
+            return
+        subprocess.run(["umount", MNT], stderr=subprocess.DEVNULL)
+        if is_mounted(MNT):
+            subprocess.run(["umount", "-l", MNT], stderr=subprocess.DEVNULL)
+        time.sleep(0.1)
+    raise RuntimeError("cannot unmount " + MNT)
+
+
+def pids(pattern):
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if int(p) != os.getpid()]
+
+
+def hwm_kb(pattern):
+    total = 0
+    for pid in pids(pattern):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+class System:
+    def __init__(self, key, name, mount, daemon=None, tree=None):
+        self.key, self.name, self.mount_cmd, self.daemon = key, name, mount, daemon
+        self.tree = tree  # path inside the mount where the tree starts
+        self.peak_kb = 0
+
+    def root(self):
+        return os.path.join(MNT, self.tree) if self.tree else MNT
+
+    def mount(self):
+        unmount()
+        drop_caches()
+        t0 = time.monotonic()
+        sh(self.mount_cmd)
+        while True:
+            try:
+                if os.listdir(self.root()):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() - t0 > TIMEOUT:
+                raise RuntimeError(self.key + ": mount never answered")
+            time.sleep(0.005)
+        return time.monotonic() - t0
+
+    def note_rss(self):
+        if self.daemon:
+            self.peak_kb = max(self.peak_kb, hwm_kb(self.daemon))
+
+    def done(self):
+        self.note_rss()
+        unmount()
+
+
+def timed(fn):
+    t0 = time.monotonic()
+    fn()
+    return time.monotonic() - t0
+
+
+def percentiles(xs):
+    xs = sorted(xs)
+    q = lambda p: xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))]
+    return {"p50_ms": q(0.5) * 1000, "p99_ms": q(0.99) * 1000,
+            "mean_ms": statistics.mean(xs) * 1000}
+
+
+def run_workloads(s, small_files, large_rel, huge=None):
+    r = {}
+    root = s.root
+    # Session 1: mount, metadata.
+    r["mount"] = s.mount()
+    r["find1"] = timed(lambda: sh(f"find '{root()}' -size +0 > /dev/null"))
+    r["find2"] = timed(lambda: sh(f"find '{root()}' -size +0 > /dev/null"))
+    paths = []
+    for d, dirs, files in os.walk(root()):
+        paths.extend(os.path.join(d, n) for n in dirs + files)
+    r["stat"] = timed(lambda: [os.lstat(p) for p in paths])
+    r["entries"] = len(paths)
+    s.done()
+    # Session 2: read everything, cold then warm.
+    s.mount()
+    drop_caches()
+    r["read1"] = timed(lambda: sh(f"tar -C '{root()}' -cf - . | cat > /dev/null"))
+    r["read2"] = timed(lambda: sh(f"tar -C '{root()}' -cf - . | cat > /dev/null"))
+    s.done()
+    # Session 3: random small files, cold.
+    s.mount()
+    drop_caches()
+    lat = []
+    for rel in small_files:
+        t0 = time.monotonic()
+        with open(os.path.join(root(), rel), "rb") as f:
+            f.read()
+        lat.append(time.monotonic() - t0)
+    r["small"] = percentiles(lat)
+    r["small"]["total_s"] = sum(lat)
+    s.done()
+    # Session 4: the largest file, sequential then random, each cold.
+    big = os.path.join(root(), large_rel)
+    s.mount()
+    drop_caches()
+    size = os.path.getsize(big)
+    r["large_seq"] = size / timed(lambda: open(big, "rb").read()) / 1e6
+    s.done()
+    s.mount()
+    drop_caches()
+    r["large_rand"] = random_preads(big, size, 200)
+    s.done()
+    if huge:
+        s_h, rel = huge
+        s_h.mount()
+        drop_caches()
+        path = os.path.join(s_h.root(), rel)
+        r["huge_rand"] = random_preads(path, os.path.getsize(path), 200)
+        s_h.note_rss()
+        s_h.done()
+        s.peak_kb = max(s.peak_kb, s_h.peak_kb)
+    r["rss_mb"] = s.peak_kb / 1024 if s.daemon else None
+    return r
+
+
+def random_preads(path, size, n):
+    rnd = random.Random(42)
+    fd = os.open(path, os.O_RDONLY)
+    lat = []
+    try:
+        for _ in range(n):
+            off = rnd.randrange(0, max(1, size - 4096)) & ~4095
+            t0 = time.monotonic()
+            os.pread(fd, 4096, off)
+            lat.append(time.monotonic() - t0)
+    finally:
+        os.close(fd)
+    return percentiles(lat)
+
+
+def small_file_sample():
+    files = []
+    for d, _, names in os.walk(SRC):
+        for n in names:
+            p = os.path.join(d, n)
+            if not os.path.islink(p) and os.path.getsize(p) < 16384:
+                files.append(os.path.relpath(p, SRC))
+    files.sort()
+    return random.Random(7).sample(files, 2000)
+
+
+def largest_file():
+    best = (0, None)
+    for d, _, names in os.walk(SRC):
+        for n in names:
+            p = os.path.join(d, n)
+            if not os.path.islink(p):
+                best = max(best, (os.path.getsize(p), p))
+    return os.path.relpath(best[1], SRC)
+
+
+def prepare_huge():
+    """A 1 GiB file of kernel text, as one member of each system's format."""
+    hd = os.path.join(WORK, "huge")
+    src = os.path.join(hd, "src")
+    if os.path.exists(os.path.join(hd, "done")):
+        return hd
+    os.makedirs(src, exist_ok=True)
+    target = 1 << 30
+    with open(os.path.join(src, "huge.txt"), "wb") as out:
+        n = 0
+        for d, _, names in sorted(os.walk(os.path.join(SRC, "drivers"))):
+            for name in sorted(names):
+                p = os.path.join(d, name)
+                if name.endswith((".c", ".h")) and not os.path.islink(p):
+                    data = open(p, "rb").read()[: target - n]
+                    out.write(data)
+                    n += len(data)
+                if n >= target:
+                    break
+            if n >= target:
+                break
+        while n < target:  # not enough text: repeat what there is
+            out.flush()
+            chunk = open(os.path.join(src, "huge.txt"), "rb").read(min(target - n, 1 << 26))
+            out.write(chunk)
+            n += len(chunk)
+    log("huge: zip, pack, squashfs")
+    sh(f"cd '{src}' && zip -q -6 '{hd}/huge.zip' huge.txt")
+    os.makedirs(os.path.join(hd, "zip"), exist_ok=True)
+    os.makedirs(os.path.join(hd, "zst"), exist_ok=True)
+    shutil.copy(os.path.join(hd, "huge.zip"), os.path.join(hd, "zip", "huge.zip"))
+    sh(f"'{PKGFS}' pack '{src}' -o '{hd}/zst/huge.tar.zst'")
+    sh(f"mksquashfs '{src}' '{hd}/huge.sqfs' -comp zstd -quiet -no-progress")
+    open(os.path.join(hd, "done"), "w").close()
+    return hd
+
+
+def systems():
+    zipdir, zstdir = os.path.join(WORK, "pkgs-zip-all"), os.path.join(WORK, "pkgs-zst-all")
+    nzip, nzst = len(os.listdir(zipdir)), len(os.listdir(zstdir))
+    sqfs, onezip = os.path.join(WORK, "linux.sqfs"), os.path.join(WORK, "linux.zip")
+    zips = " ".join(f"'{os.path.join(zipdir, z)}'" for z in sorted(os.listdir(zipdir)))
+    hd = os.path.join(WORK, "huge")
+    rat = os.path.join(VENV, "ratarmount")
+    S = System
+    return [
+        (S("pkgfs-zip", f"pkgfs ({nzip} zip -6 packages)",
+           f"'{PKGFS}' mount '{zipdir}' '{MNT}'", f"pkgfs mount {zipdir}"),
+         S("pkgfs-zip", "", f"'{PKGFS}' mount '{hd}/zip' '{MNT}'", f"pkgfs mount {hd}/zip")),
+        (S("pkgfs-zst", f"pkgfs ({nzst} pkgfs packages)",
+           f"'{PKGFS}' mount '{zstdir}' '{MNT}'", f"pkgfs mount {zstdir}"),
+         S("pkgfs-zst", "", f"'{PKGFS}' mount '{hd}/zst' '{MNT}'", f"pkgfs mount {hd}/zst")),
+        (S("squashfuse_ll", "squashfuse_ll (zstd image)",
+           f"squashfuse_ll '{sqfs}' '{MNT}'", f"squashfuse_ll {sqfs}"),
+         S("squashfuse_ll", "", f"squashfuse_ll '{hd}/huge.sqfs' '{MNT}'",
+           f"squashfuse_ll {hd}/huge.sqfs")),
+        (S("kernel-squashfs", "kernel squashfs (loop, zstd image)",
+           f"mount -t squashfs -o loop,ro '{sqfs}' '{MNT}'"),
+         S("kernel-squashfs", "", f"mount -t squashfs -o loop,ro '{hd}/huge.sqfs' '{MNT}'")),
+        (S("fuse-zip", "fuse-zip (one zip -6)", f"fuse-zip -r '{onezip}' '{MNT}'",
+           f"fuse-zip -r {onezip}"),
+         S("fuse-zip", "", f"fuse-zip -r '{hd}/huge.zip' '{MNT}'", f"fuse-zip -r {hd}/huge.zip")),
+        (S("ratarmount", f"ratarmount (union of the {nzip} zips)",
+           f"'{rat}' --index-folders '{WORK}/ratarmount-index' {zips} '{MNT}'",
+           f"ratarmount --index-folders"),
+         S("ratarmount", "", f"'{rat}' --index-folders '{WORK}/ratarmount-index' '{hd}/huge.zip' '{MNT}'",
+           "ratarmount --index-folders")),
+        (S("archivemount", "archivemount (one zip -6)",
+           f"archivemount -o readonly '{onezip}' '{MNT}'", f"archivemount -o readonly {onezip}"),
+         S("archivemount", "", f"archivemount -o readonly '{hd}/huge.zip' '{MNT}'",
+           f"archivemount -o readonly {hd}/huge.zip")),
+        (S("extracted", "extracted tree (ext4, bind mount)", f"mount --bind '{SRC}' '{MNT}'"),
+         S("extracted", "", f"mount --bind '{hd}/src' '{MNT}'")),
+    ]
+
+
+def gen_scale(n):
+    d = os.path.join(WORK, "scale", str(n))
+    if os.path.exists(d + ".done"):
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    for i in range(n):
+        with zipfile.ZipFile(os.path.join(d, f"pkg{i:05}.zip"), "w", zipfile.ZIP_STORED) as z:
+            for j in range(100):
+                z.writestr(f"pkg{i:05}/mod{j // 10}/file{j}.py", b"x = %d\n" % j)
+    open(d + ".done", "w").close()
+    return d
+
+
+def scaling():
+    out = []
+    for n in ([1000, 2000] if QUICK else [1000, 2000, 5000, 10000]):
+        d = gen_scale(n)
+        runs = []
+        for _ in range(3):
+            unmount()
+            drop_caches()
+            t0 = time.monotonic()
+            sh(f"'{PKGFS}' mount '{d}' '{MNT}'")
+            t = time.monotonic() - t0
+            rss = hwm_kb(f"pkgfs mount {d}") / 1024
+            runs.append((t, rss))
+            unmount()
+        t, rss = min(runs)
+        out.append({"packages": n, "entries": n * 100, "mount_s": t, "rss_mb": rss,
+                    "runs_s": [r[0] for r in runs]})
+        log(f"scaling {n}: {t:.2f} s, {rss:.0f} MB")
+    return out
+
+
+def machine():
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), "?")
+    mem = next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))
+    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gb": round(int(mem) / 2**20, 1),
+            "kernel": os.uname().release, "date": time.strftime("%Y-%m-%d"),
+            "pkgfs": subprocess.run([PKGFS, "--version"], capture_output=True,
+                                    text=True).stdout.strip()}
+
+
+def main():
+    os.makedirs(MNT, exist_ok=True)
+    prepare_huge()
+    small = small_file_sample()
+    large = largest_file()
+    results = {"machine": machine(), "corpus": {"files": sum(len(f) for _, _, f in os.walk(SRC)),
+               "large_file": large, "large_size": os.path.getsize(os.path.join(SRC, large)),
+               "small_sample": len(small)}, "systems": {}}
+    for main_s, huge_s in systems():
+        if ONLY and main_s.key not in ONLY:
+            continue
+        log(f"== {main_s.name}")
+        try:
+            r = run_workloads(main_s, small, large, (huge_s, "huge.txt"))
+        except Exception as e:  # a peer that fails or times out is reported, not fatal
+            log(f"{main_s.key}: {e}")
+            unmount()
+            r = {"error": str(e)[:300]}
+        r["name"] = main_s.name
+        results["systems"][main_s.key] = r
+        log(json.dumps(r))
+        with open(OUT, "w") as f:
+            json.dump(results, f, indent=1)
+    if "--skip-scaling" not in ARGS:
+        results["scaling"] = scaling()
+    with open(OUT, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
