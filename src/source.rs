@@ -78,17 +78,17 @@ pub fn discover(sources: &[PathBuf]) -> Result<Vec<Candidate>> {
 }
 
 /// Open and index every candidate using up to `threads` threads, keeping the order.
+/// `kept_open` counts the archives left open so far (across calls): beyond the
+/// descriptor budget, indexed archives are closed now and reopened when first read.
 pub fn index_all(
     candidates: &[Candidate],
     threads: usize,
     cache: Option<&IndexCache>,
+    kept_open: &AtomicUsize,
 ) -> Vec<std::result::Result<Indexed, OpenError>> {
     let results: Vec<Mutex<Option<std::result::Result<Indexed, OpenError>>>> =
         candidates.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
-    // Indexed archives stay open only up to the descriptor budget; the rest are closed
-    // now and reopened when first read.
-    let kept_open = AtomicUsize::new(0);
     let budget = archive::descriptor_budget();
     let workers = threads.clamp(1, candidates.len().max(1));
     std::thread::scope(|s| {
@@ -144,6 +144,9 @@ fn archive_stamp(a: &Archive) -> Stamp {
     let (dev, ino) = a.file_id();
     (dev, ino, a.size, a.mtime_ns)
 }
+
+/// Archives indexed together before their entries are folded into the tree.
+const INDEX_CHUNK: usize = 256;
 
 /// An active package.
 #[derive(Debug, Clone)]
@@ -214,26 +217,26 @@ impl Packages {
             .filter(|c| !busy.contains(&c.path))
             .collect();
         let stamps: Vec<Option<Stamp>> = candidates.iter().map(|c| stamp_of(&c.path)).collect();
-        // Reuse what is unchanged; open the rest in parallel.
+        // Reuse what is unchanged; open the rest, in parallel, a chunk at a time (a
+        // chunk's entries are folded into the tree and dropped before the next chunk is
+        // read, so memory holds one chunk of raw entries, not all of them).
+        let old: HashMap<&Path, &Active> =
+            self.active.iter().map(|a| (a.path.as_path(), a)).collect();
         let mut reuse: Vec<Option<Arc<Archive>>> = Vec::with_capacity(candidates.len());
-        let mut to_open = Vec::new();
+        let mut needs_open = Vec::with_capacity(candidates.len());
         for (c, st) in candidates.iter().zip(&stamps) {
-            let kept = self
-                .active
-                .iter()
-                .find(|a| a.path == c.path && Some(archive_stamp(&a.archive)) == *st)
+            let kept = old
+                .get(c.path.as_path())
+                .filter(|a| Some(archive_stamp(&a.archive)) == *st)
                 .map(|a| a.archive.clone());
             let known_bad = matches!(self.bad.get(&c.path), Some((s, _)) if s == st);
-            if kept.is_none() && !known_bad {
-                to_open.push(c.clone());
-            }
+            needs_open.push(kept.is_none() && !known_bad);
             reuse.push(kept);
         }
-        let mut opened = index_all(&to_open, self.opts.threads, self.opts.index_cache.as_ref())
-            .into_iter()
-            .zip(&to_open)
-            .map(|(r, c)| (c.path.clone(), r))
-            .collect::<HashMap<_, _>>();
+        let mut opened: HashMap<PathBuf, std::result::Result<Indexed, OpenError>> = HashMap::new();
+        let mut chunk_end = 0;
+        // Archives kept open: those reused, and then new ones up to the budget.
+        let kept_open = AtomicUsize::new(reuse.iter().flatten().filter(|a| a.is_open()).count());
 
         let mut report = LoadReport::default();
         let mut builder = TreeBuilder::new(self.opts.owner);
@@ -241,7 +244,24 @@ impl Packages {
         let mut active = Vec::new();
         let bad_before: HashSet<PathBuf> = self.bad.keys().cloned().collect();
         let mut still_bad = HashSet::new();
-        for ((cand, st), kept) in candidates.iter().zip(&stamps).zip(reuse) {
+        for (i, ((cand, st), kept)) in candidates.iter().zip(&stamps).zip(reuse).enumerate() {
+            if i >= chunk_end {
+                chunk_end = (i + INDEX_CHUNK).min(candidates.len());
+                let batch: Vec<Candidate> = (i..chunk_end)
+                    .filter(|&j| needs_open[j])
+                    .map(|j| candidates[j].clone())
+                    .collect();
+                opened = index_all(
+                    &batch,
+                    self.opts.threads,
+                    self.opts.index_cache.as_ref(),
+                    &kept_open,
+                )
+                .into_iter()
+                .zip(&batch)
+                .map(|(r, c)| (c.path.clone(), r))
+                .collect();
+            }
             let result = match kept {
                 Some(archive) => match archive::reindex(&archive, self.opts.index_cache.as_ref()) {
                     Ok(entries) => Ok((archive, entries)),

@@ -250,9 +250,9 @@ impl Tree {
     }
 }
 
-/// A node while the tree is being built.
+/// A node while the tree is being built. Its name is the key under which its parent's
+/// `children` holds it (stored once: a million entries make this matter).
 struct Building {
-    name: Vec<u8>,
     kind: Kind,
     perm: u16,
     mtime: i64,
@@ -280,7 +280,6 @@ impl TreeBuilder {
     /// A builder holding only the root directory.
     pub fn new(owner: Ownership) -> Self {
         let root = Building {
-            name: Vec::new(),
             kind: Kind::Dir,
             perm: 0o755,
             mtime: 0,
@@ -302,9 +301,8 @@ impl TreeBuilder {
         }
     }
 
-    fn implied_dir(&self, name: Vec<u8>, archive: u32, mtime: i64) -> Building {
+    fn implied_dir(&self, archive: u32, mtime: i64) -> Building {
         Building {
-            name,
             kind: Kind::Dir,
             perm: 0o755,
             mtime,
@@ -435,12 +433,12 @@ impl TreeBuilder {
                         loser: self.nodes[child].archive,
                         reason: "a directory replaces a file",
                     });
-                    self.nodes[child] = self.implied_dir(comp.clone(), archive, archive_mtime);
+                    self.nodes[child] = self.implied_dir(archive, archive_mtime);
                     child
                 }
                 None => {
-                    let node = self.implied_dir(comp.clone(), archive, archive_mtime);
-                    self.push_child(dir, node)
+                    let node = self.implied_dir(archive, archive_mtime);
+                    self.push_child(dir, comp.clone(), node)
                 }
             };
         }
@@ -468,7 +466,6 @@ impl TreeBuilder {
             size: e.size,
         });
         let node = Building {
-            name: last.clone(),
             kind,
             perm: if kind == Kind::Symlink { 0o777 } else { e.perm },
             mtime: e.mtime,
@@ -482,7 +479,7 @@ impl TreeBuilder {
             group: None,
         };
         match self.nodes[dir].children.get(last).copied() {
-            None => Some(self.push_child(dir, node)),
+            None => Some(self.push_child(dir, last.clone(), node)),
             Some(existing) => {
                 let old = &mut self.nodes[existing];
                 match (old.kind == Kind::Dir, kind == Kind::Dir) {
@@ -524,9 +521,9 @@ impl TreeBuilder {
         }
     }
 
-    fn push_child(&mut self, dir: usize, node: Building) -> usize {
+    fn push_child(&mut self, dir: usize, name: Vec<u8>, node: Building) -> usize {
         let idx = self.nodes.len();
-        self.nodes[dir].children.insert(node.name.clone(), idx);
+        self.nodes[dir].children.insert(name, idx);
         self.nodes.push(node);
         idx
     }
@@ -544,12 +541,14 @@ impl TreeBuilder {
         let mut members = Vec::new();
         let mut total_bytes = 0u64;
         let mut groups: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-        // Queue of (building index, parent inode); the output index is the queue position.
-        let mut queue: Vec<(usize, u64)> = Vec::with_capacity(nodes.len());
-        queue.push((0, ROOT_INO));
+        // Queue of (building index, parent inode, name); the output index is the queue
+        // position.
+        let mut queue: Vec<(usize, u64, Vec<u8>)> = Vec::with_capacity(nodes.len());
+        queue.push((0, ROOT_INO, Vec::new()));
         let mut head = 0;
         while head < queue.len() {
-            let (bi, parent) = queue[head];
+            let (bi, parent) = (queue[head].0, queue[head].1);
+            let name = std::mem::take(&mut queue[head].2);
             let ino = head as u64 + 1;
             head += 1;
             let b = &mut nodes[bi];
@@ -557,20 +556,21 @@ impl TreeBuilder {
                 std::mem::take(&mut b.children).into_iter().collect();
             kids.sort_unstable();
             let first_child = queue.len() as u64 + 1;
-            for (_, k) in &kids {
-                queue.push((*k, ino));
+            let count = kids.len() as u32;
+            for (kid_name, k) in kids {
+                queue.push((k, ino, kid_name));
             }
-            let b = &nodes[bi];
+            let b = &mut nodes[bi];
             let name_off = names.len() as u32;
-            names.extend_from_slice(&b.name);
+            names.extend_from_slice(&name);
             if let Some(g) = b.group {
                 groups.entry(g).or_default().push(ino);
             }
-            let (a, count, nlink) = match (b.kind, &b.member) {
-                (Kind::Dir, _) => (first_child, kids.len() as u32, 0),
+            let (a, count, nlink) = match (b.kind, b.member.take()) {
+                (Kind::Dir, _) => (first_child, count, 0),
                 (_, Some(m)) => {
                     total_bytes += m.size;
-                    members.push(m.clone());
+                    members.push(m);
                     ((members.len() - 1) as u64, 0, 1)
                 }
                 // Unreachable in practice: every file has a member. Give it no data.
@@ -578,7 +578,7 @@ impl TreeBuilder {
             };
             out.push(Node {
                 name_off,
-                name_len: b.name.len() as u32,
+                name_len: name.len() as u32,
                 parent,
                 kind: b.kind,
                 perm: b.perm,

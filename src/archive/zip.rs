@@ -474,20 +474,45 @@ fn parse_unix_owner(data: &[u8]) -> Option<(u32, u32)> {
 
 /// MS-DOS date and time (local time, 2-second resolution) to seconds since the epoch,
 /// read in the daemon's time zone as Info-ZIP `unzip` and Python's `zipfile` write them.
+///
+/// `mktime` is slow in bulk (glibc re-checks `/etc/localtime` with a `stat` and takes a
+/// global lock on every call: a million entries cost seconds of system time and lock
+/// contention between indexing threads), so it is called once per distinct date and hour
+/// and the minutes and seconds are added to that; a per-thread cache keeps the results.
 pub fn dos_to_unix(date: u16, time: u16) -> i64 {
+    thread_local! {
+        static HOURS: std::cell::RefCell<std::collections::HashMap<(u16, u16), i64>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+    let hour = time >> 11;
+    let rest = i64::from((time >> 5) & 0x3f) * 60 + i64::from(time & 0x1f) * 2;
+    let base = HOURS.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some(&b) = c.get(&(date, hour)) {
+            return b;
+        }
+        if c.len() >= 65536 {
+            c.clear();
+        }
+        let b = mktime_local(date, hour);
+        c.insert((date, hour), b);
+        b
+    });
+    if base == -1 { 0 } else { base + rest }
+}
+
+/// `mktime` of a DOS date at the start of `hour` (-1 if it cannot be represented).
+fn mktime_local(date: u16, hour: u16) -> i64 {
     // SAFETY: `tm` is plain data, zero-initialised and then filled in; mktime only reads
     // and normalises it.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
     tm.tm_year = i32::from(date >> 9) + 80;
     tm.tm_mon = (i32::from((date >> 5) & 0xf) - 1).max(0);
     tm.tm_mday = i32::from(date & 0x1f).max(1);
-    tm.tm_hour = i32::from(time >> 11);
-    tm.tm_min = i32::from((time >> 5) & 0x3f);
-    tm.tm_sec = i32::from(time & 0x1f) * 2;
+    tm.tm_hour = i32::from(hour);
     tm.tm_isdst = -1;
     // SAFETY: a valid, initialised `tm`; mktime is thread-safe in glibc.
-    let t = unsafe { libc::mktime(&mut tm) };
-    if t == -1 { 0 } else { t }
+    unsafe { libc::mktime(&mut tm) }
 }
 
 /// Given a local file header and the name after it (`LFH_LEN + name_len` bytes), the
@@ -511,6 +536,39 @@ pub fn local_data_offset(lfh: &[u8], name_len: u16, name_crc: u32) -> Result<u64
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cached_dos_times_equal_mktime_of_every_field() {
+        // Dates away from any zone's DST changes; every minute and second, odd ones too.
+        for (y, m, d) in [
+            (1980, 1, 1),
+            (2001, 1, 10),
+            (2024, 6, 20),
+            (2037, 8, 5),
+            (2099, 12, 1),
+        ] {
+            let date = ((y - 1980) << 9 | m << 5 | d) as u16;
+            for hour in [0u16, 7, 13, 23] {
+                for minute in (0u16..64).step_by(7) {
+                    for sec2 in [0u16, 1, 29, 31] {
+                        let time = hour << 11 | minute << 5 | sec2;
+                        let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+                        tm.tm_year = y - 1900;
+                        tm.tm_mon = m - 1;
+                        tm.tm_mday = d;
+                        tm.tm_hour = i32::from(hour);
+                        tm.tm_min = i32::from(minute);
+                        tm.tm_sec = i32::from(sec2) * 2;
+                        tm.tm_isdst = -1;
+                        let want = unsafe { libc::mktime(&mut tm) };
+                        assert_eq!(dos_to_unix(date, time), want, "{y}-{m}-{d} {time:#x}");
+                        // Again, from the cache.
+                        assert_eq!(dos_to_unix(date, time), want);
+                    }
+                }
+            }
+        }
+    }
+
     use super::*;
 
     fn cdfh(name: &[u8], host: u8, external: u32, extra: &[u8]) -> Vec<u8> {
