@@ -75,6 +75,15 @@ for key, label, unit, _ in WORKLOADS:
 for k, v in FAILED.items():
     lines.append("")
     lines.append(f"{v['name']}: failed: {v['error']}")
+for k, v in S.items():
+    if v.get("timeouts"):
+        lines.append("")
+        lines.append(f"{v['name']}: stopped after {180} s in: {', '.join(v['timeouts'])} "
+                     "(— in the table; latencies over what was read in that time).")
+    if v.get("errors"):
+        lines.append("")
+        lines.append(f"{v['name']}: {len(v['errors'])} errors while measuring (timed anyway), "
+                     f"first: `{v['errors'][0][:160]}`")
 
 for ref in ("squashfuse_ll", "extracted", "kernel-squashfs"):
     if ref not in S:
