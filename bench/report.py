@@ -140,8 +140,8 @@ if "scaling" in R:
     ax1.set_xlabel("entries (100 per package)")
     ax1.set_ylabel("mount time (s)", color="tab:blue")
     ax2 = ax1.twinx()
-    ax2.plot(e, [s["rss_mb"] for s in sc], "s--", color="tab:red", label="RSS (MB)")
-    ax2.set_ylabel("daemon RSS after mount (MB)", color="tab:red")
+    ax2.plot(e, [s["rss_mb"] for s in sc], "s--", color="tab:red", label="peak RSS (MB)")
+    ax2.set_ylabel("daemon peak RSS (MB)", color="tab:red")
     ax1.set_ylim(bottom=0)
     ax2.set_ylim(bottom=0)
     for s in sc:
