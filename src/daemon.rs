@@ -249,14 +249,22 @@ fn watch_loop(
             }
         };
         let started = Instant::now();
-        let scan = match packages.scan(&batch.busy) {
-            Ok(Some(scan)) => scan,
-            Ok(None) => {
+        // A bug in a rescan must not end live activation: the mount keeps its tree.
+        let scanned =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| packages.scan(&batch.busy)));
+        let scan = match scanned {
+            Ok(Ok(Some(scan))) => scan,
+            Ok(Ok(None)) => {
                 debug!("{} events, no package changed", batch.events);
                 continue;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 warn!("rescan failed: {e}; the mount keeps its current packages");
+                lock(activity).failed_scans += 1;
+                continue;
+            }
+            Err(_) => {
+                error!("rescan panicked; the mount keeps its current packages");
                 lock(activity).failed_scans += 1;
                 continue;
             }
