@@ -23,7 +23,7 @@ use log::warn;
 
 use crate::archive::Archive;
 use crate::error::{Error, Result};
-use crate::read::Reader;
+use crate::read::{ReadData, Reader};
 use crate::tree::{Kind, Node, Tree};
 use crate::view::{InoMap, Invalidation, Layer, View};
 
@@ -433,7 +433,9 @@ impl PkgFs {
                 Error::Corrupt(format!("symlink target of {} bytes", node.size)),
             );
         }
-        let target = self.read_node(&v, l, ino, node, 0, node.size as u32)?;
+        let target = self
+            .read_node(&v, l, ino, node, 0, node.size as u32)?
+            .into_vec();
         if target.contains(&0) {
             return self.report(
                 &v,
@@ -447,6 +449,11 @@ impl PkgFs {
 
     /// Read up to `size` bytes of file `ino` at `offset`.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.read_shared(ino, offset, size).map(ReadData::into_vec)
+    }
+
+    /// [`PkgFs::read`] without a copy where the bytes lie in one cached block.
+    pub fn read_shared(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
         self.stats.reads.fetch_add(1, Relaxed);
         let (v, l) = self.find(ino)?;
         let node = Self::node(&v, l)?;
@@ -466,7 +473,7 @@ impl PkgFs {
         node: &Node,
         offset: u64,
         size: u32,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<ReadData> {
         let found = v.tree.member_index(node).and_then(|i| {
             let m = v.tree.member(node)?;
             let layer = v.layers.get(m.archive as usize)?;

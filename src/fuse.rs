@@ -206,7 +206,7 @@ impl Filesystem for Fuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match guarded("read", || self.fs.read(ino.0, offset, size)) {
+        match guarded("read", || self.fs.read_shared(ino.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(e),
         }

@@ -175,9 +175,9 @@ impl Reader {
         m: &Member,
         offset: u64,
         len: u32,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<ReadData> {
         if offset >= m.size {
-            return Ok(Vec::new());
+            return Ok(ReadData::Owned(Vec::new()));
         }
         let end = m.size.min(offset.saturating_add(u64::from(len)));
         match &m.data {
@@ -191,19 +191,21 @@ impl Reader {
                 self.read_zip(&zm, offset, end)
             }
             MemberData::Seekable(start) => self.read_seekable(archive, start + offset, start + end),
-            MemberData::Inline(bytes) => Ok(bytes
-                .get(offset as usize..end as usize)
-                .ok_or_else(|| Error::Format("inline data shorter than its size".into()))?
-                .to_vec()),
+            MemberData::Inline(bytes) => Ok(ReadData::Owned(
+                bytes
+                    .get(offset as usize..end as usize)
+                    .ok_or_else(|| Error::Format("inline data shorter than its size".into()))?
+                    .to_vec(),
+            )),
         }
     }
 
-    fn read_zip(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_zip(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<ReadData> {
         if m.zip.encrypted {
             return Err(Error::Unsupported("encrypted member".into()));
         }
         match m.zip.method {
-            METHOD_STORED => self.read_stored(m, offset, end),
+            METHOD_STORED => self.read_stored(m, offset, end).map(ReadData::Owned),
             METHOD_DEFLATE | METHOD_ZSTD => self.read_compressed(m, offset, end),
             other => Err(Error::Unsupported(format!(
                 "compression method {other} ({})",
@@ -214,7 +216,7 @@ impl Reader {
 
     /// Bytes `[start, end)` of a seekable archive's decompressed stream, frame by frame
     /// through the cache; concurrent misses on one frame share one decompression.
-    fn read_seekable(&self, a: &Arc<Archive>, start: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_seekable(&self, a: &Arc<Archive>, start: u64, end: u64) -> Result<ReadData> {
         let table = a.table.as_ref().ok_or_else(|| {
             Error::Format("seekable member in an archive without a seek table".into())
         })?;
@@ -375,7 +377,7 @@ impl Reader {
         Ok(buf)
     }
 
-    fn read_compressed(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_compressed(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<ReadData> {
         gather(offset, end, |pos| {
             let bi = pos / BLOCK_SIZE;
             Ok((bi * BLOCK_SIZE, self.block(m, bi)?))
@@ -452,17 +454,71 @@ struct ZipMember<'a> {
     size: u64,
 }
 
-/// Copy bytes `[start, end)` out of a sequence of cached blocks: `block_at(pos)` returns
-/// the block holding `pos` and the offset where that block starts.
+/// Bytes read: owned, or a range of a cached block shared without a copy (a read that
+/// falls inside one block, the common case for small files and kernel-sized requests).
+#[derive(Debug, Clone)]
+pub enum ReadData {
+    /// Bytes of their own.
+    Owned(Vec<u8>),
+    /// `block[start..end]`.
+    Shared {
+        /// The cached block.
+        block: Arc<[u8]>,
+        /// First byte.
+        start: usize,
+        /// One past the last byte.
+        end: usize,
+    },
+}
+
+impl std::ops::Deref for ReadData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadData::Owned(v) => v,
+            ReadData::Shared { block, start, end } => &block[*start..*end],
+        }
+    }
+}
+
+impl ReadData {
+    /// The bytes as a vector of their own.
+    pub fn into_vec(self) -> Vec<u8> {
+        match self {
+            ReadData::Owned(v) => v,
+            shared => shared.to_vec(),
+        }
+    }
+}
+
+/// Bytes `[start, end)` out of a sequence of cached blocks: `block_at(pos)` returns the
+/// block holding `pos` and the offset where that block starts. Within one block, the
+/// block itself is handed out; across blocks, the bytes are copied together.
 fn gather(
     start: u64,
     end: u64,
     mut block_at: impl FnMut(u64) -> Result<(u64, Arc<[u8]>)>,
-) -> Result<Vec<u8>> {
+) -> Result<ReadData> {
+    if start >= end {
+        return Ok(ReadData::Owned(Vec::new()));
+    }
+    let (first_start, first) = block_at(start)?;
+    let within = (start - first_start) as usize;
+    if (within as u64).saturating_add(end - start) <= first.len() as u64 {
+        return Ok(ReadData::Shared {
+            start: within,
+            end: within + (end - start) as usize,
+            block: first,
+        });
+    }
     let mut out = Vec::with_capacity((end - start) as usize);
     let mut pos = start;
+    let mut next = Some((first_start, first));
     while pos < end {
-        let (block_start, block) = block_at(pos)?;
+        let (block_start, block) = match next.take() {
+            Some(b) => b,
+            None => block_at(pos)?,
+        };
         let within = (pos - block_start) as usize;
         let take = (block.len().saturating_sub(within) as u64).min(end - pos) as usize;
         if take == 0 {
@@ -473,7 +529,7 @@ fn gather(
         out.extend_from_slice(&block[within..within + take]);
         pos += take as u64;
     }
-    Ok(out)
+    Ok(ReadData::Owned(out))
 }
 
 fn check_crc(actual: u32, m: &ZipMember) -> Result<()> {
