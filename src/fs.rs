@@ -181,11 +181,6 @@ impl PkgFs {
             .clone()
     }
 
-    /// Whether this mount can change ([`PkgFs::activate`]).
-    pub fn is_live(&self) -> bool {
-        self.live
-    }
-
     /// The global inode of a `/`-separated path in the current generation.
     pub fn resolve(&self, path: &[u8]) -> Option<u64> {
         let v = self.view();

@@ -201,11 +201,6 @@ impl Packages {
         self.sources.iter().filter(|s| is_dir(s)).cloned().collect()
     }
 
-    /// The block cache budget.
-    pub fn cache_bytes(&self) -> u64 {
-        self.opts.cache_bytes
-    }
-
     /// Find the archives of the sources, index what is new or changed, and build the
     /// merged tree. Files in `busy` (being written) are left out for now. Returns `None`
     /// when nothing changed since the last scan. Errors only if a source itself cannot

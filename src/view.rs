@@ -136,6 +136,7 @@ impl View {
 
     /// Every global inode number of this generation with its local node (hard-link
     /// aliases excluded).
+    #[cfg(test)]
     pub fn inodes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         (1..=self.tree.len() as u64)
             .filter(|&l| self.tree.canonical(l) == l)
