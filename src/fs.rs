@@ -578,56 +578,14 @@ mod tests {
         assert_eq!(list(51, 10)[0].0, "f49");
     }
 
-    fn entry(path: &str, kind: EntryKind, off: u64) -> Entry {
-        Entry {
-            path: path.as_bytes().to_vec(),
-            kind,
-            perm: 0o644,
-            mtime: 0,
-            uid: None,
-            gid: None,
-            size: u64::from(kind == EntryKind::File),
-            data: match kind {
-                EntryKind::File => DataRef::Zip(crate::archive::ZipData {
-                    header_offset: off,
-                    compressed_size: 1,
-                    crc32: 0,
-                    method: 0,
-                    encrypted: false,
-                    name_len: 0,
-                    name_crc: 0,
-                }),
-                _ => DataRef::None,
-            },
-            link: Vec::new(),
-        }
-    }
-
-    fn tree_of(layers: &[(&Arc<Archive>, Vec<Entry>)]) -> (Tree, Vec<Layer>) {
-        let mut b = TreeBuilder::new(Ownership {
-            uid: 0,
-            gid: 0,
-            force_uid: false,
-            force_gid: false,
-        });
-        let mut out = Vec::new();
-        for (i, (a, e)) in layers.iter().enumerate() {
-            b.add_layer(i as u32, 0, e);
-            out.push(Layer {
-                archive: (*a).clone(),
-                entries: e.len(),
-            });
-        }
-        (b.finish(), out)
-    }
-
     #[test]
     fn retired_inodes_are_served_until_forgotten() {
-        let a = Arc::new(Archive::detached("a"));
-        let b = Arc::new(Archive::detached("b"));
-        let la = vec![entry("d/keep", EntryKind::File, 1)];
-        let lb = vec![entry("d/gone", EntryKind::File, 2)];
-        let (t, l) = tree_of(&[(&a, la.clone()), (&b, lb)]);
+        use crate::view::testing::{archive, build, file};
+        let a = archive("a");
+        let b = archive("b");
+        let la = vec![file("d/keep", 1)];
+        let lb = vec![file("d/gone", 2)];
+        let (t, l) = build(&[(a.clone(), la.clone()), (b.clone(), lb)]);
         let fs = PkgFs::with_layers(t, l, 0, true);
         let d = fs.lookup(ROOT, b"d").unwrap().ino;
         let gone = fs.lookup(d, b"gone").unwrap().ino;
@@ -638,7 +596,7 @@ mod tests {
         let keep = fs.resolve(b"d/keep").unwrap();
         let weak_b = Arc::downgrade(&b);
         drop(b);
-        let (t, l) = tree_of(&[(&a, la)]);
+        let (t, l) = build(&[(a, la)]);
         let act = fs.activate(t, l);
         assert_eq!(act.retired, 1, "only d/gone is referenced and gone");
         assert!(fs.lookup(d, b"gone").is_err(), "the new tree has no d/gone");

@@ -195,14 +195,7 @@ fn delete_subtree(old: &View, dl: u64, out: &mut Vec<Invalidation>) {
     let Some(d) = old.tree.node(dl) else { return };
     let parent = old.global(dl);
     for (ci, c) in old.tree.children(d) {
-        if c.kind == Kind::Dir {
-            delete_subtree(old, ci, out);
-        }
-        out.push(Invalidation::Delete {
-            parent,
-            name: old.tree.name(c).to_vec(),
-            old: old.global(ci),
-        });
+        delete_entry(old, parent, ci, c, out);
     }
 }
 
@@ -363,13 +356,14 @@ pub fn carry_over(
     (view, inval)
 }
 
+/// Entries, archives and layered trees for the unit tests of this and other modules.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
     use crate::archive::{DataRef, Entry, EntryKind, ZipData};
     use crate::tree::{Ownership, TreeBuilder};
 
-    fn file(path: &str, off: u64) -> Entry {
+    pub(crate) fn file(path: &str, off: u64) -> Entry {
         Entry {
             path: path.as_bytes().to_vec(),
             kind: EntryKind::File,
@@ -391,11 +385,11 @@ mod tests {
         }
     }
 
-    fn archive(name: &str) -> Arc<Archive> {
+    pub(crate) fn archive(name: &str) -> Arc<Archive> {
         Arc::new(Archive::detached(name))
     }
 
-    fn build(layers: &[(Arc<Archive>, Vec<Entry>)]) -> (Tree, Vec<Layer>) {
+    pub(crate) fn build(layers: &[(Arc<Archive>, Vec<Entry>)]) -> (Tree, Vec<Layer>) {
         let mut b = TreeBuilder::new(Ownership {
             uid: 0,
             gid: 0,
@@ -412,6 +406,12 @@ mod tests {
         }
         (b.finish(), out)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{archive, build, file};
+    use super::*;
 
     fn ino(v: &View, path: &str) -> u64 {
         v.global(v.tree.resolve(path.as_bytes()).unwrap())
