@@ -7,6 +7,7 @@ mod common;
 mod faults;
 mod live;
 mod pack;
+mod prefetch;
 
 use std::collections::HashMap;
 use std::fs;

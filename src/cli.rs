@@ -13,6 +13,9 @@ use crate::tree::Ownership;
 /// Default block cache budget.
 pub const DEFAULT_CACHE: &str = "256M";
 
+/// Default largest directory read-ahead window (`--prefetch`).
+pub const DEFAULT_PREFETCH: &str = "8M";
+
 /// pkgfs — serve package archives (ZIP, JAR, wheels…) as one merged read-only tree.
 #[derive(Debug, Parser)]
 #[command(name = "pkgfs", version, about, long_about = None, propagate_version = true)]
@@ -106,6 +109,11 @@ struct MountArgs {
     /// Byte budget of the decompressed-block cache (K, M, G suffixes).
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_CACHE)]
     cache_size: String,
+    /// Directory read-ahead: after a file is first read, push the files that follow it
+    /// in its directory into the kernel's page cache, in windows growing up to SIZE
+    /// while a reader walks the directory (0: off).
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_PREFETCH)]
+    prefetch: String,
     /// Threads serving FUSE requests (default: the number of CPUs, at least 4).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -119,7 +127,7 @@ struct MountArgs {
     #[arg(long)]
     allow_other: bool,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
-    /// fsname=NAME, uid=N, gid=N, cache_size=SIZE, threads=N, log_file=PATH, no_watch,
+    /// fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
     /// index_cache=DIR, no_index_cache; options
     /// mount(8) passes (ro, nosuid, nodev, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -201,6 +209,8 @@ pub struct MountConfig {
     pub foreground: bool,
     /// Cache budget, bytes.
     pub cache_bytes: u64,
+    /// Largest directory read-ahead window, bytes (0: no read-ahead).
+    pub prefetch_bytes: u64,
     /// FUSE worker threads.
     pub threads: usize,
     /// Ownership defaults and overrides.
@@ -456,6 +466,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
         mountpoint: m.mountpoint,
         foreground: m.foreground,
         cache_bytes: parse_size(&m.cache_size)?,
+        prefetch_bytes: parse_size(&m.prefetch)?,
         threads: m.threads.unwrap_or_else(default_threads),
         owner: Ownership {
             uid: m.uid.unwrap_or(my_uid),
@@ -512,6 +523,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
                 cfg.owner.force_gid = true;
             }
             "cache_size" => cfg.cache_bytes = parse_size(need()?)?,
+            "prefetch" => cfg.prefetch_bytes = parse_size(need()?)?,
             "threads" => cfg.threads = number()? as usize,
             "log_file" => cfg.log_file = Some(PathBuf::from(need()?)),
             "foreground" => cfg.foreground = true,
@@ -578,7 +590,7 @@ mod tests {
             "dir",
             "/mnt",
             "-o",
-            "allow_other,uid=5,cache_size=1M,nofail,x-systemd.automount",
+            "allow_other,uid=5,cache_size=1M,prefetch=0,nofail,x-systemd.automount",
             "--threads",
             "3",
         ])
@@ -593,6 +605,7 @@ mod tests {
             (5, true, false)
         );
         assert_eq!(c.cache_bytes, 1 << 20);
+        assert_eq!(c.prefetch_bytes, 0);
         assert_eq!(c.threads, 3);
         assert!(cli(&["pkgfs", "mount", "a", "/m", "-o", "bogus"]).is_err());
         assert!(

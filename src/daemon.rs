@@ -27,6 +27,7 @@ use crate::archive::seekable::IndexCache;
 use crate::cli::{Access, MountConfig};
 use crate::fs::PkgFs;
 use crate::fuse::Fuse;
+use crate::prefetch::Prefetcher;
 use crate::source::{self, LoadOptions, Packages};
 use crate::status::{self, Activity, MountInfo};
 use crate::view::Invalidation;
@@ -157,8 +158,18 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
     };
     config.n_threads = Some(cfg.threads);
     config.clone_fd = true;
-    let session = spawn_session(Fuse::new(fs.clone()), cfg, config)
+    let (misses, missed) = mpsc::sync_channel(PREFETCH_QUEUE);
+    let misses = (cfg.prefetch_bytes > 0).then_some(misses);
+    let session = spawn_session(Fuse::new(fs.clone(), misses), cfg, config)
         .map_err(|e| format!("cannot mount at {}: {e}", cfg.mountpoint.display()))?;
+    if cfg.prefetch_bytes > 0 {
+        let notifier = session.notifier();
+        let prefetcher = Prefetcher::new(fs.clone(), cfg.prefetch_bytes);
+        std::thread::Builder::new()
+            .name("pkgfs-prefetch".into())
+            .spawn(move || prefetch_loop(prefetcher, &missed, &notifier))
+            .map_err(|e| format!("cannot start the prefetch thread: {e}"))?;
+    }
     let dev = raise_readahead(&cfg.mountpoint);
     let info = MountInfo {
         mountpoint: mount_path(&cfg.mountpoint),
@@ -214,6 +225,45 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
         break;
     }
     Ok(())
+}
+
+/// Hints of reads at offset 0 waiting for the prefetch thread; more are dropped.
+const PREFETCH_QUEUE: usize = 1024;
+
+/// The directory read-ahead thread: runs until the session (and with it the sender of
+/// hints) is gone. A panic is logged and the thread carries on with the next hint.
+fn prefetch_loop(
+    mut prefetcher: Prefetcher,
+    missed: &mpsc::Receiver<u64>,
+    notifier: &fuser::Notifier,
+) {
+    let mut store = |ino: u64, data: &[u8]| notifier.store(fuser::INodeNo(ino), 0, data);
+    loop {
+        // Take every miss into account before the next push: a reader's position steers
+        // what is pushed next. Wait only when there is nothing to push.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut more = true;
+            while more {
+                match missed.try_recv() {
+                    Ok(ino) => prefetcher.missed(ino),
+                    Err(mpsc::TryRecvError::Empty) => more = prefetcher.step(&mut store),
+                    Err(mpsc::TryRecvError::Disconnected) => return false,
+                }
+            }
+            match missed.recv() {
+                Ok(ino) => {
+                    prefetcher.missed(ino);
+                    true
+                }
+                Err(_) => false,
+            }
+        }));
+        match r {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(_) => error!("directory read-ahead panicked; carrying on"),
+        }
+    }
 }
 
 fn join_paths(p: &[PathBuf]) -> String {

@@ -98,6 +98,12 @@ pub struct OpStats {
     pub read_bytes: AtomicU64,
     /// Requests that failed with a data error (EIO: corrupt or unreadable archive data).
     pub errors: AtomicU64,
+    /// Files pushed into the kernel's page cache ahead of a reader (see `prefetch`).
+    pub prefetched: AtomicU64,
+    /// Bytes of those files.
+    pub prefetched_bytes: AtomicU64,
+    /// Pushes the kernel refused (the mount is going away).
+    pub prefetch_failed: AtomicU64,
 }
 
 /// Lookup counts and the inodes of older generations the kernel still holds.
@@ -199,7 +205,7 @@ impl PkgFs {
 
     /// The generation and local node serving `ino`: the current generation, else an older
     /// one the kernel still holds it from.
-    fn find(&self, ino: u64) -> Result<(Arc<View>, u64)> {
+    pub(crate) fn find(&self, ino: u64) -> Result<(Arc<View>, u64)> {
         let v = self.view();
         if let Some(l) = v.local(ino) {
             return Ok((v, l));
@@ -296,6 +302,13 @@ impl PkgFs {
         }
     }
 
+    /// The kernel now holds an inode of file `node` (see `prefetch`).
+    fn note_known(v: &View, node: &Node) {
+        if let Some(s) = v.tree.member_index(node).and_then(|i| v.member_state(i)) {
+            s.known.store(true, Relaxed);
+        }
+    }
+
     fn attr_of(ino: u64, n: &Node) -> Attr {
         Attr {
             ino,
@@ -343,7 +356,9 @@ impl PkgFs {
                 .ok_or(Error::NotFound)?,
         };
         let ino = v.global(local);
-        let attr = Self::attr_of(ino, Self::node(&v, local)?);
+        let node = Self::node(&v, local)?;
+        let attr = Self::attr_of(ino, node);
+        Self::note_known(&v, node);
         if self.live {
             self.note_lookup(&mut lock(&self.inodes), ino, &v, local);
         }
@@ -399,8 +414,11 @@ impl PkgFs {
             if full {
                 break;
             }
-            if plus && self.live && pos >= 2 {
-                taken.push((child_ino, child));
+            if plus && pos >= 2 {
+                Self::note_known(&v, Self::node(&v, child)?);
+                if self.live {
+                    taken.push((child_ino, child));
+                }
             }
         }
         if !taken.is_empty() {
@@ -460,7 +478,7 @@ impl PkgFs {
         Ok(data)
     }
 
-    fn read_node(
+    pub(crate) fn read_node(
         &self,
         v: &View,
         local: u64,
@@ -477,6 +495,9 @@ impl PkgFs {
         let Some((state, member, layer)) = found else {
             return self.report(v, local, ino, Error::Format("file has no data".into()));
         };
+        if offset == 0 {
+            state.cached.store(true, Relaxed);
+        }
         match self
             .reader
             .read(&layer.archive, state, member, offset, size)

@@ -6,7 +6,9 @@
 //!   negative entry (inode 0) so build systems probing include paths cost one request;
 //! - `open` and `opendir` answer `ENOSYS`, which makes the kernel skip OPEN/RELEASE
 //!   entirely and keep page and directory caches (`FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`);
-//! - READDIRPLUS, parallel directory operations and symlink caching are requested.
+//! - READDIRPLUS, parallel directory operations and symlink caching are requested;
+//! - a read at offset 0 (the kernel had none of the file) is passed on as a hint to the
+//!   directory read-ahead thread (`prefetch`), which the daemon runs.
 //!
 //! Every handler runs under `catch_unwind`: a panic becomes `EIO` for that request and the
 //! worker thread lives on (a dead worker would hang every later access).
@@ -16,6 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -42,13 +45,19 @@ pub const PANIC_ENV: &str = "PKGFS_FAULT_PANIC_ON_LOOKUP";
 pub struct Fuse {
     fs: Arc<PkgFs>,
     panic_on: Option<Vec<u8>>,
+    misses: Option<SyncSender<u64>>,
 }
 
 impl Fuse {
-    /// Wrap a filesystem.
-    pub fn new(fs: Arc<PkgFs>) -> Self {
+    /// Wrap a filesystem. Inodes read from offset 0 are sent to `misses` (if any) without
+    /// waiting: when the channel is full, the hint is dropped.
+    pub fn new(fs: Arc<PkgFs>, misses: Option<SyncSender<u64>>) -> Self {
         let panic_on = std::env::var_os(PANIC_ENV).map(|v| v.as_bytes().to_vec());
-        Fuse { fs, panic_on }
+        Fuse {
+            fs,
+            panic_on,
+            misses,
+        }
     }
 }
 
@@ -206,6 +215,13 @@ impl Filesystem for Fuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // Before decoding: the read-ahead thread starts on the files after this one
+        // while this one is decoded and travels (it never pushes the missed file).
+        if offset == 0
+            && let Some(tx) = &self.misses
+        {
+            let _ = tx.try_send(ino.0);
+        }
         match guarded("read", || self.fs.read_shared(ino.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(e),

@@ -24,6 +24,7 @@ pub mod fuse;
 pub mod inflate;
 pub mod pack;
 pub mod path;
+pub mod prefetch;
 pub mod read;
 pub mod source;
 pub mod status;

@@ -195,12 +195,15 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
         );
         let _ = write!(
             o,
-            "\"archive_bytes_read\":{},\"bytes_decompressed\":{},\"streams_started\":{},\"checkpoint_resumes\":{},\"read_bytes\":{},\"errors\":{},\"requests\":{{{}}}}}",
+            "\"archive_bytes_read\":{},\"bytes_decompressed\":{},\"streams_started\":{},\"checkpoint_resumes\":{},\"read_bytes\":{},\"prefetched_files\":{},\"prefetched_bytes\":{},\"prefetch_failed\":{},\"errors\":{},\"requests\":{{{}}}}}",
             rs.archive_bytes.load(Relaxed),
             rs.decompressed_bytes.load(Relaxed),
             rs.streams_started.load(Relaxed),
             rs.checkpoint_resumes.load(Relaxed),
             ops.read_bytes.load(Relaxed),
+            ops.prefetched.load(Relaxed),
+            ops.prefetched_bytes.load(Relaxed),
+            ops.prefetch_failed.load(Relaxed),
             ops.errors.load(Relaxed),
             counters
                 .iter()
@@ -295,6 +298,13 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
             .collect::<Vec<_>>()
             .join(", "),
         mib(ops.read_bytes.load(Relaxed))
+    );
+    let _ = writeln!(
+        o,
+        "prefetch: {} files ({}) pushed into the page cache ahead of readers, {} refused",
+        ops.prefetched.load(Relaxed),
+        mib(ops.prefetched_bytes.load(Relaxed)),
+        ops.prefetch_failed.load(Relaxed)
     );
     let _ = writeln!(o, "errors: {}", ops.errors.load(Relaxed));
     o

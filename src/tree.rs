@@ -199,6 +199,15 @@ impl Tree {
             .filter_map(move |ino| self.node(ino).map(|n| (ino, n)))
     }
 
+    /// The inodes of a directory's children: a contiguous range, in name order (the
+    /// order `readdir` lists them in). Empty for anything but a directory.
+    pub fn child_range(&self, dir: &Node) -> std::ops::Range<u64> {
+        match dir.kind {
+            Kind::Dir => dir.a..dir.a + u64::from(dir.b),
+            _ => 0..0,
+        }
+    }
+
     /// Number of children of a directory.
     pub fn child_count(&self, dir: &Node) -> u32 {
         if dir.kind == Kind::Dir { dir.b } else { 0 }

@@ -66,6 +66,12 @@ pub struct MemberState {
     pub data_start: AtomicU64,
     /// Its CRC has been checked.
     pub verified: AtomicBool,
+    /// The kernel has been given (or asked for) its data from the start: a read at
+    /// offset 0 or a prefetch push (see `prefetch`).
+    pub cached: AtomicBool,
+    /// The kernel has been given an inode of it (LOOKUP or READDIRPLUS): only then can
+    /// data be pushed into its page cache.
+    pub known: AtomicBool,
 }
 
 /// Local (tree) numbers to global (kernel) inode numbers and back.

@@ -1,0 +1,230 @@
+//! Directory read-ahead through real mounts: a walk over a directory of small files, as
+//! `tar` does it (list, then read each file in listing order), gets the right bytes for
+//! a small fraction of the READ requests, for ZIPs written by Info-ZIP and for `pkgfs
+//! pack` packages; `prefetch=0` turns it off; a reader that opens files by name without
+//! listing them gets no pushes.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::{Mount, pkgfs, require_fuse, run};
+
+const FILES: usize = 400;
+
+/// `root/d/f000..` of pseudo-random sizes (up to ~40 KB) and contents, and `root/d/sub/x`.
+fn small_files(root: &Path) {
+    let d = root.join("d");
+    fs::create_dir_all(d.join("sub")).unwrap();
+    let mut x = 11u64;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        x >> 33
+    };
+    for i in 0..FILES {
+        let len = (next() % 40_000) as usize + 1;
+        let data: Vec<u8> = (0..len)
+            .map(|j| b"abcdefghij \n"[((next() >> 3) as usize + j) % 12])
+            .collect();
+        fs::write(d.join(format!("f{i:03}")), data).unwrap();
+    }
+    fs::write(d.join("sub/x"), b"below").unwrap();
+}
+
+/// A field of `pkgfs status --json` (a number; keys are unique in the report).
+fn status_field(mp: &Path, key: &str) -> u64 {
+    let json = String::from_utf8(run(pkgfs().arg("status").arg("--json").arg(mp)).stdout).unwrap();
+    let at = json
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + key.len()
+        + 3;
+    json[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+/// Whether every page of `p` is in the kernel's page cache (`mincore` of a mapping,
+/// which reads nothing).
+fn resident(p: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(p).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    assert!(len > 0);
+    // SAFETY: a fresh read-only shared mapping of an open file, unmapped below.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(addr, libc::MAP_FAILED, "mmap {}", p.display());
+    let mut pages = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: `pages` has one byte per page of the mapping.
+    let r = unsafe { libc::mincore(addr, len, pages.as_mut_ptr()) };
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(addr, len) };
+    assert_eq!(r, 0);
+    pages.iter().all(|v| v & 1 == 1)
+}
+
+/// Wait until the read-ahead thread has been idle for a while; returns the files and
+/// bytes it has pushed.
+fn settled(mp: &Path) -> (u64, u64) {
+    let start = Instant::now();
+    let mut last = (u64::MAX, 0);
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = (
+            status_field(mp, "prefetched_files"),
+            status_field(mp, "prefetched_bytes"),
+        );
+        if now == last {
+            return now;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "pushes never settle"
+        );
+        last = now;
+    }
+}
+
+fn file(i: usize) -> String {
+    format!("d/f{i:03}")
+}
+
+fn check(m: &Mount, src: &Path, i: usize) {
+    assert!(
+        fs::read(m.path().join(file(i))).unwrap() == fs::read(src.join(file(i))).unwrap(),
+        "{} differs",
+        file(i)
+    );
+}
+
+/// List `d` as `tar` does and check the order (the order files are pushed in).
+fn list(m: &Mount) {
+    let names: Vec<_> = fs::read_dir(m.path().join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted, "readdir lists names in byte order");
+    assert_eq!(names.len(), FILES + 1);
+}
+
+#[test]
+fn a_walk_over_small_files_is_served_from_pushed_pages() {
+    if !require_fuse() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_files(&src);
+    let zips = tmp.path().join("zips");
+    let zsts = tmp.path().join("zsts");
+    fs::create_dir_all(&zips).unwrap();
+    fs::create_dir_all(&zsts).unwrap();
+    run(Command::new("zip")
+        .current_dir(&src)
+        .args(["-q", "-r", "-6"])
+        .arg(zips.join("a.zip"))
+        .arg("."));
+    run(pkgfs()
+        .arg("pack")
+        .arg(&src)
+        .arg("-o")
+        .arg(zsts.join("a.tar.zst")));
+    for pkgs in [&zips, &zsts] {
+        let m = Mount::new(&[pkgs], &[]);
+        let mp = m.path();
+        list(&m);
+        // A miss on the first file: the files after it are pushed (the first window,
+        // 128 KiB of them), and nothing beyond.
+        check(&m, &src, 0);
+        let (n1, bytes1) = settled(&mp);
+        assert!(
+            n1 >= 3 && bytes1 >= 128 * 1024,
+            "{n1} files, {bytes1} bytes"
+        );
+        let n1 = n1 as usize;
+        assert!((1..=n1).all(|i| resident(&mp.join(file(i)))));
+        assert!(!resident(&mp.join(file(n1 + 1))));
+        // Reading them costs no request.
+        let reads = status_field(&mp, "read");
+        for i in 1..=n1 {
+            check(&m, &src, i);
+        }
+        assert_eq!(status_field(&mp, "read"), reads);
+        // The next miss is sequential: the reader is left the file after it, and a
+        // window twice as large is pushed after that.
+        check(&m, &src, n1 + 1);
+        let (n2, bytes2) = settled(&mp);
+        assert!(bytes2 - bytes1 >= 256 * 1024, "{bytes1} then {bytes2}");
+        assert!(!resident(&mp.join(file(n1 + 2))));
+        let pushed = (n2 - n1 as u64) as usize;
+        assert!((n1 + 3..n1 + 3 + pushed).all(|i| resident(&mp.join(file(i)))));
+        // The rest of the walk, whatever the timing: the bytes are right, and a second
+        // walk sends no READ at all (the pages stay).
+        for i in n1 + 2..FILES {
+            check(&m, &src, i);
+        }
+        let reads = status_field(&mp, "read");
+        eprintln!("{}: {reads} READs for {FILES} files", pkgs.display());
+        for i in 0..FILES {
+            check(&m, &src, i);
+        }
+        assert_eq!(status_field(&mp, "read"), reads);
+    }
+    // Control: read-ahead off, nothing is pushed and every file costs a READ.
+    let m = Mount::new(&[&zips], &["-o", "prefetch=0"]);
+    list(&m);
+    check(&m, &src, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!resident(&m.path().join(file(1))));
+    for i in 1..FILES {
+        check(&m, &src, i);
+    }
+    assert_eq!(status_field(&m.path(), "prefetched_files"), 0);
+    assert_eq!(status_field(&m.path(), "read"), FILES as u64);
+}
+
+#[test]
+fn files_opened_by_name_without_a_listing_are_not_pushed() {
+    if !require_fuse() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_files(&src);
+    let zips = tmp.path().join("zips");
+    fs::create_dir_all(&zips).unwrap();
+    run(Command::new("zip")
+        .current_dir(&src)
+        .args(["-q", "-r", "-6"])
+        .arg(zips.join("a.zip"))
+        .arg("."));
+    let m = Mount::new(&[&zips], &[]);
+    // The kernel holds no inode of the other files: nothing can be pushed to it, and
+    // nothing is decoded for it.
+    for i in 0..20 {
+        let name = format!("d/f{i:03}");
+        assert_eq!(
+            fs::read(m.path().join(&name)).unwrap(),
+            fs::read(src.join(&name)).unwrap()
+        );
+    }
+    assert_eq!(status_field(&m.path(), "prefetched_files"), 0);
+    assert_eq!(status_field(&m.path(), "read"), 20);
+}

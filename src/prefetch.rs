@@ -1,0 +1,421 @@
+//! Directory read-ahead: push the files that follow a file being read into the kernel's
+//! page cache before anyone asks for them.
+//!
+//! A program that walks a tree (`tar`, `cp -r`, `rsync`, an interpreter importing a
+//! package, a compiler reading a directory of headers) reads one small file after
+//! another. The kernel reads ahead inside a file, never across files, so on a tree of
+//! small files every file costs a FUSE round trip during which the reader waits: those
+//! round trips, not decompression or the disk, bound the speed of a cold walk
+//! (docs/BENCHMARKS.md). FUSE lets the server store data into the page cache of any inode
+//! the kernel holds (`FUSE_NOTIFY_STORE`), and READDIRPLUS has made the kernel hold every
+//! entry of a directory that was listed (pkgfs notes which files it has given the
+//! kernel, by LOOKUP or READDIRPLUS, and pushes only those). So when a read starts at offset 0 of a file (the
+//! kernel had none of it: a *miss*), a prefetch thread decodes the files that follow it
+//! in its directory, in the order `readdir` lists them, and stores them; the reader then
+//! finds them cached, and the decoding runs on another core while it works.
+//!
+//! The window works like the kernel's own readahead. The first miss in a directory plans
+//! the following files up to [`INITIAL_WINDOW`] bytes. A miss at or inside the window
+//! of a directory means a reader is walking it: the window doubles, up to the configured
+//! maximum, from where the pushes have got to. A reader that has caught up with the
+//! pushes is left the next file (its worker decodes it) and the pushes resume after it,
+//! so the two decode different files in parallel instead of the same one twice. A miss
+//! anywhere else (a random reader) starts over at the initial window, so random access
+//! costs little extra decoding. Files larger than the maximum are left to the kernel's
+//! readahead; a file is pushed at most once per generation, never after the kernel has
+//! read it itself, and only if the kernel holds its inode (pkgfs notes which files it
+//! has given the kernel, by LOOKUP or READDIRPLUS): a reader that opens files by name
+//! without listing the directory gets no pushes and costs no decoding.
+//!
+//! Planning ([`Prefetcher::missed`]) and pushing ([`Prefetcher::step`], one file at a
+//! time) are separate, so the thread that runs them takes every new miss into account
+//! between two files: a reader's position steers the pushes as soon as it is known.
+//!
+//! Correctness does not depend on any of this: an inode number's contents never change
+//! during a mount (a changed file gets a new inode, see `view`), so a push can be early
+//! or useless but never stale; a push for an inode the kernel has dropped is ignored by
+//! the kernel. The module knows nothing of FUSE: the caller passes the function that
+//! stores data into the kernel.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use log::debug;
+
+use crate::fs::PkgFs;
+use crate::tree::Kind;
+use crate::view::View;
+
+/// The first window of a directory, in bytes of file data.
+pub const INITIAL_WINDOW: u64 = 128 * 1024;
+
+/// The default largest window (`prefetch=` mount option).
+pub const DEFAULT_MAX_WINDOW: u64 = 8 * 1024 * 1024;
+
+/// Entries one step looks at, at most (directories of empty files or subdirectories).
+const MAX_SCAN: usize = 4096;
+
+/// Directories whose window is remembered; more are forgotten all at once.
+const MAX_DIRS: usize = 4096;
+
+/// The read-ahead state of one directory.
+#[derive(Debug, Clone)]
+struct Window {
+    /// Generation the local node numbers belong to.
+    generation: u64,
+    /// The last miss (local node): a miss from here to `cursor` is sequential.
+    start: u64,
+    /// The next file to consider (local node).
+    cursor: u64,
+    /// The end of the directory's children (local node, exclusive).
+    end: u64,
+    /// The window size, bytes.
+    bytes: u64,
+    /// Bytes of the window not covered yet.
+    budget: u64,
+}
+
+/// Whether every file from local node `from` up to (not including) `to` has been read or
+/// pushed (looking at no more than [`MAX_SCAN`] of them).
+fn read_between(view: &View, from: u64, to: u64) -> bool {
+    to - from <= MAX_SCAN as u64
+        && (from..to).all(|l| {
+            let canon = view.tree.canonical(l);
+            match view.tree.node(canon) {
+                Some(n) if n.kind == Kind::File && n.size > 0 => view
+                    .tree
+                    .member_index(n)
+                    .and_then(|i| view.member_state(i))
+                    .is_some_and(|s| s.cached.load(Relaxed)),
+                _ => true,
+            }
+        })
+}
+
+/// Plans and pushes directory read-ahead for one mount. One thread owns it.
+pub struct Prefetcher {
+    fs: Arc<PkgFs>,
+    max: u64,
+    windows: HashMap<u64, Window>,
+    /// Directories with pushes to do, the most recent miss first.
+    active: VecDeque<u64>,
+}
+
+impl Prefetcher {
+    /// Read-ahead for `fs`, with windows up to `max` bytes (0: none).
+    pub fn new(fs: Arc<PkgFs>, max: u64) -> Self {
+        Prefetcher {
+            fs,
+            max,
+            windows: HashMap::new(),
+            active: VecDeque::new(),
+        }
+    }
+
+    /// A read at offset 0 of `ino` missed the kernel's cache (the worker serving it has
+    /// marked it as cached): plan what follows it. Cheap; the pushes are [`Self::step`]'s.
+    pub fn missed(&mut self, ino: u64) {
+        if self.max == 0 {
+            return;
+        }
+        let Ok((view, local)) = self.fs.find(ino) else {
+            return;
+        };
+        let Some(node) = view.tree.node(local) else {
+            return;
+        };
+        let Some(parent) = view.tree.node(node.parent) else {
+            return;
+        };
+        if node.kind != Kind::File {
+            return;
+        }
+        let dir = view.global(node.parent);
+        let initial = INITIAL_WINDOW.min(self.max);
+        // Sequential: at or after the last miss, and either within the pushes or ahead
+        // of them with every file in between read already.
+        let walking = self.windows.get_mut(&dir).filter(|w| {
+            w.generation == view.generation
+                && w.start <= local
+                && (local <= w.cursor || read_between(&view, w.cursor, local))
+        });
+        match walking {
+            Some(w) => {
+                if local + 1 >= w.cursor {
+                    // Caught up: the reader's worker will decode the next file.
+                    w.cursor = local + 2;
+                }
+                w.start = local;
+                w.bytes = w.bytes.saturating_mul(2).min(self.max);
+                w.budget = w.bytes;
+            }
+            None => {
+                if self.windows.len() >= MAX_DIRS {
+                    self.windows.clear();
+                    self.active.clear();
+                }
+                self.windows.insert(
+                    dir,
+                    Window {
+                        generation: view.generation,
+                        start: local,
+                        cursor: local + 1,
+                        end: view.tree.child_range(parent).end,
+                        bytes: initial,
+                        budget: initial,
+                    },
+                );
+            }
+        }
+        self.active.retain(|&d| d != dir);
+        self.active.push_front(dir);
+    }
+
+    /// Push the next planned file with `store(inode, data)`. Returns `false` when there
+    /// is nothing left to push.
+    pub fn step(&mut self, store: &mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>) -> bool {
+        let view = self.fs.view();
+        let stats = &self.fs.stats;
+        while let Some(&dir) = self.active.front() {
+            let w = match self.windows.get_mut(&dir) {
+                Some(w) if w.generation == view.generation => w,
+                _ => {
+                    self.active.pop_front();
+                    continue;
+                }
+            };
+            for _ in 0..MAX_SCAN {
+                if w.budget == 0 || w.cursor >= w.end {
+                    break;
+                }
+                let cl = w.cursor;
+                w.cursor += 1;
+                let canon = view.tree.canonical(cl);
+                let Some(n) = view.tree.node(canon) else {
+                    continue;
+                };
+                if n.kind != Kind::File
+                    || n.size == 0
+                    || n.size > self.max
+                    || n.size > u64::from(u32::MAX)
+                {
+                    continue;
+                }
+                let Some(state) = view.tree.member_index(n).and_then(|i| view.member_state(i))
+                else {
+                    continue;
+                };
+                // The kernel refuses data for inodes it does not hold.
+                if !state.known.load(Relaxed) {
+                    continue;
+                }
+                // Files the kernel already has count towards the window, as cached pages
+                // count towards the kernel's: a reader ahead of the pushes does not make
+                // the window run on.
+                w.budget = w.budget.saturating_sub(n.size);
+                if state.cached.swap(true, Relaxed) {
+                    continue;
+                }
+                let target = view.global(canon);
+                // A file that cannot be read is left for a real read to report.
+                let Ok(data) = self.fs.read_node(&view, canon, target, n, 0, n.size as u32) else {
+                    continue;
+                };
+                match store(target, &data) {
+                    Ok(()) => {
+                        stats.prefetched.fetch_add(1, Relaxed);
+                        stats.prefetched_bytes.fetch_add(data.len() as u64, Relaxed);
+                    }
+                    Err(e) => {
+                        stats.prefetch_failed.fetch_add(1, Relaxed);
+                        debug!("prefetch of inode {target} refused: {e}");
+                        w.budget = 0;
+                    }
+                }
+                return true;
+            }
+            if w.budget == 0 || w.cursor >= w.end {
+                self.active.pop_front();
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{Ownership, TreeBuilder};
+    use std::io::Write;
+
+    /// A mount (no FUSE) of a real ZIP holding `n` deflated files of `size` bytes in
+    /// directory `d` (`d/f000`, ...) and a subdirectory `d/sub` with one file.
+    fn mount(n: usize, size: usize) -> (Arc<PkgFs>, tempfile::TempDir) {
+        mount_with(n, size, true)
+    }
+
+    /// [`mount`], with the directory listed by the kernel (READDIRPLUS) or not.
+    fn mount_with(n: usize, size: usize, listed: bool) -> (Arc<PkgFs>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.zip");
+        let mut w = ::zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        let mut names: Vec<String> = (0..n).map(|i| format!("d/f{i:03}")).collect();
+        names.push("d/sub/x".into());
+        for (i, name) in names.iter().enumerate() {
+            w.start_file(name.as_str(), ::zip::write::SimpleFileOptions::default())
+                .unwrap();
+            w.write_all(&vec![b'a' + (i % 26) as u8; size]).unwrap();
+        }
+        w.finish().unwrap();
+        let idx = crate::archive::open(&path, None).unwrap();
+        let mut b = TreeBuilder::new(Ownership {
+            uid: 0,
+            gid: 0,
+            force_uid: false,
+            force_gid: false,
+        });
+        b.add_layer(0, 0, &idx.entries);
+        let fs = PkgFs::new(b.finish(), vec![idx.archive], 1 << 20);
+        if listed {
+            // The kernel lists the directory with READDIRPLUS: it holds every file.
+            let d = fs.resolve(b"d").unwrap();
+            fs.readdir(d, 0, true, |_| false).unwrap();
+        }
+        (Arc::new(fs), dir)
+    }
+
+    /// Push everything planned, logging (path, length) of each push.
+    fn drain(p: &mut Prefetcher, fs: &PkgFs) -> Vec<(String, usize)> {
+        let view = fs.view();
+        let mut log = Vec::new();
+        while p.step(&mut |ino, data| {
+            let local = view.local(ino).unwrap();
+            log.push((
+                String::from_utf8(view.tree.path_of(local)).unwrap(),
+                data.len(),
+            ));
+            Ok(())
+        }) {}
+        log
+    }
+
+    /// A miss on `path` (the worker's read, then the hint), and the pushes it causes.
+    fn push_log(p: &mut Prefetcher, fs: &PkgFs, path: &str) -> Vec<(String, usize)> {
+        let ino = fs.resolve(path.as_bytes()).unwrap();
+        fs.read(ino, 0, 4096).unwrap();
+        p.missed(ino);
+        drain(p, fs)
+    }
+
+    fn names(log: &[(String, usize)]) -> Vec<&str> {
+        log.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn a_walk_grows_the_window_and_a_random_read_resets_it() {
+        let (fs, _f) = mount(200, 16 * 1024);
+        let mut p = Prefetcher::new(fs.clone(), 1 << 20);
+        // First miss: 128 KiB of the following files (8 of 16 KiB).
+        let log = push_log(&mut p, &fs, "d/f000");
+        assert_eq!(names(&log)[..2], ["d/f001", "d/f002"]);
+        assert_eq!(log.len(), 8);
+        assert!(log.iter().all(|(_, len)| *len == 16 * 1024));
+        // The reader reaches the end of the window: it is left the next file, and the
+        // next window, twice as large, starts after that.
+        let log = push_log(&mut p, &fs, "d/f009");
+        assert_eq!((names(&log)[0], log.len()), ("d/f011", 16));
+        let log = push_log(&mut p, &fs, "d/f027");
+        assert_eq!((names(&log)[0], log.len()), ("d/f029", 32));
+        // Capped at the maximum window (1 MiB = 64 files).
+        let log = push_log(&mut p, &fs, "d/f061");
+        assert_eq!(log.len(), 64);
+        let log = push_log(&mut p, &fs, "d/f127");
+        assert_eq!((names(&log)[0], log.len()), ("d/f129", 64));
+        // A random miss elsewhere starts over small (f006 to f013), and files already
+        // pushed or read are not pushed again (they fill the window): only f010, left to
+        // a reader that never came, is.
+        let log = push_log(&mut p, &fs, "d/f005");
+        assert_eq!(names(&log), ["d/f010"]);
+        // The directory ends: the subdirectory and what is inside it are not pushed.
+        let log = push_log(&mut p, &fs, "d/f193");
+        assert_eq!(
+            names(&log),
+            ["d/f194", "d/f195", "d/f196", "d/f197", "d/f198", "d/f199"]
+        );
+        assert_eq!(
+            fs.stats.prefetched.load(Relaxed),
+            8 + 16 + 32 + 64 + 64 + 1 + 6
+        );
+    }
+
+    #[test]
+    fn a_reader_ahead_of_the_pushes_moves_them_on() {
+        let (fs, _f) = mount(100, 16 * 1024);
+        let mut p = Prefetcher::new(fs.clone(), 1 << 20);
+        let ino = |name: &str| fs.resolve(name.as_bytes()).unwrap();
+        fs.read(ino("d/f000"), 0, 1).unwrap();
+        p.missed(ino("d/f000"));
+        // Two files pushed, then the reader misses on f004 (it read f003 itself).
+        let mut n = 0;
+        while n < 2 && p.step(&mut |_, _| Ok(())) {
+            n += 1;
+        }
+        for f in ["d/f003", "d/f004"] {
+            fs.read(ino(f), 0, 1).unwrap();
+        }
+        p.missed(ino("d/f004"));
+        let log = drain(&mut p, &fs);
+        // f003 and f004 were the reader's; f005 is left for it, the pushes go on at f006
+        // with a doubled window (256 KiB = 16 files).
+        assert_eq!((names(&log)[0], log.len()), ("d/f006", 16));
+    }
+
+    #[test]
+    fn pushes_the_bytes_of_the_files_and_honours_the_limits() {
+        let (fs, _f) = mount(4, 100);
+        let mut p = Prefetcher::new(fs.clone(), 1 << 20);
+        let ino = fs.resolve(b"d/f000").unwrap();
+        fs.read(ino, 0, 100).unwrap();
+        let mut got = Vec::new();
+        p.missed(ino);
+        while p.step(&mut |ino, data| {
+            got.push((ino, data.to_vec()));
+            Ok(())
+        }) {}
+        assert_eq!(got.len(), 3);
+        for (ino, data) in &got {
+            assert_eq!(*data, fs.read(*ino, 0, 1000).unwrap());
+        }
+        // Only files the kernel holds an inode of can be pushed: here the one looked up.
+        let (fs, _f) = mount_with(4, 100, false);
+        let mut p = Prefetcher::new(fs.clone(), 1 << 20);
+        let d = fs.resolve(b"d").unwrap();
+        let f0 = fs.lookup(d, b"f000").unwrap().ino;
+        let f2 = fs.lookup(d, b"f002").unwrap().ino;
+        let mut got = Vec::new();
+        p.missed(f0);
+        while p.step(&mut |ino, _| {
+            got.push(ino);
+            Ok(())
+        }) {}
+        assert_eq!(got, [f2]);
+        // Disabled: nothing.
+        let (fs, _f) = mount(4, 100);
+        let mut p = Prefetcher::new(fs.clone(), 0);
+        p.missed(fs.resolve(b"d/f000").unwrap());
+        assert!(!p.step(&mut |_, _| Ok(())));
+        // Files larger than the window are left to the kernel.
+        let (fs, _f) = mount(4, 64 * 1024);
+        let mut p = Prefetcher::new(fs.clone(), 32 * 1024);
+        p.missed(fs.resolve(b"d/f000").unwrap());
+        assert!(!p.step(&mut |_, _| Ok(())));
+        // A refused push stops the window and is counted.
+        let (fs, _f) = mount(4, 100);
+        let mut p = Prefetcher::new(fs.clone(), 1 << 20);
+        p.missed(fs.resolve(b"d/f000").unwrap());
+        while p.step(&mut |_, _| Err(std::io::Error::other("gone"))) {}
+        assert_eq!(fs.stats.prefetched.load(Relaxed), 0);
+        assert_eq!(fs.stats.prefetch_failed.load(Relaxed), 1);
+    }
+}
