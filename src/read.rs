@@ -24,7 +24,7 @@ use lru::LruCache;
 use crate::archive::seekable::{self, SeekTable};
 use crate::archive::zip::{self, METHOD_DEFLATE, METHOD_STORED, METHOD_ZSTD};
 use crate::archive::{Archive, ZipData, read_exact_at};
-use crate::cache::BlockCache;
+use crate::cache::{Block, BlockCache};
 use crate::error::{Error, Result};
 use crate::inflate::Inflater;
 use crate::tree::{Member, MemberData};
@@ -228,7 +228,7 @@ impl Reader {
         })
     }
 
-    fn frame(&self, a: &Arc<Archive>, table: &SeekTable, fi: usize) -> Result<Arc<[u8]>> {
+    fn frame(&self, a: &Arc<Archive>, table: &SeekTable, fi: usize) -> Result<Arc<Block>> {
         let key = BlockKey::Frame(a.key, fi as u32);
         if let Some(b) = self.cache.get(&key) {
             return Ok(b);
@@ -240,9 +240,12 @@ impl Reader {
         {
             return Ok(b);
         }
-        let data = seekable::decode_frame(&*self.file(a)?, table, fi);
+        let dsize = table.frames.get(fi).map_or(0, |f| f.dsize as usize);
+        let mut data = Block::buffer(dsize);
+        let decoded = seekable::decode_frame_into(&*self.file(a)?, table, fi, &mut data);
         a.unchanged()?;
-        let data: Arc<[u8]> = data?.into();
+        decoded?;
+        let data = Arc::new(Block::new(data));
         self.count_archive_bytes(table.frames[fi].csize as usize);
         self.stats.blocks_decoded.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -385,7 +388,7 @@ impl Reader {
     }
 
     /// Decoded block `bi` of the member, from the cache or by decoding.
-    fn block(&self, m: &ZipMember<'_>, bi: u64) -> Result<Arc<[u8]>> {
+    fn block(&self, m: &ZipMember<'_>, bi: u64) -> Result<Arc<Block>> {
         let key_of = |block| BlockKey::Member {
             archive: m.archive.key,
             header: m.zip.header_offset,
@@ -431,7 +434,7 @@ impl Reader {
             self.stats
                 .decompressed_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
-            let data: Arc<[u8]> = data.into();
+            let data = Arc::new(Block::new(data));
             self.cache.insert(key_of(at), data.clone());
             if stream.out_pos % CHECKPOINT_EVERY == 0 && stream.out_pos < m.size {
                 self.save_checkpoint(m, &mut stream);
@@ -463,7 +466,7 @@ pub enum ReadData {
     /// `block[start..end]`.
     Shared {
         /// The cached block.
-        block: Arc<[u8]>,
+        block: Arc<Block>,
         /// First byte.
         start: usize,
         /// One past the last byte.
@@ -497,7 +500,7 @@ impl ReadData {
 fn gather(
     start: u64,
     end: u64,
-    mut block_at: impl FnMut(u64) -> Result<(u64, Arc<[u8]>)>,
+    mut block_at: impl FnMut(u64) -> Result<(u64, Arc<Block>)>,
 ) -> Result<ReadData> {
     if start >= end {
         return Ok(ReadData::Owned(Vec::new()));
@@ -693,7 +696,7 @@ impl Stream {
     /// Decode the next block; returns it with the number of archive bytes read.
     fn next_block(&mut self, file: &File, m: &ZipMember) -> Result<(Vec<u8>, usize)> {
         let want = (m.size - self.out_pos).min(BLOCK_SIZE) as usize;
-        let mut out = vec![0u8; want];
+        let mut out = Block::buffer(want);
         let mut produced = 0;
         let mut read = 0;
         while produced < want {
