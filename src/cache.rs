@@ -210,7 +210,10 @@ mod tests {
         // Other tests share the pool: look for the buffer among a few takes.
         let again: Vec<Vec<u8>> = (0..POOL_MAX).map(|_| Block::buffer(200 * 1024)).collect();
         assert!(again.iter().all(|b| b.len() == 200 * 1024));
-        assert!(again.iter().any(|b| b.as_ptr() == ptr), "the buffer came back");
+        assert!(
+            again.iter().any(|b| b.as_ptr() == ptr),
+            "the buffer came back"
+        );
         // Small buffers are not pooled.
         assert_eq!(Block::buffer(100).len(), 100);
     }

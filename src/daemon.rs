@@ -18,6 +18,8 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -27,7 +29,7 @@ use crate::archive::seekable::IndexCache;
 use crate::cli::{Access, MountConfig};
 use crate::fs::PkgFs;
 use crate::fuse::Fuse;
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{Hint, Prefetcher, Warmer};
 use crate::source::{self, LoadOptions, Packages};
 use crate::status::{self, Activity, MountInfo};
 use crate::view::Invalidation;
@@ -158,17 +160,25 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
     };
     config.n_threads = Some(cfg.threads);
     config.clone_fd = true;
-    let (misses, missed) = mpsc::sync_channel(PREFETCH_QUEUE);
-    let misses = (cfg.prefetch_bytes > 0).then_some(misses);
-    let session = spawn_session(Fuse::new(fs.clone(), misses), cfg, config)
+    let (hints_tx, hints) = mpsc::sync_channel(PREFETCH_QUEUE);
+    let hints_tx = (cfg.prefetch_bytes > 0).then_some(hints_tx);
+    let session = spawn_session(Fuse::new(fs.clone(), hints_tx), cfg, config)
         .map_err(|e| format!("cannot mount at {}: {e}", cfg.mountpoint.display()))?;
     if cfg.prefetch_bytes > 0 {
         let notifier = session.notifier();
         let prefetcher = Prefetcher::new(fs.clone(), cfg.prefetch_bytes);
+        let warmer = Warmer::new(fs.clone(), cfg.prefetch_bytes);
+        let position = Arc::new(AtomicU64::new(0));
+        let (wake, woken) = mpsc::sync_channel(1);
+        let at = position.clone();
+        std::thread::Builder::new()
+            .name("pkgfs-warm".into())
+            .spawn(move || warm_loop(&warmer, &at, &woken))
+            .map_err(|e| format!("cannot start the read-ahead threads: {e}"))?;
         std::thread::Builder::new()
             .name("pkgfs-prefetch".into())
-            .spawn(move || prefetch_loop(prefetcher, &missed, &notifier))
-            .map_err(|e| format!("cannot start the prefetch thread: {e}"))?;
+            .spawn(move || prefetch_loop(prefetcher, &hints, &notifier, &position, &wake))
+            .map_err(|e| format!("cannot start the read-ahead threads: {e}"))?;
     }
     let dev = raise_readahead(&cfg.mountpoint);
     let info = MountInfo {
@@ -227,16 +237,27 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Hints of reads at offset 0 waiting for the prefetch thread; more are dropped.
+/// Hints waiting for the read-ahead thread; more are dropped.
 const PREFETCH_QUEUE: usize = 1024;
 
 /// The directory read-ahead thread: runs until the session (and with it the sender of
 /// hints) is gone. A panic is logged and the thread carries on with the next hint.
 fn prefetch_loop(
     mut prefetcher: Prefetcher,
-    missed: &mpsc::Receiver<u64>,
+    hints: &mpsc::Receiver<Hint>,
     notifier: &fuser::Notifier,
+    position: &AtomicU64,
+    wake: &mpsc::SyncSender<()>,
 ) {
+    let take = |prefetcher: &mut Prefetcher, hint: Hint| {
+        prefetcher.hint(hint);
+        // Tell the warmer where the walk has got to.
+        if let Some(at) = prefetcher.walk_position()
+            && position.swap(at, Relaxed) != at
+        {
+            let _ = wake.try_send(());
+        }
+    };
     let mut store = |ino: u64, data: &[u8]| notifier.store(fuser::INodeNo(ino), 0, data);
     loop {
         // Take every miss into account before the next push: a reader's position steers
@@ -244,15 +265,15 @@ fn prefetch_loop(
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut more = true;
             while more {
-                match missed.try_recv() {
-                    Ok(ino) => prefetcher.missed(ino),
+                match hints.try_recv() {
+                    Ok(hint) => take(&mut prefetcher, hint),
                     Err(mpsc::TryRecvError::Empty) => more = prefetcher.step(&mut store),
                     Err(mpsc::TryRecvError::Disconnected) => return false,
                 }
             }
-            match missed.recv() {
-                Ok(ino) => {
-                    prefetcher.missed(ino);
+            match hints.recv() {
+                Ok(hint) => {
+                    take(&mut prefetcher, hint);
                     true
                 }
                 Err(_) => false,
@@ -262,6 +283,20 @@ fn prefetch_loop(
             Ok(true) => {}
             Ok(false) => break,
             Err(_) => error!("directory read-ahead panicked; carrying on"),
+        }
+    }
+}
+
+/// The warmer thread: decode ahead of the walk each time it moves, until the session
+/// (and with it the prefetch thread) is gone.
+fn warm_loop(warmer: &Warmer, position: &AtomicU64, woken: &mpsc::Receiver<()>) {
+    while woken.recv().is_ok() {
+        let at = position.load(Relaxed);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            warmer.warm(at, &|| position.load(Relaxed) != at)
+        }));
+        if r.is_err() {
+            error!("decoding ahead of a walk panicked; carrying on");
         }
     }
 }

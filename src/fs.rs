@@ -472,7 +472,16 @@ impl PkgFs {
         let node = Self::node(&v, l)?;
         let data = match node.kind {
             Kind::Dir => Err(Error::IsDir),
-            _ => self.read_node(&v, l, ino, node, offset, size),
+            _ => {
+                if offset == 0 {
+                    // The kernel is reading the file from its start: it will have it.
+                    if let Some(state) = v.tree.member_index(node).and_then(|i| v.member_state(i)) {
+                        state.requested.store(true, Relaxed);
+                        state.cached.store(true, Relaxed);
+                    }
+                }
+                self.read_node(&v, l, ino, node, offset, size)
+            }
         }?;
         self.stats.read_bytes.fetch_add(data.len() as u64, Relaxed);
         Ok(data)
@@ -495,9 +504,6 @@ impl PkgFs {
         let Some((state, member, layer)) = found else {
             return self.report(v, local, ino, Error::Format("file has no data".into()));
         };
-        if offset == 0 {
-            state.cached.store(true, Relaxed);
-        }
         match self
             .reader
             .read(&layer.archive, state, member, offset, size)

@@ -7,8 +7,9 @@
 //! - `open` and `opendir` answer `ENOSYS`, which makes the kernel skip OPEN/RELEASE
 //!   entirely and keep page and directory caches (`FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`);
 //! - READDIRPLUS, parallel directory operations and symlink caching are requested;
-//! - a read at offset 0 (the kernel had none of the file) is passed on as a hint to the
-//!   directory read-ahead thread (`prefetch`), which the daemon runs.
+//! - a read at offset 0 (the kernel had none of the file) and a directory listing are
+//!   passed on as hints to the directory read-ahead thread (`prefetch`), which the
+//!   daemon runs.
 //!
 //! Every handler runs under `catch_unwind`: a panic becomes `EIO` for that request and the
 //! worker thread lives on (a dead worker would hang every later access).
@@ -31,6 +32,7 @@ use log::{debug, error};
 
 use crate::error::Error;
 use crate::fs::{Attr, BLKSIZE, PkgFs};
+use crate::prefetch::Hint;
 use crate::tree::Kind;
 
 /// How long the kernel may cache entries and attributes. The tree is immutable for the
@@ -45,18 +47,18 @@ pub const PANIC_ENV: &str = "PKGFS_FAULT_PANIC_ON_LOOKUP";
 pub struct Fuse {
     fs: Arc<PkgFs>,
     panic_on: Option<Vec<u8>>,
-    misses: Option<SyncSender<u64>>,
+    hints: Option<SyncSender<Hint>>,
 }
 
 impl Fuse {
-    /// Wrap a filesystem. Inodes read from offset 0 are sent to `misses` (if any) without
-    /// waiting: when the channel is full, the hint is dropped.
-    pub fn new(fs: Arc<PkgFs>, misses: Option<SyncSender<u64>>) -> Self {
+    /// Wrap a filesystem. Reads at offset 0 and directory listings are sent to `hints`
+    /// (if any) without waiting: when the channel is full, the hint is dropped.
+    pub fn new(fs: Arc<PkgFs>, hints: Option<SyncSender<Hint>>) -> Self {
         let panic_on = std::env::var_os(PANIC_ENV).map(|v| v.as_bytes().to_vec());
         Fuse {
             fs,
             panic_on,
-            misses,
+            hints,
         }
     }
 }
@@ -218,9 +220,9 @@ impl Filesystem for Fuse {
         // Before decoding: the read-ahead thread starts on the files after this one
         // while this one is decoded and travels (it never pushes the missed file).
         if offset == 0
-            && let Some(tx) = &self.misses
+            && let Some(tx) = &self.hints
         {
-            let _ = tx.try_send(ino.0);
+            let _ = tx.try_send(Hint::Missed(ino.0));
         }
         match guarded("read", || self.fs.read_shared(ino.0, offset, size)) {
             Ok(data) => reply.data(&data),
@@ -260,8 +262,10 @@ impl Filesystem for Fuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let mut taken = 0usize;
         let r = guarded("readdirplus", || {
             self.fs.readdir(ino.0, offset, true, |e| {
+                taken += 1;
                 reply.add(
                     INodeNo(e.ino),
                     e.next_offset,
@@ -273,7 +277,17 @@ impl Filesystem for Fuse {
             })
         });
         match r {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                reply.ok();
+                // The end of a listing: the reader has taken in every earlier batch, so
+                // the kernel holds the entries' inodes and data can be pushed to them.
+                if offset > 0
+                    && taken == 0
+                    && let Some(tx) = &self.hints
+                {
+                    let _ = tx.try_send(Hint::Listed(ino.0));
+                }
+            }
             Err(e) => reply.error(e),
         }
     }

@@ -27,7 +27,20 @@
 //! has given the kernel, by LOOKUP or READDIRPLUS): a reader that opens files by name
 //! without listing the directory gets no pushes and costs no decoding.
 //!
-//! Planning ([`Prefetcher::missed`]) and pushing ([`Prefetcher::step`], one file at a
+//! A walk goes from directory to directory. While one is under way (a sequential miss
+//! within the last [`WALK_TIMEOUT`]), the first miss in a new directory starts with the
+//! walk's window, and so does the end of a *listing* of a new directory (READDIRPLUS,
+//! which must come before any of its files can be pushed): its first files are pushed
+//! before the reader asks for them. A random miss ends the walk. A `find` that lists
+//! directories without reading files never starts one.
+//!
+//! Pushing costs a copy into the page cache; decoding costs more. During a walk a second
+//! thread, the [`Warmer`], decodes the files ahead of the reader in walk order (depth
+//! first, in name order, as `tar` goes) into the block cache, on the core the reader
+//! leaves idle while it waits, so that pushes and the reader's own misses find their
+//! blocks decoded.
+//!
+//! Planning ([`Prefetcher::missed`], [`Prefetcher::listed`]) and pushing ([`Prefetcher::step`], one file at a
 //! time) are separate, so the thread that runs them takes every new miss into account
 //! between two files: a reader's position steers the pushes as soon as it is known.
 //!
@@ -40,6 +53,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
 use log::debug;
 
@@ -52,6 +66,23 @@ pub const INITIAL_WINDOW: u64 = 128 * 1024;
 
 /// The default largest window (`prefetch=` mount option).
 pub const DEFAULT_MAX_WINDOW: u64 = 8 * 1024 * 1024;
+
+/// How long a walk lasts after its last sequential miss (a walk served entirely from
+/// pushes does not miss: the next directory that does renews it).
+pub const WALK_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The largest window a listing starts (the reader has not read anything there yet).
+const LISTED_WINDOW: u64 = 1024 * 1024;
+
+/// What the FUSE adapter tells the read-ahead thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hint {
+    /// A read at offset 0 of this inode (the kernel had none of the file).
+    Missed(u64),
+    /// A READDIRPLUS listing of this directory reached its end (the kernel has taken in
+    /// every entry before it).
+    Listed(u64),
+}
 
 /// Entries one step looks at, at most (directories of empty files or subdirectories).
 const MAX_SCAN: usize = 4096;
@@ -100,6 +131,10 @@ pub struct Prefetcher {
     windows: HashMap<u64, Window>,
     /// Directories with pushes to do, the most recent miss first.
     active: VecDeque<u64>,
+    /// The walk under way: its window and when it was last seen.
+    walk: Option<(u64, Instant)>,
+    /// Where the walk under way has got to (global inode), for the [`Warmer`].
+    walk_at: Option<u64>,
 }
 
 impl Prefetcher {
@@ -110,7 +145,92 @@ impl Prefetcher {
             max,
             windows: HashMap::new(),
             active: VecDeque::new(),
+            walk: None,
+            walk_at: None,
         }
+    }
+
+    /// Where the walk under way has got to (the last file missed or directory listed),
+    /// if one is under way.
+    pub fn walk_position(&self) -> Option<u64> {
+        self.walking().and(self.walk_at)
+    }
+
+    /// Take a hint from the FUSE adapter.
+    pub fn hint(&mut self, hint: Hint) {
+        match hint {
+            Hint::Missed(ino) => self.missed(ino),
+            Hint::Listed(ino) => self.listed(ino),
+        }
+    }
+
+    /// The window of the walk under way, if one is.
+    fn walking(&self) -> Option<u64> {
+        self.walk
+            .filter(|(_, seen)| seen.elapsed() < WALK_TIMEOUT)
+            .map(|(bytes, _)| bytes)
+    }
+
+    /// Start (or restart) the window of directory `dir` (global inode): the miss at local
+    /// node `start`, pushes from `cursor` to `end`.
+    fn open_window(
+        &mut self,
+        dir: u64,
+        generation: u64,
+        start: u64,
+        cursor: u64,
+        end: u64,
+        bytes: u64,
+    ) {
+        if self.windows.len() >= MAX_DIRS {
+            self.windows.clear();
+            self.active.clear();
+        }
+        self.windows.insert(
+            dir,
+            Window {
+                generation,
+                start,
+                cursor,
+                end,
+                bytes,
+                budget: bytes,
+            },
+        );
+        self.active.retain(|&d| d != dir);
+        self.active.push_front(dir);
+    }
+
+    /// Directory `ino` was listed to its end: during a walk, push its first files now.
+    pub fn listed(&mut self, ino: u64) {
+        let Some(bytes) = self.walking() else {
+            return;
+        };
+        let Ok((view, local)) = self.fs.find(ino) else {
+            return;
+        };
+        let Some(dir) = view.tree.node(local) else {
+            return;
+        };
+        let range = view.tree.child_range(dir);
+        if range.is_empty()
+            || self
+                .windows
+                .get(&ino)
+                .is_some_and(|w| w.generation == view.generation)
+        {
+            return;
+        }
+        let bytes = bytes.min(LISTED_WINDOW);
+        self.walk_at = Some(ino);
+        self.open_window(
+            ino,
+            view.generation,
+            range.start,
+            range.start,
+            range.end,
+            bytes,
+        );
     }
 
     /// A read at offset 0 of `ino` missed the kernel's cache (the worker serving it has
@@ -133,43 +253,45 @@ impl Prefetcher {
         }
         let dir = view.global(node.parent);
         let initial = INITIAL_WINDOW.min(self.max);
+        let range = view.tree.child_range(parent);
         // Sequential: at or after the last miss, and either within the pushes or ahead
         // of them with every file in between read already.
-        let walking = self.windows.get_mut(&dir).filter(|w| {
-            w.generation == view.generation
-                && w.start <= local
-                && (local <= w.cursor || read_between(&view, w.cursor, local))
+        let known = self
+            .windows
+            .get(&dir)
+            .filter(|w| w.generation == view.generation);
+        let sequential = known.is_some_and(|w| {
+            w.start <= local && (local <= w.cursor || read_between(&view, w.cursor, local))
         });
-        match walking {
-            Some(w) => {
-                if local + 1 >= w.cursor {
-                    // Caught up: the reader's worker will decode the next file.
-                    w.cursor = local + 2;
-                }
-                w.start = local;
-                w.bytes = w.bytes.saturating_mul(2).min(self.max);
-                w.budget = w.bytes;
+        let known = known.is_some();
+        if sequential && let Some(w) = self.windows.get_mut(&dir) {
+            if local + 1 >= w.cursor {
+                // Caught up: the reader's worker will decode the next file.
+                w.cursor = local + 2;
             }
-            None => {
-                if self.windows.len() >= MAX_DIRS {
-                    self.windows.clear();
-                    self.active.clear();
-                }
-                self.windows.insert(
-                    dir,
-                    Window {
-                        generation: view.generation,
-                        start: local,
-                        cursor: local + 1,
-                        end: view.tree.child_range(parent).end,
-                        bytes: initial,
-                        budget: initial,
-                    },
-                );
-            }
+            w.start = local;
+            w.bytes = w.bytes.saturating_mul(2).min(self.max);
+            w.budget = w.bytes;
+            self.walk = Some((w.bytes, Instant::now()));
+            self.walk_at = Some(ino);
+            self.active.retain(|&d| d != dir);
+            self.active.push_front(dir);
+            return;
         }
-        self.active.retain(|&d| d != dir);
-        self.active.push_front(dir);
+        // A first miss in a directory, on its first file (nothing before it is a file
+        // not read yet), during a walk: the walk goes on. Any other miss is random and
+        // ends it.
+        let bytes = match self.walking() {
+            Some(walk) if !known && read_between(&view, range.start, local) => {
+                self.walk_at = Some(ino);
+                walk
+            }
+            _ => {
+                self.walk = None;
+                initial
+            }
+        };
+        self.open_window(dir, view.generation, local, local + 1, range.end, bytes);
     }
 
     /// Push the next planned file with `store(inode, data)`. Returns `false` when there
@@ -222,6 +344,11 @@ impl Prefetcher {
                 let Ok(data) = self.fs.read_node(&view, canon, target, n, 0, n.size as u32) else {
                     continue;
                 };
+                // The reader asked for it while it was decoded: its READ holds the pages,
+                // and a push would wait for that READ's reply to no purpose.
+                if state.requested.load(Relaxed) {
+                    continue;
+                }
                 match store(target, &data) {
                     Ok(()) => {
                         stats.prefetched.fetch_add(1, Relaxed);
@@ -240,6 +367,61 @@ impl Prefetcher {
             }
         }
         false
+    }
+}
+
+/// Decodes files ahead of a walk into the block cache (one thread runs it).
+pub struct Warmer {
+    fs: Arc<PkgFs>,
+    ahead: u64,
+}
+
+impl Warmer {
+    /// Decoding up to `ahead` bytes of files ahead of the walk.
+    pub fn new(fs: Arc<PkgFs>, ahead: u64) -> Self {
+        Warmer { fs, ahead }
+    }
+
+    /// Decode the files after node `from` (global inode) in walk order into the block
+    /// cache, until `ahead` bytes of files are covered (files the kernel has count) or
+    /// `stop()` says the walk has moved on. Returns the bytes decoded.
+    pub fn warm(&self, from: u64, stop: &dyn Fn() -> bool) -> u64 {
+        let Ok((view, mut local)) = self.fs.find(from) else {
+            return 0;
+        };
+        let (mut covered, mut decoded) = (0u64, 0u64);
+        for _ in 0..MAX_SCAN * 4 {
+            if covered >= self.ahead || stop() {
+                break;
+            }
+            let Some(next) = view.tree.next_in_walk(local) else {
+                break;
+            };
+            local = next;
+            let canon = view.tree.canonical(local);
+            let Some(n) = view.tree.node(canon) else {
+                continue;
+            };
+            if n.kind != Kind::File || n.size == 0 || n.size > self.ahead {
+                continue;
+            }
+            let Some(state) = view.tree.member_index(n).and_then(|i| view.member_state(i)) else {
+                continue;
+            };
+            covered += n.size;
+            if state.cached.load(Relaxed) || state.warmed.swap(true, Relaxed) {
+                continue;
+            }
+            let global = view.global(canon);
+            if self
+                .fs
+                .read_node(&view, canon, global, n, 0, n.size as u32)
+                .is_ok()
+            {
+                decoded += n.size;
+            }
+        }
+        decoded
     }
 }
 

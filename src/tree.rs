@@ -208,6 +208,26 @@ impl Tree {
         }
     }
 
+    /// The node after `local` in a depth-first walk in name order (the order `tar`, `cp
+    /// -r` and `find` visit a tree in): its first child, else its next sibling, else the
+    /// next sibling of the nearest ancestor that has one.
+    pub fn next_in_walk(&self, local: u64) -> Option<u64> {
+        let node = self.node(local)?;
+        if node.kind == Kind::Dir && node.b > 0 && local != node.a {
+            return Some(node.a);
+        }
+        let mut cur = local;
+        while cur != ROOT_INO {
+            let n = self.node(cur)?;
+            let parent = self.node(n.parent)?;
+            if cur + 1 < parent.a + u64::from(parent.b) {
+                return Some(cur + 1);
+            }
+            cur = n.parent;
+        }
+        None
+    }
+
     /// Number of children of a directory.
     pub fn child_count(&self, dir: &Node) -> u32 {
         if dir.kind == Kind::Dir { dir.b } else { 0 }
@@ -715,6 +735,29 @@ mod tests {
         assert_eq!(t.total_bytes, 6);
         assert!(t.resolve(b"a/nope").is_none());
         assert!(t.resolve(b"b/a/deeper").is_none(), "a file has no children");
+    }
+
+    #[test]
+    fn a_walk_visits_the_tree_depth_first_in_name_order() {
+        let t = build(&[vec![
+            file("b/z", 1),
+            file("b/a", 2),
+            file("a/x/y", 3),
+            file("a/w", 1),
+            dir("c/", 0o755),
+            file("a/z", 1),
+        ]]);
+        let mut order = Vec::new();
+        let mut at = ROOT_INO;
+        while let Some(next) = t.next_in_walk(at) {
+            order.push(String::from_utf8(t.path_of(next)).unwrap());
+            at = next;
+        }
+        // `find` prints the same order.
+        assert_eq!(
+            order,
+            ["a", "a/w", "a/x", "a/x/y", "a/z", "b", "b/a", "b/z", "c"]
+        );
     }
 
     #[test]

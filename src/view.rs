@@ -69,6 +69,10 @@ pub struct MemberState {
     /// The kernel has been given (or asked for) its data from the start: a read at
     /// offset 0 or a prefetch push (see `prefetch`).
     pub cached: AtomicBool,
+    /// The kernel has sent a READ for it at offset 0.
+    pub requested: AtomicBool,
+    /// Decoded ahead of a walk (see `prefetch::Warmer`).
+    pub warmed: AtomicBool,
     /// The kernel has been given an inode of it (LOOKUP or READDIRPLUS): only then can
     /// data be pushed into its page cache.
     pub known: AtomicBool,
