@@ -66,6 +66,19 @@ impl Block {
         v
     }
 
+    /// An empty buffer with room for `capacity` bytes to decode into (nothing is
+    /// zeroed), reused from the pool when one is free.
+    pub fn empty(capacity: usize) -> Vec<u8> {
+        let reused = if capacity >= POOL_MIN {
+            pool().pop_if(|b| b.capacity() >= capacity)
+        } else {
+            None
+        };
+        let mut v = reused.unwrap_or_else(|| Vec::with_capacity(capacity));
+        v.clear();
+        v
+    }
+
     /// A block holding `data`.
     pub fn new(data: Vec<u8>) -> Self {
         Block(data)

@@ -241,7 +241,7 @@ impl Reader {
             return Ok(b);
         }
         let dsize = table.frames.get(fi).map_or(0, |f| f.dsize as usize);
-        let mut data = Block::buffer(dsize);
+        let mut data = Block::empty(dsize);
         let decoded = seekable::decode_frame_into(&*self.file(a)?, table, fi, &mut data);
         a.unchanged()?;
         decoded?;

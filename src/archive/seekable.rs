@@ -423,8 +423,7 @@ pub fn read_embedded_index(
 
 /// Decode frame `i` of `table` from `file`: the unit of caching for these archives.
 pub fn decode_frame(file: &File, table: &SeekTable, i: usize) -> Result<Vec<u8>, Error> {
-    let dsize = table.frames.get(i).map_or(0, |f| f.dsize as usize);
-    let mut out = vec![0u8; dsize];
+    let mut out = Vec::new();
     decode_frame_into(file, table, i, &mut out)?;
     Ok(out)
 }
@@ -436,20 +435,20 @@ thread_local! {
         const { RefCell::new((None, Vec::new())) };
 }
 
-/// [`decode_frame`] into `out`, which must be exactly the frame's decompressed size.
+/// [`decode_frame`] into `out` (emptied first; nothing is zeroed when it already has
+/// room for the frame).
 pub fn decode_frame_into(
     file: &File,
     table: &SeekTable,
     i: usize,
-    out: &mut [u8],
+    out: &mut Vec<u8>,
 ) -> Result<(), Error> {
     let f = table
         .frames
         .get(i)
         .ok_or_else(|| bad(format!("frame {i} is not in the seek table")))?;
-    if out.len() != f.dsize as usize {
-        return Err(bad(format!("frame {i}: output buffer of the wrong size")));
-    }
+    out.clear();
+    out.reserve_exact(f.dsize as usize);
     DECODER.with(|cell| {
         let mut guard = cell.borrow_mut();
         let (dctx, src) = &mut *guard;
@@ -459,6 +458,9 @@ pub fn decode_frame_into(
             Some(d) => d,
             None => dctx.insert(zstd::bulk::Decompressor::new()?),
         };
+        // The decoder writes into the spare capacity (no zeroing) and sets the length; a
+        // frame that holds more than the capacity fails here, one that holds more than
+        // the seek table says below.
         let n = dctx
             .decompress_to_buffer(src.as_slice(), out)
             .map_err(|e| Error::Corrupt(format!("frame {i} does not decompress: {e}")))?;
