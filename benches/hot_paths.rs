@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use pkgfs::archive::{DataRef, Entry, EntryKind, ZipData, seekable};
-use pkgfs::cache::BlockCache;
+use pkgfs::cache::{Block, BlockCache};
 use pkgfs::tree::{Ownership, TreeBuilder};
 
 const OWNER: Ownership = Ownership {
@@ -66,7 +66,7 @@ fn tree(c: &mut Criterion) {
 fn cache(c: &mut Criterion) {
     let cache = BlockCache::new(64 << 20);
     for i in 0..200u64 {
-        cache.insert(i, Arc::from(vec![0u8; 256 * 1024]));
+        cache.insert(i, Arc::new(Block::new(vec![0u8; 256 * 1024])));
     }
     c.bench_function("block cache hit", |b| b.iter(|| cache.get(black_box(&123))));
 }
