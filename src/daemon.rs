@@ -167,8 +167,8 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
     if cfg.prefetch_bytes > 0 {
         let notifier = session.notifier();
         let prefetcher = Prefetcher::new(fs.clone(), cfg.prefetch_bytes);
-        let warmer = Warmer::new(fs.clone(), cfg.prefetch_bytes);
-        let position = Arc::new(AtomicU64::new(0));
+        let warmer = Warmer::new(fs.clone());
+        let position = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let (wake, woken) = mpsc::sync_channel(1);
         let at = position.clone();
         std::thread::Builder::new()
@@ -246,16 +246,17 @@ fn prefetch_loop(
     mut prefetcher: Prefetcher,
     hints: &mpsc::Receiver<Hint>,
     notifier: &fuser::Notifier,
-    position: &AtomicU64,
+    position: &(AtomicU64, AtomicU64),
     wake: &mpsc::SyncSender<()>,
 ) {
     let take = |prefetcher: &mut Prefetcher, hint: Hint| {
         prefetcher.hint(hint);
         // Tell the warmer where the walk has got to.
-        if let Some(at) = prefetcher.walk_position()
-            && position.swap(at, Relaxed) != at
-        {
-            let _ = wake.try_send(());
+        if let Some((at, window)) = prefetcher.walk_position() {
+            position.1.store(window, Relaxed);
+            if position.0.swap(at, Relaxed) != at {
+                let _ = wake.try_send(());
+            }
         }
     };
     let mut store = |ino: u64, data: &[u8]| notifier.store(fuser::INodeNo(ino), 0, data);
@@ -289,14 +290,15 @@ fn prefetch_loop(
 
 /// The warmer thread: decode ahead of the walk each time it moves, until the session
 /// (and with it the prefetch thread) is gone.
-fn warm_loop(warmer: &Warmer, position: &AtomicU64, woken: &mpsc::Receiver<()>) {
+fn warm_loop(warmer: &Warmer, position: &(AtomicU64, AtomicU64), woken: &mpsc::Receiver<()>) {
     while woken.recv().is_ok() {
-        let at = position.load(Relaxed);
+        let (at, window) = (position.0.load(Relaxed), position.1.load(Relaxed));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            warmer.warm(at, &|| position.load(Relaxed) != at)
+            warmer.warm(at, window, &|| position.0.load(Relaxed) != at)
         }));
-        if r.is_err() {
-            error!("decoding ahead of a walk panicked; carrying on");
+        match r {
+            Ok(bytes) => log::trace!("walk at inode {at}: {bytes} bytes decoded ahead"),
+            Err(_) => error!("decoding ahead of a walk panicked; carrying on"),
         }
     }
 }

@@ -8,8 +8,7 @@
 //! round trips, not decompression or the disk, bound the speed of a cold walk
 //! (docs/BENCHMARKS.md). FUSE lets the server store data into the page cache of any inode
 //! the kernel holds (`FUSE_NOTIFY_STORE`), and READDIRPLUS has made the kernel hold every
-//! entry of a directory that was listed (pkgfs notes which files it has given the
-//! kernel, by LOOKUP or READDIRPLUS, and pushes only those). So when a read starts at offset 0 of a file (the
+//! entry of a directory that was listed. So when a read starts at offset 0 of a file (the
 //! kernel had none of it: a *miss*), a prefetch thread decodes the files that follow it
 //! in its directory, in the order `readdir` lists them, and stores them; the reader then
 //! finds them cached, and the decoding runs on another core while it works.
@@ -40,9 +39,10 @@
 //! leaves idle while it waits, so that pushes and the reader's own misses find their
 //! blocks decoded.
 //!
-//! Planning ([`Prefetcher::missed`], [`Prefetcher::listed`]) and pushing ([`Prefetcher::step`], one file at a
-//! time) are separate, so the thread that runs them takes every new miss into account
-//! between two files: a reader's position steers the pushes as soon as it is known.
+//! Planning ([`Prefetcher::missed`], [`Prefetcher::listed`]) and pushing
+//! ([`Prefetcher::step`], one file at a time) are separate, so the thread that runs them
+//! takes every new hint into account between two files: a reader's position steers the
+//! pushes as soon as it is known.
 //!
 //! Correctness does not depend on any of this: an inode number's contents never change
 //! during a mount (a changed file gets a new inode, see `view`), so a push can be early
@@ -63,9 +63,6 @@ use crate::view::View;
 
 /// The first window of a directory, in bytes of file data.
 pub const INITIAL_WINDOW: u64 = 128 * 1024;
-
-/// The default largest window (`prefetch=` mount option).
-pub const DEFAULT_MAX_WINDOW: u64 = 8 * 1024 * 1024;
 
 /// How long a walk lasts after its last sequential miss (a walk served entirely from
 /// pushes does not miss: the next directory that does renews it).
@@ -105,6 +102,9 @@ struct Window {
     bytes: u64,
     /// Bytes of the window not covered yet.
     budget: u64,
+    /// The window stopped at a file the kernel holds no inode of: the reader opens files
+    /// by name, it is not walking a listing (its misses never count as sequential).
+    blind: bool,
 }
 
 /// Whether every file from local node `from` up to (not including) `to` has been read or
@@ -150,10 +150,12 @@ impl Prefetcher {
         }
     }
 
-    /// Where the walk under way has got to (the last file missed or directory listed),
-    /// if one is under way.
-    pub fn walk_position(&self) -> Option<u64> {
-        self.walking().and(self.walk_at)
+    /// Where the walk under way has got to (the last file missed or directory listed)
+    /// and its window, if one is under way.
+    pub fn walk_position(&self) -> Option<(u64, u64)> {
+        self.walking()
+            .zip(self.walk_at)
+            .map(|(bytes, at)| (at, bytes))
     }
 
     /// Take a hint from the FUSE adapter.
@@ -195,6 +197,7 @@ impl Prefetcher {
                 end,
                 bytes,
                 budget: bytes,
+                blind: false,
             },
         );
         self.active.retain(|&d| d != dir);
@@ -261,9 +264,20 @@ impl Prefetcher {
             .get(&dir)
             .filter(|w| w.generation == view.generation);
         let sequential = known.is_some_and(|w| {
-            w.start <= local && (local <= w.cursor || read_between(&view, w.cursor, local))
+            !w.blind
+                && w.start <= local
+                && (local <= w.cursor || read_between(&view, w.cursor, local))
         });
         let known = known.is_some();
+        log::trace!(
+            "miss on inode {ino} (position {} in directory {dir}): {}",
+            local - range.start,
+            if sequential {
+                "sequential"
+            } else {
+                "new window"
+            }
+        );
         if sequential && let Some(w) = self.windows.get_mut(&dir) {
             if local + 1 >= w.cursor {
                 // Caught up: the reader's worker will decode the next file.
@@ -328,9 +342,15 @@ impl Prefetcher {
                 else {
                     continue;
                 };
-                // The kernel refuses data for inodes it does not hold.
+                // The kernel refuses data for inodes it does not hold, and a reader that
+                // opens files by name has not listed the directory: the window ends here
+                // (running on over such files would make any later miss in the
+                // directory look sequential).
                 if !state.known.load(Relaxed) {
-                    continue;
+                    w.cursor = cl;
+                    w.budget = 0;
+                    w.blind = true;
+                    break;
                 }
                 // Files the kernel already has count towards the window, as cached pages
                 // count towards the kernel's: a reader ahead of the pushes does not make
@@ -373,25 +393,25 @@ impl Prefetcher {
 /// Decodes files ahead of a walk into the block cache (one thread runs it).
 pub struct Warmer {
     fs: Arc<PkgFs>,
-    ahead: u64,
 }
 
 impl Warmer {
-    /// Decoding up to `ahead` bytes of files ahead of the walk.
-    pub fn new(fs: Arc<PkgFs>, ahead: u64) -> Self {
-        Warmer { fs, ahead }
+    /// A warmer for `fs`.
+    pub fn new(fs: Arc<PkgFs>) -> Self {
+        Warmer { fs }
     }
 
     /// Decode the files after node `from` (global inode) in walk order into the block
-    /// cache, until `ahead` bytes of files are covered (files the kernel has count) or
-    /// `stop()` says the walk has moved on. Returns the bytes decoded.
-    pub fn warm(&self, from: u64, stop: &dyn Fn() -> bool) -> u64 {
+    /// cache, until `ahead` bytes of files are covered (files the kernel has count; the
+    /// walk's window, so a walk that has just begun costs little) or `stop()` says the
+    /// walk has moved on. Returns the bytes decoded.
+    pub fn warm(&self, from: u64, ahead: u64, stop: &dyn Fn() -> bool) -> u64 {
         let Ok((view, mut local)) = self.fs.find(from) else {
             return 0;
         };
         let (mut covered, mut decoded) = (0u64, 0u64);
         for _ in 0..MAX_SCAN * 4 {
-            if covered >= self.ahead || stop() {
+            if covered >= ahead || stop() {
                 break;
             }
             let Some(next) = view.tree.next_in_walk(local) else {
@@ -402,7 +422,7 @@ impl Warmer {
             let Some(n) = view.tree.node(canon) else {
                 continue;
             };
-            if n.kind != Kind::File || n.size == 0 || n.size > self.ahead {
+            if n.kind != Kind::File || n.size == 0 || n.size > ahead {
                 continue;
             }
             let Some(state) = view.tree.member_index(n).and_then(|i| view.member_state(i)) else {
@@ -554,6 +574,26 @@ mod tests {
     }
 
     #[test]
+    fn the_warmer_decodes_ahead_of_a_walk_in_walk_order() {
+        let (fs, _f) = mount(10, 16 * 1024);
+        let decoded = || fs.reader().stats.decompressed_bytes.load(Relaxed);
+        let from = fs.resolve(b"d/f005").unwrap();
+        // A 64 KiB window: f006 to f009.
+        assert_eq!(
+            Warmer::new(fs.clone()).warm(from, 64 * 1024, &|| false),
+            64 * 1024
+        );
+        assert_eq!(decoded(), 64 * 1024);
+        // Further, the walk leaves the directory's files for its subdirectory; what was
+        // decoded already is not decoded again.
+        let w = Warmer::new(fs.clone());
+        assert_eq!(w.warm(from, 1 << 20, &|| false), 16 * 1024);
+        assert_eq!(decoded(), 80 * 1024);
+        // The walk moving on stops it at once.
+        assert_eq!(w.warm(fs.resolve(b"d/f000").unwrap(), 1 << 20, &|| true), 0);
+    }
+
+    #[test]
     fn pushes_the_bytes_of_the_files_and_honours_the_limits() {
         let (fs, _f) = mount(4, 100);
         let mut p = Prefetcher::new(fs.clone(), 1 << 20);
@@ -569,19 +609,25 @@ mod tests {
         for (ino, data) in &got {
             assert_eq!(*data, fs.read(*ino, 0, 1000).unwrap());
         }
-        // Only files the kernel holds an inode of can be pushed: here the one looked up.
+        // Only files the kernel holds an inode of can be pushed, and a window ends at the
+        // first one it does not hold: a reader opening files by name gets no pushes, and
+        // its misses do not look like a walk.
         let (fs, _f) = mount_with(4, 100, false);
         let mut p = Prefetcher::new(fs.clone(), 1 << 20);
         let d = fs.resolve(b"d").unwrap();
         let f0 = fs.lookup(d, b"f000").unwrap().ino;
         let f2 = fs.lookup(d, b"f002").unwrap().ino;
         let mut got = Vec::new();
-        p.missed(f0);
-        while p.step(&mut |ino, _| {
-            got.push(ino);
-            Ok(())
-        }) {}
-        assert_eq!(got, [f2]);
+        for f in [f0, f2] {
+            fs.read(f, 0, 1).unwrap();
+            p.missed(f);
+            while p.step(&mut |ino, _| {
+                got.push(ino);
+                Ok(())
+            }) {}
+        }
+        assert!(got.is_empty(), "{got:?}");
+        assert_eq!(p.walk_position(), None);
         // Disabled: nothing.
         let (fs, _f) = mount(4, 100);
         let mut p = Prefetcher::new(fs.clone(), 0);
