@@ -4,7 +4,11 @@ fuse-zip, ratarmount, archivemount and the extracted tree, on the Linux 6.1 sour
 all measured in one run on one machine. Run through bench/peers.sh (which prepares the
 corpus and installs the peers).
 
-    peers.py WORKDIR OUT.json [--only SYSTEM,...] [--skip-scaling] [--quick]
+    peers.py WORKDIR OUT.json [--only SYSTEM,...] [--merge] [--skip-scaling] [--quick]
+--merge keeps the other systems' results (and the scaling run, with --skip-scaling)
+already in OUT.json: to remeasure pkgfs after a change without rerunning every peer.
+Each system's results carry the time they were measured; the report says when a table
+mixes runs.
 
 Workloads (each system, each in a fresh mount where "cold" matters, page cache dropped):
   mount      time until the mountpoint lists (cold)
@@ -37,6 +41,7 @@ ONLY = None
 if "--only" in ARGS:
     ONLY = set(ARGS[ARGS.index("--only") + 1].split(","))
 QUICK = "--quick" in ARGS
+MERGE = "--merge" in ARGS
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKGFS = os.path.join(HERE, "target/release/pkgfs")
 VENV = os.path.join(HERE, "target/bench-venv/bin")
@@ -404,6 +409,12 @@ def main():
     results = {"machine": machine(), "corpus": {"files": sum(len(f) for _, _, f in os.walk(SRC)),
                "large_file": large, "large_size": os.path.getsize(os.path.join(SRC, large)),
                "small_sample": len(small)}, "systems": {}}
+    if MERGE and os.path.exists(OUT):
+        with open(OUT) as f:
+            old = json.load(f)
+        results["systems"] = old.get("systems", {})
+        if "scaling" in old:
+            results["scaling"] = old["scaling"]
     for main_s, huge_s in systems():
         if ONLY and main_s.key not in ONLY:
             continue
@@ -415,6 +426,7 @@ def main():
             unmount()
             r = {"error": str(e)[:300]}
         r["name"] = main_s.name
+        r["measured"] = time.strftime("%Y-%m-%d %H:%M")
         results["systems"][main_s.key] = r
         log(json.dumps(r))
         with open(OUT, "w") as f:

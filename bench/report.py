@@ -58,12 +58,16 @@ def fmt(v, unit):
 
 
 m = R["machine"]
+WHEN = {S[k].get("measured") for k in S}
 lines = [
     f"Machine: {m['cpu']}, {m['cores']} cores, {m['mem_gb']} GB, Linux {m['kernel']}, "
     f"{m['date']}, {m['pkgfs']}. Corpus: Linux 6.1 source, {R['corpus']['files']} files; "
     f"small-file sample {R['corpus']['small_sample']} files under 16 KiB; large file "
     f"`{R['corpus']['large_file']}`; a 1 GiB member of kernel C text. Every number is one "
-    "run of `bench/peers.sh`; all systems in the same run.",
+    "run of `bench/peers.sh`; "
+    + ("all systems in the same run." if len(WHEN) <= 1 else
+       "systems measured at different times (`--merge`): "
+       + "; ".join(f"{S[k]['name']}: {S[k].get('measured', '?')}" for k in S) + "."),
     "",
     "### Raw numbers (lower is better)",
     "",

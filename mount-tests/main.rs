@@ -482,6 +482,23 @@ fn statfs_and_negative_lookups() {
         let e = fs::metadata(m.path().join("definitely-missing")).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound);
     }
+    // An ioctl (here Python's isatty check on open) is refused with ENOTTY, quietly:
+    // the daemon's log does not grow a line per opened file.
+    let file = walk_first_file(&m.path());
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys; f = open(sys.argv[1], 'rb'); print(f.isatty(), len(f.read()) >= 0)",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "False True");
+    assert!(
+        !m.log_text().contains("Not Implemented"),
+        "{}",
+        m.log_text()
+    );
 }
 
 #[test]

@@ -299,6 +299,22 @@ impl Filesystem for Fuse {
         }
     }
 
+    // No ioctl is supported. Answered here, quietly: fuser's default logs a warning for
+    // each, and every `open()` by Python (an isatty check) sends one.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
+
     fn getxattr(
         &self,
         _req: &Request,
