@@ -215,8 +215,8 @@ fn files_opened_by_name_without_a_listing_are_not_pushed() {
         .arg(zips.join("a.zip"))
         .arg("."));
     let m = Mount::new(&[&zips], &[]);
-    // The kernel holds no inode of the other files: nothing can be pushed to it, and
-    // nothing is decoded for it.
+    // The kernel holds no inode of the files not looked up yet: nothing can be pushed
+    // to them, and nothing is decoded for them.
     for i in 0..20 {
         let name = format!("d/f{i:03}");
         assert_eq!(
@@ -224,6 +224,11 @@ fn files_opened_by_name_without_a_listing_are_not_pushed() {
             fs::read(src.join(&name)).unwrap()
         );
     }
-    assert_eq!(status_field(&m.path(), "prefetched_files"), 0);
-    assert_eq!(status_field(&m.path(), "read"), 20);
+    // A window ends at the first file the kernel does not hold, so at most the file
+    // the reader looked up just before the pusher got there can be pushed (a race);
+    // with a listing, the 20 misses would push hundreds of files.
+    let pushed = status_field(&m.path(), "prefetched_files");
+    let reads = status_field(&m.path(), "read");
+    assert!(pushed <= 5, "{pushed} files pushed");
+    assert!(reads + pushed >= 20 && reads <= 20, "{reads} READs");
 }
