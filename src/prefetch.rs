@@ -110,7 +110,7 @@ struct Window {
 /// Whether every file from local node `from` up to (not including) `to` has been read or
 /// pushed (looking at no more than [`MAX_SCAN`] of them).
 fn read_between(view: &View, from: u64, to: u64) -> bool {
-    to - from <= MAX_SCAN as u64
+    to.saturating_sub(from) <= MAX_SCAN as u64
         && (from..to).all(|l| {
             let canon = view.tree.canonical(l);
             match view.tree.node(canon) {
