@@ -9,7 +9,10 @@
 //! is decoded into again: blocks are large (256 KiB), a read-all replaces them at hundreds
 //! of MB/s, and a fresh buffer of that size comes from `mmap` (see `daemon`'s allocator
 //! settings), costing 64 page faults, the zeroing of its pages and an `munmap` — about a
-//! tenth of the decoding thread's time in a profile of a read-all.
+//! tenth of the decoding thread's time in a profile of a read-all. Buffers come in
+//! power-of-two size classes, so blocks of slightly different sizes (frames end at file
+//! boundaries) share them, and reads that gather several blocks (large files) take their
+//! buffers from the pool too ([`crate::read::ReadData::Owned`]).
 //!
 //! This cache only stores and evicts. Sharing one decompression between concurrent misses
 //! is the job of the caller ([`crate::read`]), which serialises fills per member.
@@ -35,8 +38,19 @@ pub struct CacheStats {
 const POOL_MIN: usize = 64 * 1024;
 /// Nor are buffers larger than this (rare: frames of unusual size).
 const POOL_MAX_CAPACITY: usize = 4 * 1024 * 1024;
-/// Buffers the pool keeps at most.
-const POOL_MAX: usize = 32;
+/// Bytes of buffers (capacity) the pool keeps at most: a few dozen blocks, enough for
+/// the threads that decode at once, and little next to the cache budget.
+const POOL_BYTES: usize = 16 * 1024 * 1024;
+
+/// The capacity pooled buffers for `len` bytes have: the next power of two, so that
+/// blocks of slightly different sizes (frames end at file boundaries) share buffers.
+/// Pages of a buffer that are never written are never faulted in, so the rounding costs
+/// address space, not memory. `None`: not pooled.
+fn size_class(len: usize) -> Option<usize> {
+    (POOL_MIN..=POOL_MAX_CAPACITY)
+        .contains(&len)
+        .then(|| len.next_power_of_two())
+}
 
 static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
@@ -44,20 +58,30 @@ fn pool() -> MutexGuard<'static, Vec<Vec<u8>>> {
     POOL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A buffer with room for `len` bytes: a pooled one of its size class, or a new one of
+/// that class.
+fn take(len: usize) -> Vec<u8> {
+    let Some(class) = size_class(len) else {
+        return Vec::with_capacity(len);
+    };
+    let reused = {
+        let mut p = pool();
+        p.iter()
+            .rposition(|b| b.capacity() == class)
+            .map(|i| p.swap_remove(i))
+    };
+    reused.unwrap_or_else(|| Vec::with_capacity(class))
+}
+
 /// A decoded block of bytes; immutable once made.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Block(Vec<u8>);
 
 impl Block {
     /// A buffer of `len` bytes (contents unspecified) to decode into, reused from the pool
-    /// when one is free.
+    /// when one of its size class is free.
     pub fn buffer(len: usize) -> Vec<u8> {
-        let reused = if len >= POOL_MIN {
-            pool().pop_if(|b| b.capacity() >= len)
-        } else {
-            None
-        };
-        let mut v = reused.unwrap_or_else(|| Vec::with_capacity(len));
+        let mut v = take(len);
         if v.len() >= len {
             v.truncate(len);
         } else {
@@ -67,14 +91,9 @@ impl Block {
     }
 
     /// An empty buffer with room for `capacity` bytes to decode into (nothing is
-    /// zeroed), reused from the pool when one is free.
+    /// zeroed), reused from the pool when one of its size class is free.
     pub fn empty(capacity: usize) -> Vec<u8> {
-        let reused = if capacity >= POOL_MIN {
-            pool().pop_if(|b| b.capacity() >= capacity)
-        } else {
-            None
-        };
-        let mut v = reused.unwrap_or_else(|| Vec::with_capacity(capacity));
+        let mut v = take(capacity);
         v.clear();
         v
     }
@@ -82,6 +101,11 @@ impl Block {
     /// A block holding `data`.
     pub fn new(data: Vec<u8>) -> Self {
         Block(data)
+    }
+
+    /// The bytes as a vector of their own (the buffer leaves the pool's care).
+    pub fn into_vec(mut self) -> Vec<u8> {
+        std::mem::take(&mut self.0)
     }
 }
 
@@ -95,9 +119,10 @@ impl std::ops::Deref for Block {
 impl Drop for Block {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.0);
-        if (POOL_MIN..=POOL_MAX_CAPACITY).contains(&v.capacity()) {
+        if size_class(v.capacity()) == Some(v.capacity()) {
             let mut p = pool();
-            if p.len() < POOL_MAX {
+            let held: usize = p.iter().map(Vec::capacity).sum();
+            if held + v.capacity() <= POOL_BYTES {
                 p.push(v);
             }
         }
@@ -221,7 +246,9 @@ mod tests {
         let ptr = b.as_ptr();
         drop(Block::new(b));
         // Other tests share the pool: look for the buffer among a few takes.
-        let again: Vec<Vec<u8>> = (0..POOL_MAX).map(|_| Block::buffer(200 * 1024)).collect();
+        let again: Vec<Vec<u8>> = (0..POOL_BYTES / (256 * 1024))
+            .map(|_| Block::buffer(200 * 1024))
+            .collect();
         assert!(again.iter().all(|b| b.len() == 200 * 1024));
         assert!(
             again.iter().any(|b| b.as_ptr() == ptr),
@@ -229,6 +256,24 @@ mod tests {
         );
         // Small buffers are not pooled.
         assert_eq!(Block::buffer(100).len(), 100);
+    }
+
+    #[test]
+    fn blocks_of_other_sizes_in_the_same_class_share_buffers() {
+        // Frames end at file boundaries, so consecutive blocks differ in size; a buffer
+        // returned after one of another class must still be found.
+        let a = Block::empty(150 * 1024);
+        let ptr = a.as_ptr();
+        drop(Block::new(a));
+        drop(Block::new(Block::empty(100 * 1024)));
+        let again: Vec<Vec<u8>> = (0..POOL_BYTES / (256 * 1024))
+            .map(|_| Block::empty(240 * 1024))
+            .collect();
+        assert!(again.iter().all(|b| b.capacity() >= 240 * 1024));
+        assert!(
+            again.iter().any(|b| b.as_ptr() == ptr),
+            "the 256 KiB-class buffer came back for a block of another size"
+        );
     }
 
     #[test]

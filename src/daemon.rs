@@ -259,7 +259,8 @@ fn prefetch_loop(
             }
         }
     };
-    let mut store = |ino: u64, data: &[u8]| notifier.store(fuser::INodeNo(ino), 0, data);
+    let mut store =
+        |ino: u64, offset: u64, data: &[u8]| notifier.store(fuser::INodeNo(ino), offset, data);
     loop {
         // Take every miss into account before the next push: a reader's position steers
         // what is pushed next. Wait only when there is nothing to push.

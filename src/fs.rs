@@ -23,7 +23,7 @@ use log::warn;
 
 use crate::archive::Archive;
 use crate::error::{Error, Result};
-use crate::read::{ReadData, Reader};
+use crate::read::{ReadData, Reader, Span};
 use crate::tree::{Kind, Node, Tree};
 use crate::view::{InoMap, Invalidation, Layer, View};
 
@@ -447,7 +447,7 @@ impl PkgFs {
             );
         }
         let target = self
-            .read_node(&v, l, ino, node, 0, node.size as u32)?
+            .read_node(&v, l, ino, node, 0, node.size as u32, Span::Whole)?
             .into_vec();
         if target.contains(&0) {
             return self.report(
@@ -480,13 +480,16 @@ impl PkgFs {
                         state.cached.store(true, Relaxed);
                     }
                 }
-                self.read_node(&v, l, ino, node, offset, size)
+                self.read_node(&v, l, ino, node, offset, size, Span::Whole)
             }
         }?;
         self.stats.read_bytes.fetch_add(data.len() as u64, Relaxed);
         Ok(data)
     }
 
+    /// Read `size` bytes at `offset` of `node` (local node `local`, inode `ino` of view
+    /// `v`), all of them or, with [`Span::Piece`], as far as one decoded block goes.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn read_node(
         &self,
         v: &View,
@@ -495,6 +498,7 @@ impl PkgFs {
         node: &Node,
         offset: u64,
         size: u32,
+        span: Span,
     ) -> Result<ReadData> {
         let found = v.tree.member_index(node).and_then(|i| {
             let m = v.tree.member(node)?;
@@ -506,7 +510,7 @@ impl PkgFs {
         };
         match self
             .reader
-            .read(&layer.archive, state, member, offset, size)
+            .read_span(&layer.archive, state, member, offset, size, span)
         {
             Ok(data) => Ok(data),
             Err(e) => self.report(v, local, ino, e),

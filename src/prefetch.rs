@@ -58,6 +58,7 @@ use std::time::{Duration, Instant};
 use log::debug;
 
 use crate::fs::PkgFs;
+use crate::read::Span;
 use crate::tree::Kind;
 use crate::view::View;
 
@@ -122,6 +123,63 @@ fn read_between(view: &View, from: u64, to: u64) -> bool {
                 _ => true,
             }
         })
+}
+
+/// Stores bytes into the kernel's page cache: `store(inode, offset, data)`.
+pub type Store<'a> = dyn FnMut(u64, u64, &[u8]) -> std::io::Result<()> + 'a;
+
+/// The kernel's page size. The kernel marks a page up to date only when one store fills
+/// it from its start (or to the end of the file), so pieces of a push begin on page
+/// boundaries.
+const PAGE: u64 = 4096;
+
+/// Push file `n` (canonical local node `canon`, inode `target`) into the kernel's page
+/// cache, one decoded block at a time, so a large file is never copied together first;
+/// the one page that straddles two blocks is. Stops early, keeping what it pushed, when
+/// the reader asks for the file itself (its READ holds the pages: a push would wait for
+/// its reply to no purpose) or when the data cannot be read (a real read reports that).
+/// Returns the bytes pushed, or the kernel's refusal.
+fn push_file(
+    fs: &PkgFs,
+    view: &View,
+    canon: u64,
+    target: u64,
+    n: &crate::tree::Node,
+    state: &crate::view::MemberState,
+    store: &mut Store<'_>,
+) -> std::io::Result<u64> {
+    let mut off = 0u64;
+    while off < n.size {
+        let left = (n.size - off) as u32;
+        let Ok(piece) = fs.read_node(view, canon, target, n, off, left, Span::Piece) else {
+            break;
+        };
+        if state.requested.load(Relaxed) || piece.is_empty() {
+            break;
+        }
+        let end = off + piece.len() as u64;
+        if end == n.size || end.is_multiple_of(PAGE) {
+            store(target, off, &piece)?;
+            off = end;
+            continue;
+        }
+        let aligned = end - end % PAGE;
+        if aligned > off {
+            store(target, off, &piece[..(aligned - off) as usize])?;
+            off = aligned;
+        }
+        drop(piece);
+        let edge = PAGE.min(n.size - off) as u32;
+        let Ok(page) = fs.read_node(view, canon, target, n, off, edge, Span::Whole) else {
+            break;
+        };
+        if page.is_empty() {
+            break;
+        }
+        store(target, off, &page)?;
+        off += page.len() as u64;
+    }
+    Ok(off)
 }
 
 /// Plans and pushes directory read-ahead for one mount. One thread owns it.
@@ -308,9 +366,9 @@ impl Prefetcher {
         self.open_window(dir, view.generation, local, local + 1, range.end, bytes);
     }
 
-    /// Push the next planned file with `store(inode, data)`. Returns `false` when there
-    /// is nothing left to push.
-    pub fn step(&mut self, store: &mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>) -> bool {
+    /// Push the next planned file with `store(inode, offset, data)`. Returns `false` when
+    /// there is nothing left to push.
+    pub fn step(&mut self, store: &mut Store<'_>) -> bool {
         let view = self.fs.view();
         let stats = &self.fs.stats;
         while let Some(&dir) = self.active.front() {
@@ -360,19 +418,11 @@ impl Prefetcher {
                     continue;
                 }
                 let target = view.global(canon);
-                // A file that cannot be read is left for a real read to report.
-                let Ok(data) = self.fs.read_node(&view, canon, target, n, 0, n.size as u32) else {
-                    continue;
-                };
-                // The reader asked for it while it was decoded: its READ holds the pages,
-                // and a push would wait for that READ's reply to no purpose.
-                if state.requested.load(Relaxed) {
-                    continue;
-                }
-                match store(target, &data) {
-                    Ok(()) => {
+                match push_file(&self.fs, &view, canon, target, n, state, store) {
+                    Ok(0) => {}
+                    Ok(bytes) => {
                         stats.prefetched.fetch_add(1, Relaxed);
-                        stats.prefetched_bytes.fetch_add(data.len() as u64, Relaxed);
+                        stats.prefetched_bytes.fetch_add(bytes, Relaxed);
                     }
                     Err(e) => {
                         stats.prefetch_failed.fetch_add(1, Relaxed);
@@ -432,14 +482,20 @@ impl Warmer {
             if state.cached.load(Relaxed) || state.warmed.swap(true, Relaxed) {
                 continue;
             }
+            // Block by block: the blocks are what is wanted, not a copy of the file.
             let global = view.global(canon);
-            if self
-                .fs
-                .read_node(&view, canon, global, n, 0, n.size as u32)
-                .is_ok()
-            {
-                decoded += n.size;
+            let mut off = 0;
+            while off < n.size {
+                let left = (n.size - off) as u32;
+                match self
+                    .fs
+                    .read_node(&view, canon, global, n, off, left, Span::Piece)
+                {
+                    Ok(piece) if !piece.is_empty() => off += piece.len() as u64,
+                    _ => break,
+                }
             }
+            decoded += off;
         }
         decoded
     }
@@ -487,11 +543,77 @@ mod tests {
         (Arc::new(fs), dir)
     }
 
+    /// A large file is pushed block by block, every piece starting on a page boundary
+    /// (the kernel marks a page up to date only when one store fills it from its start),
+    /// and the pieces put together are the file.
+    #[test]
+    fn large_files_are_pushed_in_page_aligned_pieces() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        std::fs::write(src.join("d/a"), b"first").unwrap();
+        // Pseudo-random, so frames compress to different sizes.
+        let mut x = 12345u32;
+        let big: Vec<u8> = (0..150_000)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                (x >> 24) as u8 & 0x3f
+            })
+            .collect();
+        std::fs::write(src.join("d/big"), &big).unwrap();
+        let out = dir.path().join("p.tar.zst");
+        crate::pack::pack(&crate::pack::PackConfig {
+            dir: src,
+            output: out.clone(),
+            level: 3,
+            threads: 1,
+            // Frames end at offsets that are not page boundaries.
+            frame_size: 10_000,
+            mtime_clamp: None,
+            owner: None,
+            follow: crate::pack::Follow::Never,
+        })
+        .unwrap();
+        let idx = crate::archive::open(&out, None).unwrap();
+        let mut b = TreeBuilder::new(Ownership {
+            uid: 0,
+            gid: 0,
+            force_uid: false,
+            force_gid: false,
+        });
+        b.add_layer(0, 0, &idx.entries);
+        let fs = Arc::new(PkgFs::new(b.finish(), vec![idx.archive], 1 << 20));
+        let d = fs.resolve(b"d").unwrap();
+        fs.readdir(d, 0, true, |_| false).unwrap();
+        let a = fs.resolve(b"d/a").unwrap();
+        let big_ino = fs.resolve(b"d/big").unwrap();
+        fs.read(a, 0, 4096).unwrap();
+        let mut p = Prefetcher::new(fs.clone(), 1 << 20);
+        p.missed(a);
+        let mut pieces = Vec::new();
+        while p.step(&mut |ino, off, data| {
+            pieces.push((ino, off, data.to_vec()));
+            Ok(())
+        }) {}
+        assert!(pieces.len() > 10, "{} pieces", pieces.len());
+        let mut whole = Vec::new();
+        for (ino, off, data) in &pieces {
+            assert_eq!(*ino, big_ino);
+            assert_eq!(*off, whole.len() as u64, "pieces follow each other");
+            assert_eq!(off % PAGE, 0, "a piece starts on a page boundary");
+            whole.extend_from_slice(data);
+        }
+        assert!(whole == big, "the pieces are the file");
+        let s = &fs.stats;
+        assert_eq!(s.prefetched.load(Relaxed), 1);
+        assert_eq!(s.prefetched_bytes.load(Relaxed), big.len() as u64);
+    }
+
     /// Push everything planned, logging (path, length) of each push.
     fn drain(p: &mut Prefetcher, fs: &PkgFs) -> Vec<(String, usize)> {
         let view = fs.view();
         let mut log = Vec::new();
-        while p.step(&mut |ino, data| {
+        while p.step(&mut |ino, _, data| {
             let local = view.local(ino).unwrap();
             log.push((
                 String::from_utf8(view.tree.path_of(local)).unwrap(),
@@ -560,7 +682,7 @@ mod tests {
         p.missed(ino("d/f000"));
         // Two files pushed, then the reader misses on f004 (it read f003 itself).
         let mut n = 0;
-        while n < 2 && p.step(&mut |_, _| Ok(())) {
+        while n < 2 && p.step(&mut |_, _, _| Ok(())) {
             n += 1;
         }
         for f in ["d/f003", "d/f004"] {
@@ -601,7 +723,7 @@ mod tests {
         fs.read(ino, 0, 100).unwrap();
         let mut got = Vec::new();
         p.missed(ino);
-        while p.step(&mut |ino, data| {
+        while p.step(&mut |ino, _, data| {
             got.push((ino, data.to_vec()));
             Ok(())
         }) {}
@@ -621,7 +743,7 @@ mod tests {
         for f in [f0, f2] {
             fs.read(f, 0, 1).unwrap();
             p.missed(f);
-            while p.step(&mut |ino, _| {
+            while p.step(&mut |ino, _, _| {
                 got.push(ino);
                 Ok(())
             }) {}
@@ -632,17 +754,17 @@ mod tests {
         let (fs, _f) = mount(4, 100);
         let mut p = Prefetcher::new(fs.clone(), 0);
         p.missed(fs.resolve(b"d/f000").unwrap());
-        assert!(!p.step(&mut |_, _| Ok(())));
+        assert!(!p.step(&mut |_, _, _| Ok(())));
         // Files larger than the window are left to the kernel.
         let (fs, _f) = mount(4, 64 * 1024);
         let mut p = Prefetcher::new(fs.clone(), 32 * 1024);
         p.missed(fs.resolve(b"d/f000").unwrap());
-        assert!(!p.step(&mut |_, _| Ok(())));
+        assert!(!p.step(&mut |_, _, _| Ok(())));
         // A refused push stops the window and is counted.
         let (fs, _f) = mount(4, 100);
         let mut p = Prefetcher::new(fs.clone(), 1 << 20);
         p.missed(fs.resolve(b"d/f000").unwrap());
-        while p.step(&mut |_, _| Err(std::io::Error::other("gone"))) {}
+        while p.step(&mut |_, _, _| Err(std::io::Error::other("gone"))) {}
         assert_eq!(fs.stats.prefetched.load(Relaxed), 0);
         assert_eq!(fs.stats.prefetch_failed.load(Relaxed), 1);
     }

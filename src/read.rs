@@ -176,8 +176,24 @@ impl Reader {
         offset: u64,
         len: u32,
     ) -> Result<ReadData> {
+        self.read_span(archive, state, m, offset, len, Span::Whole)
+    }
+
+    /// Read up to `len` bytes at `offset` like [`Reader::read`], or with
+    /// [`Span::Piece`] only as far as the decoded block holding `offset` goes (at least
+    /// one byte unless at the end): the bytes are then shared with the cache, never
+    /// copied together. Read-ahead goes through a large file piece by piece this way.
+    pub fn read_span(
+        &self,
+        archive: &Arc<Archive>,
+        state: &MemberState,
+        m: &Member,
+        offset: u64,
+        len: u32,
+        span: Span,
+    ) -> Result<ReadData> {
         if offset >= m.size {
-            return Ok(ReadData::Owned(Vec::new()));
+            return Ok(ReadData::Owned(Block::new(Vec::new())));
         }
         let end = m.size.min(offset.saturating_add(u64::from(len)));
         match &m.data {
@@ -188,25 +204,29 @@ impl Reader {
                     zip: *zip,
                     size: m.size,
                 };
-                self.read_zip(&zm, offset, end)
+                self.read_zip(&zm, offset, end, span)
             }
-            MemberData::Seekable(start) => self.read_seekable(archive, start + offset, start + end),
-            MemberData::Inline(bytes) => Ok(ReadData::Owned(
+            MemberData::Seekable(start) => {
+                self.read_seekable(archive, start + offset, start + end, span)
+            }
+            MemberData::Inline(bytes) => Ok(ReadData::Owned(Block::new(
                 bytes
                     .get(offset as usize..end as usize)
                     .ok_or_else(|| Error::Format("inline data shorter than its size".into()))?
                     .to_vec(),
-            )),
+            ))),
         }
     }
 
-    fn read_zip(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<ReadData> {
+    fn read_zip(&self, m: &ZipMember<'_>, offset: u64, end: u64, span: Span) -> Result<ReadData> {
         if m.zip.encrypted {
             return Err(Error::Unsupported("encrypted member".into()));
         }
         match m.zip.method {
-            METHOD_STORED => self.read_stored(m, offset, end).map(ReadData::Owned),
-            METHOD_DEFLATE | METHOD_ZSTD => self.read_compressed(m, offset, end),
+            METHOD_STORED => self
+                .read_stored(m, offset, end)
+                .map(|v| ReadData::Owned(Block::new(v))),
+            METHOD_DEFLATE | METHOD_ZSTD => self.read_compressed(m, offset, end, span),
             other => Err(Error::Unsupported(format!(
                 "compression method {other} ({})",
                 method_name(other)
@@ -216,11 +236,17 @@ impl Reader {
 
     /// Bytes `[start, end)` of a seekable archive's decompressed stream, frame by frame
     /// through the cache; concurrent misses on one frame share one decompression.
-    fn read_seekable(&self, a: &Arc<Archive>, start: u64, end: u64) -> Result<ReadData> {
+    fn read_seekable(
+        &self,
+        a: &Arc<Archive>,
+        start: u64,
+        end: u64,
+        span: Span,
+    ) -> Result<ReadData> {
         let table = a.table.as_ref().ok_or_else(|| {
             Error::Format("seekable member in an archive without a seek table".into())
         })?;
-        gather(start, end, |pos| {
+        gather(start, end, span, |pos| {
             let fi = table.frame_at(pos).ok_or_else(|| {
                 Error::Corrupt(format!("offset {pos} is past the end of the stream"))
             })?;
@@ -380,8 +406,14 @@ impl Reader {
         Ok(buf)
     }
 
-    fn read_compressed(&self, m: &ZipMember<'_>, offset: u64, end: u64) -> Result<ReadData> {
-        gather(offset, end, |pos| {
+    fn read_compressed(
+        &self,
+        m: &ZipMember<'_>,
+        offset: u64,
+        end: u64,
+        span: Span,
+    ) -> Result<ReadData> {
+        gather(offset, end, span, |pos| {
             let bi = pos / BLOCK_SIZE;
             Ok((bi * BLOCK_SIZE, self.block(m, bi)?))
         })
@@ -461,8 +493,9 @@ struct ZipMember<'a> {
 /// falls inside one block, the common case for small files and kernel-sized requests).
 #[derive(Debug, Clone)]
 pub enum ReadData {
-    /// Bytes of their own.
-    Owned(Vec<u8>),
+    /// Bytes of their own (in a pooled buffer: a read across blocks of a large file
+    /// allocates none once the pool has one of its size).
+    Owned(Block),
     /// `block[start..end]`.
     Shared {
         /// The cached block.
@@ -478,7 +511,7 @@ impl std::ops::Deref for ReadData {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            ReadData::Owned(v) => v,
+            ReadData::Owned(b) => b,
             ReadData::Shared { block, start, end } => &block[*start..*end],
         }
     }
@@ -488,25 +521,45 @@ impl ReadData {
     /// The bytes as a vector of their own.
     pub fn into_vec(self) -> Vec<u8> {
         match self {
-            ReadData::Owned(v) => v,
+            ReadData::Owned(b) => b.into_vec(),
             shared => shared.to_vec(),
         }
     }
 }
 
+/// How much of a range a read returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Span {
+    /// All of it (up to the end of the member).
+    Whole,
+    /// As much as the block holding its start has.
+    Piece,
+}
+
 /// Bytes `[start, end)` out of a sequence of cached blocks: `block_at(pos)` returns the
 /// block holding `pos` and the offset where that block starts. Within one block, the
-/// block itself is handed out; across blocks, the bytes are copied together.
+/// block itself is handed out; across blocks, the bytes are copied together, unless
+/// `span` asks only for the first block's part.
 fn gather(
     start: u64,
     end: u64,
+    span: Span,
     mut block_at: impl FnMut(u64) -> Result<(u64, Arc<Block>)>,
 ) -> Result<ReadData> {
     if start >= end {
-        return Ok(ReadData::Owned(Vec::new()));
+        return Ok(ReadData::Owned(Block::new(Vec::new())));
     }
     let (first_start, first) = block_at(start)?;
     let within = (start - first_start) as usize;
+    let end = match span {
+        Span::Whole => end,
+        Span::Piece => end.min(first_start + first.len() as u64),
+    };
+    if end <= start {
+        return Err(Error::Corrupt(
+            "decoded data is shorter than its index says".into(),
+        ));
+    }
     if (within as u64).saturating_add(end - start) <= first.len() as u64 {
         return Ok(ReadData::Shared {
             start: within,
@@ -514,7 +567,7 @@ fn gather(
             block: first,
         });
     }
-    let mut out = Vec::with_capacity((end - start) as usize);
+    let mut out = Block::empty((end - start) as usize);
     let mut pos = start;
     let mut next = Some((first_start, first));
     while pos < end {
@@ -532,7 +585,7 @@ fn gather(
         out.extend_from_slice(&block[within..within + take]);
         pos += take as u64;
     }
-    Ok(ReadData::Owned(out))
+    Ok(ReadData::Owned(Block::new(out)))
 }
 
 fn check_crc(actual: u32, m: &ZipMember) -> Result<()> {
