@@ -237,6 +237,23 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// Run the calling thread under `SCHED_BATCH`: same share of the CPU, but it never
+/// preempts a thread that wakes up. Decoding ahead is throughput work; the reader, the
+/// FUSE workers and the push thread each wake for a short burst, and on a machine with
+/// few cores, waiting for the warmer's time slice to end was waiting on the reader's
+/// critical path (docs/BENCHMARKS.md, "Scheduling the decoder"). Any thread may choose
+/// it; a failure only costs that.
+fn as_batch() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        debug!(
+            "cannot run the warmer as SCHED_BATCH: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Hints waiting for the read-ahead thread; more are dropped.
 const PREFETCH_QUEUE: usize = 1024;
 
@@ -292,6 +309,7 @@ fn prefetch_loop(
 /// The warmer thread: decode ahead of the walk each time it moves, until the session
 /// (and with it the prefetch thread) is gone.
 fn warm_loop(warmer: &Warmer, position: &(AtomicU64, AtomicU64), woken: &mpsc::Receiver<()>) {
+    as_batch();
     while woken.recv().is_ok() {
         let (at, window) = (position.0.load(Relaxed), position.1.load(Relaxed));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
