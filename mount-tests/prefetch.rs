@@ -100,6 +100,26 @@ fn settled(mp: &Path) -> (u64, u64) {
     }
 }
 
+/// `src` as an Info-ZIP archive (`zip -6`) in `tmp/zips` and as a `pkgfs pack` package
+/// in `tmp/zsts`; returns the two directories.
+fn both_formats(tmp: &Path, src: &Path) -> [std::path::PathBuf; 2] {
+    let zips = tmp.join("zips");
+    let zsts = tmp.join("zsts");
+    fs::create_dir_all(&zips).unwrap();
+    fs::create_dir_all(&zsts).unwrap();
+    run(Command::new("zip")
+        .current_dir(src)
+        .args(["-q", "-r", "-6"])
+        .arg(zips.join("a.zip"))
+        .arg("."));
+    run(pkgfs()
+        .arg("pack")
+        .arg(src)
+        .arg("-o")
+        .arg(zsts.join("a.tar.zst")));
+    [zips, zsts]
+}
+
 fn file(i: usize) -> String {
     format!("d/f{i:03}")
 }
@@ -132,20 +152,7 @@ fn a_walk_over_small_files_is_served_from_pushed_pages() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     small_files(&src);
-    let zips = tmp.path().join("zips");
-    let zsts = tmp.path().join("zsts");
-    fs::create_dir_all(&zips).unwrap();
-    fs::create_dir_all(&zsts).unwrap();
-    run(Command::new("zip")
-        .current_dir(&src)
-        .args(["-q", "-r", "-6"])
-        .arg(zips.join("a.zip"))
-        .arg("."));
-    run(pkgfs()
-        .arg("pack")
-        .arg(&src)
-        .arg("-o")
-        .arg(zsts.join("a.tar.zst")));
+    let [zips, zsts] = both_formats(tmp.path(), &src);
     for pkgs in [&zips, &zsts] {
         let m = Mount::new(&[pkgs], &[]);
         let mp = m.path();
@@ -256,20 +263,7 @@ fn a_file_larger_than_a_block_is_pushed_whole_and_right() {
         .collect();
     fs::write(src.join("d/b"), &big).unwrap();
     fs::write(src.join("d/c"), b"last file\n").unwrap();
-    let zips = tmp.path().join("zips");
-    let zsts = tmp.path().join("zsts");
-    fs::create_dir_all(&zips).unwrap();
-    fs::create_dir_all(&zsts).unwrap();
-    run(Command::new("zip")
-        .current_dir(&src)
-        .args(["-q", "-r", "-6"])
-        .arg(zips.join("a.zip"))
-        .arg("."));
-    run(pkgfs()
-        .arg("pack")
-        .arg(&src)
-        .arg("-o")
-        .arg(zsts.join("a.tar.zst")));
+    let [zips, zsts] = both_formats(tmp.path(), &src);
     for pkgs in [&zips, &zsts] {
         let m = Mount::new(&[pkgs], &[]);
         let mp = m.path();

@@ -507,6 +507,19 @@ mod tests {
     use crate::tree::{Ownership, TreeBuilder};
     use std::io::Write;
 
+    /// A mount (no FUSE) of the archive at `path` alone, with a 1 MiB cache.
+    fn fs_of(path: &std::path::Path) -> PkgFs {
+        let idx = crate::archive::open(path, None).unwrap();
+        let mut b = TreeBuilder::new(Ownership {
+            uid: 0,
+            gid: 0,
+            force_uid: false,
+            force_gid: false,
+        });
+        b.add_layer(0, 0, &idx.entries);
+        PkgFs::new(b.finish(), vec![idx.archive], 1 << 20)
+    }
+
     /// A mount (no FUSE) of a real ZIP holding `n` deflated files of `size` bytes in
     /// directory `d` (`d/f000`, ...) and a subdirectory `d/sub` with one file.
     fn mount(n: usize, size: usize) -> (Arc<PkgFs>, tempfile::TempDir) {
@@ -526,15 +539,7 @@ mod tests {
             w.write_all(&vec![b'a' + (i % 26) as u8; size]).unwrap();
         }
         w.finish().unwrap();
-        let idx = crate::archive::open(&path, None).unwrap();
-        let mut b = TreeBuilder::new(Ownership {
-            uid: 0,
-            gid: 0,
-            force_uid: false,
-            force_gid: false,
-        });
-        b.add_layer(0, 0, &idx.entries);
-        let fs = PkgFs::new(b.finish(), vec![idx.archive], 1 << 20);
+        let fs = fs_of(&path);
         if listed {
             // The kernel lists the directory with READDIRPLUS: it holds every file.
             let d = fs.resolve(b"d").unwrap();
@@ -574,15 +579,7 @@ mod tests {
             follow: crate::pack::Follow::Never,
         })
         .unwrap();
-        let idx = crate::archive::open(&out, None).unwrap();
-        let mut b = TreeBuilder::new(Ownership {
-            uid: 0,
-            gid: 0,
-            force_uid: false,
-            force_gid: false,
-        });
-        b.add_layer(0, 0, &idx.entries);
-        let fs = Arc::new(PkgFs::new(b.finish(), vec![idx.archive], 1 << 20));
+        let fs = Arc::new(fs_of(&out));
         let d = fs.resolve(b"d").unwrap();
         fs.readdir(d, 0, true, |_| false).unwrap();
         let a = fs.resolve(b"d/a").unwrap();
