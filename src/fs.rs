@@ -517,6 +517,32 @@ impl PkgFs {
         }
     }
 
+    /// Start reading from disk the archive bytes of `nodes` (files of view `v`), which
+    /// are about to be decoded: see [`Reader::will_need`]. Each member is asked for once
+    /// (a walk plans the same files again each time the reader moves).
+    pub(crate) fn will_need(&self, v: &View, nodes: &[Node]) {
+        let mut wanted: Vec<(u32, (u64, u64))> = nodes
+            .iter()
+            .filter_map(|n| {
+                let m = v.tree.member(n)?;
+                let state = v.member_state(v.tree.member_index(n)?)?;
+                if state.advised.swap(true, Relaxed) {
+                    return None;
+                }
+                let layer = v.layers.get(m.archive as usize)?;
+                Some((m.archive, Reader::extent(&layer.archive, state, m)?))
+            })
+            .collect();
+        // Stable: each archive's extents stay in walk order.
+        wanted.sort_by_key(|&(a, _)| a);
+        for group in wanted.chunk_by(|x, y| x.0 == y.0) {
+            if let Some(layer) = v.layers.get(group[0].0 as usize) {
+                let extents = group.iter().map(|&(_, e)| e).collect();
+                self.reader.will_need(&layer.archive, extents);
+            }
+        }
+    }
+
     /// Log a data error once per inode, naming the file and its archive, and return it.
     fn report<T>(&self, v: &View, local: u64, ino: u64, e: Error) -> Result<T> {
         self.stats.errors.fetch_add(1, Relaxed);

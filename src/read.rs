@@ -49,6 +49,13 @@ const MAX_CHECKPOINTS: usize = 512;
 /// decoder: a window and an input buffer).
 const PARKED_STREAMS: usize = 64;
 
+/// Bytes of local extra field assumed for a ZIP member whose local header has not been
+/// read: `zip` writes 28 (timestamps and owner), most writers none or fewer.
+const LOCAL_EXTRA_GUESS: u64 = 64;
+/// Extents of an archive this close together are read ahead as one (reading through the
+/// gap costs less than another request).
+const ADVISE_GAP: u64 = 64 * 1024;
+
 /// Counters of the read path.
 #[derive(Debug, Default)]
 pub struct ReadStats {
@@ -162,6 +169,66 @@ impl Reader {
             }
         }
         Ok(f)
+    }
+
+    /// The bytes of `archive` that reading member `m` whole reads: a hint for read-ahead,
+    /// not a bound (before its local header has been read, a ZIP member's extra field is
+    /// guessed at [`LOCAL_EXTRA_GUESS`] bytes). `None` for data kept in the index.
+    pub fn extent(archive: &Archive, state: &MemberState, m: &Member) -> Option<(u64, u64)> {
+        let (start, end) = match &m.data {
+            MemberData::Zip(z) => {
+                let known = state.data_start.load(Ordering::Relaxed);
+                let data = if known != 0 {
+                    known
+                } else {
+                    z.header_offset
+                        + zip::LFH_LEN as u64
+                        + u64::from(z.name_len)
+                        + LOCAL_EXTRA_GUESS
+                };
+                (z.header_offset, data.saturating_add(z.compressed_size))
+            }
+            MemberData::Seekable(start) => {
+                let table = archive.table.as_ref()?;
+                let first = table.frames.get(table.frame_at(*start)?)?;
+                let last_byte = (start + m.size).checked_sub(1)?;
+                let last = table.frames.get(table.frame_at(last_byte)?)?;
+                (first.coff, last.coff + u64::from(last.csize))
+            }
+            MemberData::Inline(_) => return None,
+        };
+        (start < end).then_some((start, end.min(archive.size)))
+    }
+
+    /// Ask the kernel to start reading `extents` of `archive` (byte ranges, in any
+    /// order) into its page cache, without waiting for them. The read-ahead thread knows
+    /// which members it will decode next, but their order in the walk need not be their
+    /// order in the archive (`zip -r` stores a directory's files in `readdir` order), and
+    /// the kernel's own read-ahead follows only sequential reads: unadvised, each member
+    /// of a cold archive costs a small disk read of its own. Sorted and merged (gaps up to
+    /// [`ADVISE_GAP`] are read through), they become a few large ones.
+    /// Extents already in ascending order are left to the kernel's sequential
+    /// read-ahead, which reads them in larger requests than advice would.
+    pub fn will_need(&self, archive: &Arc<Archive>, extents: Vec<(u64, u64)>) {
+        let advice = advice(extents);
+        if advice.is_empty() {
+            return;
+        }
+        let Ok(file) = self.file(archive) else {
+            return;
+        };
+        for (start, end) in advice {
+            // SAFETY: posix_fadvise only reads its arguments; the descriptor is open (the
+            // Arc keeps the file alive for the call).
+            unsafe {
+                libc::posix_fadvise(
+                    std::os::fd::AsRawFd::as_raw_fd(&*file),
+                    start as libc::off_t,
+                    (end - start) as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                );
+            }
+        }
     }
 
     /// The block cache (for statistics).
@@ -296,8 +363,14 @@ impl Reader {
         m.archive.unchanged()?;
         r?;
         self.count_archive_bytes(lfh.len());
+        self.learn_data_start(m, &lfh)
+    }
+
+    /// Where the member's data starts, given its local header and name (`lfh`), checked
+    /// and remembered.
+    fn learn_data_start(&self, m: &ZipMember<'_>, lfh: &[u8]) -> Result<u64> {
         let start =
-            m.zip.header_offset + zip::local_data_offset(&lfh, m.zip.name_len, m.zip.name_crc)?;
+            m.zip.header_offset + zip::local_data_offset(lfh, m.zip.name_len, m.zip.name_crc)?;
         if start
             .checked_add(m.zip.compressed_size)
             .is_none_or(|e| e > m.archive.size)
@@ -431,17 +504,48 @@ impl Reader {
             static DECODER: std::cell::RefCell<(libdeflater::Decompressor, Vec<u8>)> =
                 std::cell::RefCell::new((libdeflater::Decompressor::new(), Vec::new()));
         }
-        let (csize, size) = (m.zip.compressed_size, m.size);
-        let start = self.data_start(m)?;
+        let (csize, size) = (m.zip.compressed_size as usize, m.size);
+        let known = m.state.data_start.load(Ordering::Relaxed);
         let file = self.file(m.archive)?;
         let mut out = Block::buffer(size as usize);
         DECODER.with_borrow_mut(|(decoder, input)| {
-            input.resize(csize as usize, 0);
-            let read = read_exact_at(&file, input, start);
+            // A member read for the first time: its local header comes in the same read as
+            // its data (one read and one check of the file instead of two each), with
+            // room for an extra field of up to LOCAL_EXTRA_GUESS bytes.
+            let lead = zip::LFH_LEN + usize::from(m.zip.name_len);
+            let (from, want) = match known {
+                0 => (
+                    m.zip.header_offset,
+                    lead + LOCAL_EXTRA_GUESS as usize + csize,
+                ),
+                at => (at, csize),
+            };
+            let left = m.archive.size.saturating_sub(from);
+            input.resize(want.min(usize::try_from(left).unwrap_or(usize::MAX)), 0);
+            let read = read_exact_at(&file, input, from);
             m.archive.unchanged()?;
             read?;
             self.count_archive_bytes(input.len());
-            match decoder.deflate_decompress(input, &mut out) {
+            let skip = match known {
+                0 => {
+                    let head = input.get(..lead).ok_or_else(|| {
+                        Error::Format("local header runs past the end of the archive".into())
+                    })?;
+                    let skip = (self.learn_data_start(m, head)? - m.zip.header_offset) as usize;
+                    let have = input.len();
+                    if skip + csize > have {
+                        // A longer extra field than guessed: read the rest of the data.
+                        input.resize(skip + csize, 0);
+                        let read = read_exact_at(&file, &mut input[have..], from + have as u64);
+                        m.archive.unchanged()?;
+                        read?;
+                        self.count_archive_bytes(skip + csize - have);
+                    }
+                    skip
+                }
+                _ => 0,
+            };
+            match decoder.deflate_decompress(&input[skip..skip + csize], &mut out) {
                 Ok(n) if n as u64 == size => Ok(()),
                 Ok(n) => Err(Error::Corrupt(format!(
                     "stream ends after {n} bytes, directory says {size}"
@@ -640,6 +744,25 @@ fn gather(
         pos += take as u64;
     }
     Ok(ReadData::Owned(Block::new(out)))
+}
+
+/// What to ask the kernel to read ahead of the extents (byte ranges) of one archive, given
+/// in the order they will be read: nothing if that order is ascending (the kernel's own
+/// read-ahead follows it), else the extents sorted, with those that overlap or lie at most
+/// [`ADVISE_GAP`] apart merged.
+fn advice(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    if v.windows(2).all(|w| w[0].0 <= w[1].0) {
+        return Vec::new();
+    }
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (start, end) in v {
+        match out.last_mut() {
+            Some(last) if start <= last.1.saturating_add(ADVISE_GAP) => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
+    }
+    out
 }
 
 fn check_crc(actual: u32, m: &ZipMember) -> Result<()> {
@@ -1152,6 +1275,94 @@ mod tests {
             assert_eq!(e.errno(), libc::EIO, "{what}");
             assert!(e.to_string().contains(says), "{what}: {e}");
         }
+    }
+
+    #[test]
+    fn read_ahead_advice_is_nothing_in_order_and_merged_out_of_order() {
+        assert_eq!(advice(vec![]), vec![]);
+        assert_eq!(advice(vec![(0, 10), (10, 20), (500_000, 600_000)]), vec![]);
+        let gap = ADVISE_GAP;
+        assert_eq!(
+            advice(vec![
+                (1_000_000, 1_000_100),
+                (0, 100),
+                (100 + gap, 200 + gap),
+                (50, 80),
+                (100 + 3 * gap, 101 + 3 * gap),
+            ]),
+            vec![
+                (0, 200 + gap),
+                (100 + 3 * gap, 101 + 3 * gap),
+                (1_000_000, 1_000_100)
+            ]
+        );
+    }
+
+    /// The archive bytes of a file's member, as `Reader::extent` sees them now.
+    fn extent_of(fs: &PkgFs, ino: u64) -> (u64, u64) {
+        let (v, local) = fs.find(ino).unwrap();
+        let n = v.tree.node(local).unwrap();
+        let m = v.tree.member(n).unwrap();
+        let state = v.member_state(v.tree.member_index(n).unwrap()).unwrap();
+        Reader::extent(&v.layers[m.archive as usize].archive, state, m).unwrap()
+    }
+
+    #[test]
+    fn extents_cover_the_data_and_local_headers_are_read_with_it() {
+        // Members whose local extra field is shorter and longer than the guess made
+        // before the local header is read (the second needs a read of its own).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.zip");
+        let mut w = ::zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        let bodies: Vec<Vec<u8>> = (0..3).map(|i| data(20_000 + i * 7_000)).collect();
+        for (i, extra) in [0usize, 40, 300].into_iter().enumerate() {
+            let mut opts = ::zip::write::FullFileOptions::default()
+                .compression_method(::zip::CompressionMethod::Deflated);
+            if extra > 0 {
+                opts.add_extra_field(0x7777, vec![7u8; extra], false)
+                    .unwrap();
+            }
+            w.start_file(format!("f{i}"), opts).unwrap();
+            w.write_all(&bodies[i]).unwrap();
+        }
+        w.finish().unwrap();
+        let fs = open(&path, 1 << 20);
+        let zip = std::fs::read(&path).unwrap();
+        for (i, body) in bodies.iter().enumerate() {
+            let ino = fs.resolve(format!("f{i}").as_bytes()).unwrap();
+            let guess = extent_of(&fs, ino);
+            assert!(fs.read(ino, 0, 1 << 20).unwrap() == *body, "f{i}");
+            let (start, end) = extent_of(&fs, ino);
+            assert_eq!(start, guess.0);
+            assert_eq!(&zip[start as usize..start as usize + 4], b"PK\x03\x04");
+            // The data ends where the next local header or the central directory starts.
+            assert!(
+                matches!(&zip[end as usize..end as usize + 2], b"PK"),
+                "f{i}"
+            );
+            // The first two fit the guess; the third's data ends past it.
+            assert_eq!(guess.1 >= end, i < 2, "f{i}: {guess:?} against {end}");
+            assert!(fs.read(ino, 1000, 10).unwrap() == body[1000..1010]);
+        }
+        // A package's extent is the frames holding the file.
+        let big = data(300_000);
+        let (_d, fs) = packed(
+            &[("a", &big[..1000]), ("b", &big), ("c", &big[..10])],
+            65_536,
+        );
+        let (v, _) = fs.find(1).unwrap();
+        let table = v.layers[0].archive.table.clone().unwrap();
+        let (start, end) = extent_of(&fs, fs.resolve(b"b").unwrap());
+        let frames: Vec<_> = table
+            .frames
+            .iter()
+            .filter(|f| f.coff >= start && f.coff + u64::from(f.csize) <= end)
+            .collect();
+        let covered: u64 = frames.iter().map(|f| u64::from(f.dsize)).sum();
+        assert!(
+            (300_000..300_000 + 2 * 65_536).contains(&covered),
+            "{covered}"
+        );
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub struct MemberState {
     pub requested: AtomicBool,
     /// Decoded ahead of a walk (see `prefetch::Warmer`).
     pub warmed: AtomicBool,
+    /// Its archive bytes have been asked of the disk ahead of decoding (see
+    /// `fs::PkgFs::will_need`).
+    pub advised: AtomicBool,
     /// The kernel has been given an inode of it (LOOKUP or READDIRPLUS): only then can
     /// data be pushed into its page cache.
     pub known: AtomicBool,
