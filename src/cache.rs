@@ -12,7 +12,12 @@
 //! tenth of the decoding thread's time in a profile of a read-all. Buffers come in
 //! power-of-two size classes, so blocks of slightly different sizes (frames end at file
 //! boundaries) share them, and reads that gather several blocks (large files) take their
-//! buffers from the pool too ([`crate::read::ReadData::Owned`]).
+//! buffers from the pool too ([`crate::read::ReadData::Owned`]). Each class has its own
+//! free list and limit: with one shared limit, evicted 256 KiB blocks filled the pool and
+//! every gathering read of another class mapped, faulted in and unmapped a fresh buffer
+//! (a quarter of the daemon's page faults in a read-all of ZIP packages). Buffers under
+//! 64 KiB come from the heap, unpooled: pooling them too rounded small files up to a
+//! power of two and cost more memory than it saved faults.
 //!
 //! This cache only stores and evicts. Sharing one decompression between concurrent misses
 //! is the job of the caller ([`crate::read`]), which serialises fills per member.
@@ -34,43 +39,61 @@ pub struct CacheStats {
     pub evictions: AtomicU64,
 }
 
-/// Pooled buffers this small or smaller are not worth keeping (they come from the heap).
+/// The smallest pooled class (smaller buffers come from the heap, unpooled).
 const POOL_MIN: usize = 64 * 1024;
-/// Nor are buffers larger than this (rare: frames of unusual size).
+/// The largest pooled class (larger buffers are rare: frames of unusual size).
 const POOL_MAX_CAPACITY: usize = 4 * 1024 * 1024;
-/// Bytes of buffers (capacity) the pool keeps at most: a few dozen blocks, enough for
-/// the threads that decode at once, and little next to the cache budget.
-const POOL_BYTES: usize = 16 * 1024 * 1024;
+/// Bytes of buffers (capacity) each class keeps at most, and buffers it may always keep:
+/// enough for the threads that decode and gather at once, little next to the cache
+/// budget. Classes are kept apart so that buffers of one kind (blocks evicted from the
+/// cache) never crowd out another (the short-lived buffers of reads that gather several
+/// blocks).
+const CLASS_BYTES: usize = 4 * 1024 * 1024;
+const CLASS_MIN_BUFFERS: usize = 2;
+const CLASSES: usize =
+    (POOL_MAX_CAPACITY.trailing_zeros() - POOL_MIN.trailing_zeros()) as usize + 1;
 
 /// The capacity pooled buffers for `len` bytes have: the next power of two, so that
 /// blocks of slightly different sizes (frames end at file boundaries) share buffers.
 /// Pages of a buffer that are never written are never faulted in, so the rounding costs
 /// address space, not memory. `None`: not pooled.
 fn size_class(len: usize) -> Option<usize> {
-    (POOL_MIN..=POOL_MAX_CAPACITY)
+    (1..=POOL_MAX_CAPACITY)
         .contains(&len)
-        .then(|| len.next_power_of_two())
+        .then(|| len.next_power_of_two().max(POOL_MIN))
 }
 
-static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// The pool's slot for buffers of capacity `class` (a power of two in the pooled range).
+fn slot(class: usize) -> usize {
+    (class.trailing_zeros() - POOL_MIN.trailing_zeros()) as usize
+}
 
-fn pool() -> MutexGuard<'static, Vec<Vec<u8>>> {
+static POOL: Mutex<[Vec<Vec<u8>>; CLASSES]> = Mutex::new([const { Vec::new() }; CLASSES]);
+
+fn pool() -> MutexGuard<'static, [Vec<Vec<u8>>; CLASSES]> {
     POOL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A buffer with room for `len` bytes: a pooled one of its size class, or a new one of
 /// that class.
 fn take(len: usize) -> Vec<u8> {
-    let Some(class) = size_class(len) else {
+    let Some(class) = size_class(len).filter(|&c| c >= POOL_MIN && len >= POOL_MIN) else {
         return Vec::with_capacity(len);
     };
-    let reused = {
-        let mut p = pool();
-        p.iter()
-            .rposition(|b| b.capacity() == class)
-            .map(|i| p.swap_remove(i))
-    };
+    let reused = pool()[slot(class)].pop();
     reused.unwrap_or_else(|| Vec::with_capacity(class))
+}
+
+/// Give a buffer back to the pool if it is of a pooled class with room left.
+fn give(v: Vec<u8>) {
+    let cap = v.capacity();
+    if cap >= POOL_MIN && size_class(cap) == Some(cap) {
+        let mut p = pool();
+        let stack = &mut p[slot(cap)];
+        if stack.len() < CLASS_MIN_BUFFERS.max(CLASS_BYTES / cap) {
+            stack.push(v);
+        }
+    }
 }
 
 /// A decoded block of bytes; immutable once made.
@@ -118,14 +141,7 @@ impl std::ops::Deref for Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        let v = std::mem::take(&mut self.0);
-        if size_class(v.capacity()) == Some(v.capacity()) {
-            let mut p = pool();
-            let held: usize = p.iter().map(Vec::capacity).sum();
-            if held + v.capacity() <= POOL_BYTES {
-                p.push(v);
-            }
-        }
+        give(std::mem::take(&mut self.0));
     }
 }
 
@@ -246,7 +262,7 @@ mod tests {
         let ptr = b.as_ptr();
         drop(Block::new(b));
         // Other tests share the pool: look for the buffer among a few takes.
-        let again: Vec<Vec<u8>> = (0..POOL_BYTES / (256 * 1024))
+        let again: Vec<Vec<u8>> = (0..CLASS_BYTES / (256 * 1024))
             .map(|_| Block::buffer(200 * 1024))
             .collect();
         assert!(again.iter().all(|b| b.len() == 200 * 1024));
@@ -266,7 +282,7 @@ mod tests {
         let ptr = a.as_ptr();
         drop(Block::new(a));
         drop(Block::new(Block::empty(100 * 1024)));
-        let again: Vec<Vec<u8>> = (0..POOL_BYTES / (256 * 1024))
+        let again: Vec<Vec<u8>> = (0..CLASS_BYTES / (256 * 1024))
             .map(|_| Block::empty(240 * 1024))
             .collect();
         assert!(again.iter().all(|b| b.capacity() >= 240 * 1024));

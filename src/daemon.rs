@@ -167,13 +167,13 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
     if cfg.prefetch_bytes > 0 {
         let notifier = session.notifier();
         let prefetcher = Prefetcher::new(fs.clone(), cfg.prefetch_bytes);
-        let warmer = Warmer::new(fs.clone());
+        let mut warmer = Warmer::new(fs.clone());
         let position = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let (wake, woken) = mpsc::sync_channel(1);
         let at = position.clone();
         std::thread::Builder::new()
             .name("pkgfs-warm".into())
-            .spawn(move || warm_loop(&warmer, &at, &woken))
+            .spawn(move || warm_loop(&mut warmer, &at, &woken))
             .map_err(|e| format!("cannot start the read-ahead threads: {e}"))?;
         std::thread::Builder::new()
             .name("pkgfs-prefetch".into())
@@ -308,7 +308,7 @@ fn prefetch_loop(
 
 /// The warmer thread: decode ahead of the walk each time it moves, until the session
 /// (and with it the prefetch thread) is gone.
-fn warm_loop(warmer: &Warmer, position: &(AtomicU64, AtomicU64), woken: &mpsc::Receiver<()>) {
+fn warm_loop(warmer: &mut Warmer, position: &(AtomicU64, AtomicU64), woken: &mpsc::Receiver<()>) {
     as_batch();
     while woken.recv().is_ok() {
         let (at, window) = (position.0.load(Relaxed), position.1.load(Relaxed));

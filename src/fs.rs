@@ -517,13 +517,14 @@ impl PkgFs {
         }
     }
 
-    /// Start reading from disk the archive bytes of `nodes` (files of view `v`), which
+    /// Start reading from disk the archive bytes of `files` (local nodes of view `v`), which
     /// are about to be decoded: see [`Reader::will_need`]. Each member is asked for once
     /// (a walk plans the same files again each time the reader moves).
-    pub(crate) fn will_need(&self, v: &View, nodes: &[Node]) {
-        let mut wanted: Vec<(u32, (u64, u64))> = nodes
+    pub(crate) fn will_need(&self, v: &View, files: &[u64]) {
+        let mut wanted: Vec<(u32, (u64, u64))> = files
             .iter()
-            .filter_map(|n| {
+            .filter_map(|&local| {
+                let n = v.tree.node(local)?;
                 let m = v.tree.member(n)?;
                 let state = v.member_state(v.tree.member_index(n)?)?;
                 if state.advised.swap(true, Relaxed) {

@@ -443,26 +443,35 @@ impl Prefetcher {
 /// Decodes files ahead of a walk into the block cache (one thread runs it).
 pub struct Warmer {
     fs: Arc<PkgFs>,
+    /// The files (local nodes) of the current pass to decode, and to ask the disk for:
+    /// kept between passes so that planning allocates nothing.
+    plan: Vec<u64>,
+    advise: Vec<u64>,
 }
 
 impl Warmer {
     /// A warmer for `fs`.
     pub fn new(fs: Arc<PkgFs>) -> Self {
-        Warmer { fs }
+        Warmer {
+            fs,
+            plan: Vec::new(),
+            advise: Vec::new(),
+        }
     }
 
     /// Decode the files after node `from` (global inode) in walk order into the block
     /// cache, until `ahead` bytes of files are covered (files the kernel has count; the
     /// walk's window, so a walk that has just begun costs little) or `stop()` says the
     /// walk has moved on. Returns the bytes decoded.
-    pub fn warm(&self, from: u64, ahead: u64, stop: &dyn Fn() -> bool) -> u64 {
+    pub fn warm(&mut self, from: u64, ahead: u64, stop: &dyn Fn() -> bool) -> u64 {
         let Ok((view, mut local)) = self.fs.find(from) else {
             return 0;
         };
         // The files to decode, in walk order. Their archive bytes, and those of as many
         // files again after them, are asked of the disk first, all at once: the disk then
         // reads them in archive order, one window ahead of the decoding.
-        let (mut plan, mut advise) = (Vec::new(), Vec::new());
+        self.plan.clear();
+        self.advise.clear();
         let mut covered = 0u64;
         for _ in 0..MAX_SCAN * 8 {
             if covered >= ahead.saturating_mul(2) {
@@ -482,20 +491,30 @@ impl Warmer {
             let Some(state) = view.tree.member_index(n).and_then(|i| view.member_state(i)) else {
                 continue;
             };
-            if covered < ahead && !state.cached.load(Relaxed) && !state.warmed.load(Relaxed) {
-                plan.push((canon, *n, state));
+            if state.cached.load(Relaxed) {
+                covered += n.size;
+                continue;
             }
-            if !state.advised.load(Relaxed) && !state.cached.load(Relaxed) {
-                advise.push(*n);
+            if covered < ahead && !state.warmed.load(Relaxed) {
+                self.plan.push(canon);
+            }
+            if !state.advised.load(Relaxed) {
+                self.advise.push(canon);
             }
             covered += n.size;
         }
-        self.fs.will_need(&view, &advise);
+        self.fs.will_need(&view, &self.advise);
         let mut decoded = 0u64;
-        for (canon, n, state) in plan {
+        for &canon in &self.plan {
             if stop() {
                 break;
             }
+            let Some(n) = view.tree.node(canon) else {
+                continue;
+            };
+            let Some(state) = view.tree.member_index(n).and_then(|i| view.member_state(i)) else {
+                continue;
+            };
             if state.cached.load(Relaxed) || state.warmed.swap(true, Relaxed) {
                 continue;
             }
@@ -506,7 +525,7 @@ impl Warmer {
                 let left = (n.size - off) as u32;
                 match self
                     .fs
-                    .read_node(&view, canon, global, &n, off, left, Span::Piece)
+                    .read_node(&view, canon, global, n, off, left, Span::Piece)
                 {
                     Ok(piece) if !piece.is_empty() => off += piece.len() as u64,
                     _ => break,
@@ -733,7 +752,7 @@ mod tests {
         assert!(advised("d/sub/x"));
         // Further, the walk leaves the directory's files for its subdirectory; what was
         // decoded already is not decoded again.
-        let w = Warmer::new(fs.clone());
+        let mut w = Warmer::new(fs.clone());
         assert_eq!(w.warm(from, 1 << 20, &|| false), 16 * 1024);
         assert_eq!(decoded(), 80 * 1024);
         // The walk moving on stops it at once.
