@@ -23,7 +23,7 @@ WORKLOADS = [
     ("find1", "find, first", "s", lambda r: r["find1"]),
     ("find2", "find, again", "s", lambda r: r["find2"]),
     ("stat", "stat every path", "s", lambda r: r["stat"]),
-    ("read1", "read all, cold", "s", lambda r: r["read1"]),
+    ("read1", "read all, cold", "s", lambda r: r.get("read1_median", r["read1"])),
     ("read2", "read all, warm", "s", lambda r: r["read2"]),
     ("small_p50", "small file p50", "ms", lambda r: r["small"]["p50_ms"]),
     ("small_p99", "small file p99", "ms", lambda r: r["small"]["p99_ms"]),
@@ -88,6 +88,30 @@ for k, v in S.items():
         lines.append("")
         lines.append(f"{v['name']}: {len(v['errors'])} errors while measuring (timed anyway), "
                      f"first: `{v['errors'][0][:160]}`")
+
+ROUNDED = {k: [v["read1"]] + v["read1_rounds"] for k, v in S.items() if v.get("read1_rounds")}
+if ROUNDED:
+    n = max(len(t) for t in ROUNDED.values())
+    lines += ["", f"### Cold read-all, round by round (s; the table gives the median)", "",
+              "Each system read everything cold once in its session, then again in "
+              f"{n - 1} rounds that take the systems in turn (`--rounds`), so a slow "
+              "minute of the machine weighs on every system alike.", "",
+              "| system | " + " | ".join(f"run {i + 1}" for i in range(n)) + " |",
+              "| --- |" + " --- |" * n]
+    for k, runs in ROUNDED.items():
+        lines.append(f"| {S[k]['name']} | " + " | ".join(fmt(t, "s") for t in runs) + " |")
+    if "extracted" in ROUNDED:
+        ext = ROUNDED["extracted"]
+        lines += ["", "Extracted tree's time ÷ system time, round by round (runs 2 and on are "
+                  "interleaved; run 1 is each system's own session):", "",
+                  "| system | " + " | ".join(f"run {i + 1}" for i in range(n)) + " |",
+                  "| --- |" + " --- |" * n]
+        for k, runs in ROUNDED.items():
+            if k == "extracted":
+                continue
+            lines.append(f"| {S[k]['name']} | " + " | ".join(
+                "—" if a is None or b is None else f"{a / b:.2f}"
+                for a, b in zip(ext, runs)) + " |")
 
 for ref in ("squashfuse_ll", "extracted", "kernel-squashfs"):
     if ref not in S:
