@@ -29,7 +29,7 @@ use crate::archive::seekable::IndexCache;
 use crate::cli::{Access, MountConfig};
 use crate::fs::PkgFs;
 use crate::fuse::Fuse;
-use crate::prefetch::{Hint, Prefetcher, Warmer};
+use crate::prefetch::{Hint, Prefetcher, WARM_WINDOWS, Warmer};
 use crate::source::{self, LoadOptions, Packages};
 use crate::status::{self, Activity, MountInfo};
 use crate::view::Invalidation;
@@ -320,7 +320,9 @@ fn warm_loop(warmer: &mut Warmer, position: &(AtomicU64, AtomicU64), woken: &mps
     while woken.recv().is_ok() {
         let (at, window) = (position.0.load(Relaxed), position.1.load(Relaxed));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            warmer.warm(at, window, &|| position.0.load(Relaxed) != at)
+            warmer.warm(at, window.saturating_mul(WARM_WINDOWS), &|| {
+                position.0.load(Relaxed) != at
+            })
         }));
         match r {
             Ok(bytes) => log::trace!("walk at inode {at}: {bytes} bytes decoded ahead"),

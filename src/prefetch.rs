@@ -69,6 +69,11 @@ pub const INITIAL_WINDOW: u64 = 128 * 1024;
 /// pushes does not miss: the next directory that does renews it).
 pub const WALK_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// How many of the walk's windows the warmer decodes ahead of the reader. One left the
+/// second core idle whenever the reader waited on a round trip (15–25% of a cold
+/// read-all); four keep it decoding (docs/BENCHMARKS.md). Bounded by the block cache.
+pub const WARM_WINDOWS: u64 = 4;
+
 /// The largest window a listing starts (the reader has not read anything there yet).
 const LISTED_WINDOW: u64 = 1024 * 1024;
 
@@ -441,8 +446,22 @@ impl Prefetcher {
 }
 
 /// Decodes files ahead of a walk into the block cache (one thread runs it).
+///
+/// Each pass starts at the walk's position, which moves a file or a directory at a time,
+/// so the nodes after it in walk order are kept from pass to pass (`ahead`, with the
+/// bytes of the files among them): a pass drops those the walk has passed and scans on
+/// only beyond the last one, instead of walking the same window of the tree again.
 pub struct Warmer {
     fs: Arc<PkgFs>,
+    /// Nodes after the walk's position, in walk order, each with its bytes (files of at
+    /// most `window` bytes; 0 for anything else).
+    ahead: VecDeque<(u64, u64)>,
+    /// Sum of the bytes in `ahead`.
+    ahead_bytes: u64,
+    /// The last node scanned (the next scan continues after it), `None` past the end.
+    scanned: Option<u64>,
+    /// Generation and window the kept scan was made for (either changing starts over).
+    made_for: (u64, u64),
     /// The files (local nodes) of the current pass to decode, and to ask the disk for:
     /// kept between passes so that planning allocates nothing.
     plan: Vec<u64>,
@@ -454,9 +473,33 @@ impl Warmer {
     pub fn new(fs: Arc<PkgFs>) -> Self {
         Warmer {
             fs,
+            ahead: VecDeque::new(),
+            ahead_bytes: 0,
+            scanned: None,
+            made_for: (u64::MAX, 0),
             plan: Vec::new(),
             advise: Vec::new(),
         }
+    }
+
+    /// Move the kept scan to start after local node `from`: drop the nodes up to it if it
+    /// is among them (or was the last scanned), else start over from it.
+    fn move_to(&mut self, from: u64, made_for: (u64, u64)) {
+        if self.made_for == made_for {
+            if let Some(i) = self.ahead.iter().position(|&(l, _)| l == from) {
+                for (_, bytes) in self.ahead.drain(..=i) {
+                    self.ahead_bytes -= bytes;
+                }
+                return;
+            }
+            if self.ahead.is_empty() && self.scanned == Some(from) {
+                return;
+            }
+        }
+        self.ahead.clear();
+        self.ahead_bytes = 0;
+        self.scanned = Some(from);
+        self.made_for = made_for;
     }
 
     /// Decode the files after node `from` (global inode) in walk order into the block
@@ -464,44 +507,58 @@ impl Warmer {
     /// walk's window, so a walk that has just begun costs little) or `stop()` says the
     /// walk has moved on. Returns the bytes decoded.
     pub fn warm(&mut self, from: u64, ahead: u64, stop: &dyn Fn() -> bool) -> u64 {
-        let Ok((view, mut local)) = self.fs.find(from) else {
+        let Ok((view, from_local)) = self.fs.find(from) else {
             return 0;
         };
-        // The files to decode, in walk order. Their archive bytes, and those of as many
-        // files again after them, are asked of the disk first, all at once: the disk then
-        // reads them in archive order, one window ahead of the decoding.
+        self.move_to(from_local, (view.generation, ahead));
+        // Scan on until the files ahead hold twice the window: the first window is
+        // decoded, and the archive bytes of both are asked of the disk first, all at
+        // once, so the disk reads them in archive order one window ahead of the decoding.
+        let target = ahead.saturating_mul(2);
+        let mut steps = 0;
+        while self.ahead_bytes < target && steps < MAX_SCAN * 8 {
+            let Some(next) = self.scanned.and_then(|l| view.tree.next_in_walk(l)) else {
+                self.scanned = None;
+                break;
+            };
+            self.scanned = Some(next);
+            steps += 1;
+            let bytes = view
+                .tree
+                .node(view.tree.canonical(next))
+                .filter(|n| n.kind == Kind::File && n.size <= ahead)
+                .map_or(0, |n| n.size);
+            self.ahead.push_back((next, bytes));
+            self.ahead_bytes += bytes;
+        }
         self.plan.clear();
         self.advise.clear();
         let mut covered = 0u64;
-        for _ in 0..MAX_SCAN * 8 {
-            if covered >= ahead.saturating_mul(2) {
+        for &(local, bytes) in &self.ahead {
+            if covered >= target {
                 break;
             }
-            let Some(next) = view.tree.next_in_walk(local) else {
-                break;
-            };
-            local = next;
+            if bytes == 0 {
+                continue;
+            }
             let canon = view.tree.canonical(local);
-            let Some(n) = view.tree.node(canon) else {
+            let Some(state) = view
+                .tree
+                .node(canon)
+                .and_then(|n| view.tree.member_index(n))
+                .and_then(|i| view.member_state(i))
+            else {
                 continue;
             };
-            if n.kind != Kind::File || n.size == 0 || n.size > ahead {
-                continue;
+            if !state.cached.load(Relaxed) {
+                if covered < ahead && !state.warmed.load(Relaxed) {
+                    self.plan.push(canon);
+                }
+                if !state.advised.load(Relaxed) {
+                    self.advise.push(canon);
+                }
             }
-            let Some(state) = view.tree.member_index(n).and_then(|i| view.member_state(i)) else {
-                continue;
-            };
-            if state.cached.load(Relaxed) {
-                covered += n.size;
-                continue;
-            }
-            if covered < ahead && !state.warmed.load(Relaxed) {
-                self.plan.push(canon);
-            }
-            if !state.advised.load(Relaxed) {
-                self.advise.push(canon);
-            }
-            covered += n.size;
+            covered += bytes;
         }
         self.fs.will_need(&view, &self.advise);
         let mut decoded = 0u64;
@@ -757,6 +814,34 @@ mod tests {
         assert_eq!(decoded(), 80 * 1024);
         // The walk moving on stops it at once.
         assert_eq!(w.warm(fs.resolve(b"d/f000").unwrap(), 1 << 20, &|| true), 0);
+    }
+
+    #[test]
+    fn the_warmer_keeps_its_scan_as_the_walk_moves() {
+        let (fs, _f) = mount(10, 16 * 1024);
+        let decoded = || fs.reader().stats.decompressed_bytes.load(Relaxed);
+        let at = |name: &str| fs.resolve(name.as_bytes()).unwrap();
+        let mut w = Warmer::new(fs.clone());
+        // A 32 KiB window after f005: f006 and f007; f006 to f009 are scanned.
+        assert_eq!(w.warm(at("d/f005"), 32 * 1024, &|| false), 32 * 1024);
+        let kept: Vec<u64> = w.ahead.iter().map(|&(l, _)| l).collect();
+        assert_eq!(kept, ["d/f006", "d/f007", "d/f008", "d/f009"].map(at));
+        // The walk reaches f006: the scan goes on from f009 (to the subdirectory and its
+        // file), and only f008 is new to decode.
+        assert_eq!(w.warm(at("d/f006"), 32 * 1024, &|| false), 16 * 1024);
+        let kept: Vec<u64> = w.ahead.iter().map(|&(l, _)| l).collect();
+        assert_eq!(
+            kept,
+            ["d/f007", "d/f008", "d/f009", "d/sub", "d/sub/x"].map(at)
+        );
+        assert_eq!(decoded(), 48 * 1024);
+        // A jump back starts over from there.
+        assert_eq!(w.warm(at("d/f000"), 32 * 1024, &|| false), 32 * 1024);
+        let kept: Vec<u64> = w.ahead.iter().map(|&(l, _)| l).collect();
+        assert_eq!(kept, ["d/f001", "d/f002", "d/f003", "d/f004"].map(at));
+        // The end of the walk: nothing after the last file.
+        assert_eq!(w.warm(at("d/sub/x"), 32 * 1024, &|| false), 0);
+        assert!(w.ahead.is_empty() && w.scanned.is_none());
     }
 
     #[test]
