@@ -48,6 +48,8 @@ ONLY = None
 if "--only" in ARGS:
     ONLY = set(ARGS[ARGS.index("--only") + 1].split(","))
 QUICK = "--quick" in ARGS
+# Names this invocation: systems of one invocation share its interleaved rounds.
+RUN = time.strftime("%Y-%m-%d %H:%M")
 ROUNDS = int(ARGS[ARGS.index("--rounds") + 1]) if "--rounds" in ARGS else (0 if QUICK else 3)
 # Systems slower than this at reading everything are far from the others: one run is enough.
 ROUNDS_UNDER = 30
@@ -478,6 +480,7 @@ def main():
             r = {"error": str(e)[:300]}
         r["name"] = main_s.name
         r["measured"] = time.strftime("%Y-%m-%d %H:%M")
+        r["run"] = RUN
         results["systems"][main_s.key] = r
         log(json.dumps(r))
         with open(OUT, "w") as f:

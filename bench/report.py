@@ -100,17 +100,22 @@ if ROUNDED:
               + ", ".join(f"{S[k]['name']} " + " / ".join(
                   fmt(t, "s") for t in [S[k]["mount"]] + S[k].get("mount_rounds", []))
                   for k in ROUNDED if S[k].get("mount_rounds")) + " s.", "",
-              "| system | " + " | ".join(f"run {i + 1}" for i in range(n)) + " |",
-              "| --- |" + " --- |" * n]
+              "| system | run of | " + " | ".join(f"run {i + 1}" for i in range(n)) + " |",
+              "| --- | --- |" + " --- |" * n]
     for k, runs in ROUNDED.items():
-        lines.append(f"| {S[k]['name']} | " + " | ".join(fmt(t, "s") for t in runs) + " |")
+        lines.append(f"| {S[k]['name']} | {S[k].get('run', '?')} | "
+                     + " | ".join(fmt(t, "s") for t in runs) + " |")
     if "extracted" in ROUNDED:
         ext = ROUNDED["extracted"]
-        lines += ["", "Extracted tree's time ÷ system time, round by round (runs 2 and on are "
-                  "interleaved; run 1 is each system's own session):", "",
+        # Round by round only within one run: other runs' rounds are other minutes.
+        same = {k: v for k, v in ROUNDED.items()
+                if S[k].get("run") and S[k].get("run") == S["extracted"].get("run")}
+        lines += ["", "Extracted tree's time ÷ system time, round by round, for the systems of "
+                  f"the extracted tree's run ({S['extracted'].get('run', '?')}; runs 2 and on "
+                  "are interleaved; run 1 is each system's own session):", "",
                   "| system | " + " | ".join(f"run {i + 1}" for i in range(n)) + " |",
                   "| --- |" + " --- |" * n]
-        for k, runs in ROUNDED.items():
+        for k, runs in same.items():
             if k == "extracted":
                 continue
             lines.append(f"| {S[k]['name']} | " + " | ".join(
