@@ -207,6 +207,7 @@ impl Reader {
     /// the kernel's own read-ahead follows only sequential reads: unadvised, each member
     /// of a cold archive costs a small disk read of its own. Sorted and merged (gaps up to
     /// [`ADVISE_GAP`] are read through), they become a few large ones.
+    ///
     /// Extents already in ascending order are left to the kernel's sequential
     /// read-ahead, which reads them in larger requests than advice would.
     pub fn will_need(&self, archive: &Arc<Archive>, extents: Vec<(u64, u64)>) {
