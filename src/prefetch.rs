@@ -35,9 +35,12 @@
 //!
 //! Pushing costs a copy into the page cache; decoding costs more. During a walk a second
 //! thread, the [`Warmer`], decodes the files ahead of the reader in walk order (depth
-//! first, in name order, as `tar` goes) into the block cache, on the core the reader
-//! leaves idle while it waits, so that pushes and the reader's own misses find their
-//! blocks decoded.
+//! first, in name order, as `tar` goes) into the block cache, [`WARM_WINDOWS`] windows
+//! ahead, on the core the reader leaves idle while it waits, so that pushes and the
+//! reader's own misses find their blocks decoded. It first asks the kernel for the
+//! archive bytes of what it will decode when the walk visits an archive out of order
+//! (`zip -r` stores files in `readdir` order), so a cold disk reads them in a few large
+//! requests rather than one per member.
 //!
 //! Planning ([`Prefetcher::missed`], [`Prefetcher::listed`]) and pushing
 //! ([`Prefetcher::step`], one file at a time) are separate, so the thread that runs them
