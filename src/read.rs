@@ -173,7 +173,7 @@ impl Reader {
 
     /// The bytes of `archive` that reading member `m` whole reads: a hint for read-ahead,
     /// not a bound (before its local header has been read, a ZIP member's extra field is
-    /// guessed at [`LOCAL_EXTRA_GUESS`] bytes). `None` for data kept in the index.
+    /// guessed at `LOCAL_EXTRA_GUESS` bytes). `None` for data kept in the index.
     pub fn extent(archive: &Archive, state: &MemberState, m: &Member) -> Option<(u64, u64)> {
         let (start, end) = match &m.data {
             MemberData::Zip(z) => {
@@ -206,7 +206,7 @@ impl Reader {
     /// order in the archive (`zip -r` stores a directory's files in `readdir` order), and
     /// the kernel's own read-ahead follows only sequential reads: unadvised, each member
     /// of a cold archive costs a small disk read of its own. Sorted and merged (gaps up to
-    /// [`ADVISE_GAP`] are read through), they become a few large ones.
+    /// `ADVISE_GAP` are read through), they become a few large ones.
     ///
     /// Extents already in ascending order are left to the kernel's sequential
     /// read-ahead, which reads them in larger requests than advice would.
