@@ -127,7 +127,7 @@ pub struct Tail {
     pub eocd: usize,
 }
 
-/// Read the last [`FIRST_TAIL`] bytes of a file (the first read of every archive).
+/// Read the last `FIRST_TAIL` bytes of a file (the first read of every archive).
 pub fn first_tail(file: &File, size: u64) -> Result<(Vec<u8>, u64), Error> {
     let want = size.min(FIRST_TAIL as u64) as usize;
     let start = size - want as u64;
