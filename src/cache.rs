@@ -58,9 +58,9 @@ const CLASSES: usize =
 /// Pages of a buffer that are never written are never faulted in, so the rounding costs
 /// address space, not memory. `None`: not pooled.
 fn size_class(len: usize) -> Option<usize> {
-    (1..=POOL_MAX_CAPACITY)
+    (POOL_MIN..=POOL_MAX_CAPACITY)
         .contains(&len)
-        .then(|| len.next_power_of_two().max(POOL_MIN))
+        .then(|| len.next_power_of_two())
 }
 
 /// The pool's slot for buffers of capacity `class` (a power of two in the pooled range).
@@ -77,7 +77,7 @@ fn pool() -> MutexGuard<'static, [Vec<Vec<u8>>; CLASSES]> {
 /// A buffer with room for `len` bytes: a pooled one of its size class, or a new one of
 /// that class.
 fn take(len: usize) -> Vec<u8> {
-    let Some(class) = size_class(len).filter(|&c| c >= POOL_MIN && len >= POOL_MIN) else {
+    let Some(class) = size_class(len) else {
         return Vec::with_capacity(len);
     };
     let reused = pool()[slot(class)].pop();
@@ -87,7 +87,7 @@ fn take(len: usize) -> Vec<u8> {
 /// Give a buffer back to the pool if it is of a pooled class with room left.
 fn give(v: Vec<u8>) {
     let cap = v.capacity();
-    if cap >= POOL_MIN && size_class(cap) == Some(cap) {
+    if size_class(cap) == Some(cap) {
         let mut p = pool();
         let stack = &mut p[slot(cap)];
         if stack.len() < CLASS_MIN_BUFFERS.max(CLASS_BYTES / cap) {
