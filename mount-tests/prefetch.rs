@@ -2,7 +2,7 @@
 //! `tar` does it (list, then read each file in listing order), gets the right bytes for
 //! a small fraction of the READ requests, for ZIPs written by Info-ZIP and for `pkgfs
 //! pack` packages; `prefetch=0` turns it off; a reader that opens files by name without
-//! listing them gets no pushes.
+//! listing them gets no pushes; decoded blocks the kernel holds leave the block cache.
 
 use std::fs;
 use std::path::Path;
@@ -317,4 +317,64 @@ fn large_file_pushed(pkgs: &Path, big: &[u8]) {
         reads,
         "d/b came from pushed pages"
     );
+}
+
+#[test]
+fn blocks_the_kernel_holds_leave_the_block_cache() {
+    if !require_fuse() {
+        return;
+    }
+    // 16 files of 1 MiB (pushed during the walk) and one of 12 MiB (larger than the
+    // push window: the kernel READs it), 28 MiB decoded in all, 3.5 times the grace
+    // for which blocks the kernel holds stay cached.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    let mut x = 5u64;
+    let mut text = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                b"abcdefghijklmn \n"[(x >> 60) as usize]
+            })
+            .collect()
+    };
+    let mut files: Vec<(String, Vec<u8>)> = (0..16)
+        .map(|i| (format!("d/f{i:02}"), text(1 << 20)))
+        .collect();
+    files.push(("d/large".into(), text(12 << 20)));
+    for (name, data) in &files {
+        fs::write(src.join(name), data).unwrap();
+    }
+    let zips = tmp.path().join("zips");
+    fs::create_dir_all(&zips).unwrap();
+    run(Command::new("zip")
+        .current_dir(&src)
+        .args(["-q", "-r", "-6"])
+        .arg(zips.join("a.zip"))
+        .arg("."));
+    let m = Mount::new(&[&zips], &[]);
+    let mp = m.path();
+    let walk = || {
+        fs::read_dir(mp.join("d")).unwrap().for_each(drop);
+        for (name, data) in &files {
+            assert!(fs::read(mp.join(name)).unwrap() == *data, "{name} differs");
+        }
+    };
+    walk();
+    settled(&mp);
+    let cached = status_field(&mp, "bytes");
+    let released = status_field(&mp, "released");
+    assert!(released >= 40, "{released} blocks dropped");
+    assert!(
+        cached <= 10 << 20,
+        "{cached} bytes cached after a walk over 28 MiB the kernel holds"
+    );
+    // The kernel lets go of its pages: the dropped blocks are decoded again, right.
+    fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    let decoded = status_field(&mp, "bytes_decompressed");
+    walk();
+    assert!(status_field(&mp, "bytes_decompressed") > decoded);
 }

@@ -19,9 +19,17 @@
 //! 64 KiB come from the heap, unpooled: pooling them too rounded small files up to a
 //! power of two and cost more memory than it saved faults.
 //!
+//! A block leaves the cache early once the kernel has been given all of its bytes
+//! ([`BlockCache::delivered`], after a short grace): a mount keeps the kernel's page cache, which then holds
+//! those bytes, so keeping them here too would only double their memory. The budget is
+//! left to blocks still on their way (decoded ahead of a reader, or partly read), and the
+//! dropped blocks' buffers are decoded into again while still in the CPU's caches instead
+//! of fresh pages being faulted in (docs/BENCHMARKS.md, "Blocks the kernel holds").
+//!
 //! This cache only stores and evicts. Sharing one decompression between concurrent misses
 //! is the job of the caller ([`crate::read`]), which serialises fills per member.
 
+use std::collections::VecDeque;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,6 +45,8 @@ pub struct CacheStats {
     pub misses: AtomicU64,
     /// Blocks evicted to stay within the budget.
     pub evictions: AtomicU64,
+    /// Blocks dropped because the kernel had been given all of their bytes.
+    pub released: AtomicU64,
 }
 
 /// The smallest pooled class (smaller buffers come from the heap, unpooled).
@@ -146,8 +156,54 @@ impl Drop for Block {
 }
 
 struct Inner<K: Hash + Eq> {
-    lru: LruCache<K, Arc<Block>>,
+    lru: LruCache<K, Entry>,
     bytes: u64,
+    /// Blocks the kernel has had in full, oldest first, with their sizes: dropped once
+    /// more than [`RELEASE_GRACE`] bytes of them are waiting.
+    done: VecDeque<(K, u64)>,
+    /// Sum of the sizes in `done`.
+    done_bytes: u64,
+}
+
+/// How many bytes of blocks the kernel has had in full stay cached before the oldest is
+/// dropped. A read the kernel sent before a push of the same file completed may still be
+/// on its way to a worker when the push ends; the grace keeps its block there for it
+/// instead of decoding it again (a block of a large member may need its stream
+/// restarted). A few milliseconds of a reader's progress.
+pub const RELEASE_GRACE: u64 = 8 * 1024 * 1024;
+
+/// The smallest unit of delivery: a page (the kernel gives and takes whole pages, except
+/// at the end of a file).
+const UNIT_MIN: usize = 4096;
+
+/// A cached block and which of its bytes the kernel has been given.
+struct Entry {
+    block: Arc<Block>,
+    /// Bit `i`: the kernel has had unit `i` of the block (see [`units`]).
+    delivered: u64,
+}
+
+impl Entry {
+    /// Whether the kernel has had every byte of the block.
+    fn given(&self) -> bool {
+        let len = self.block.len();
+        self.delivered == units(len, 0, len)
+    }
+}
+
+/// The units of a block of `len` bytes that lie wholly inside `[start, end)`, as a bit
+/// mask: a block is cut into at most 64 units of equal size, a multiple of a page (a page
+/// for blocks of up to 256 KiB), the last one possibly shorter.
+fn units(len: usize, start: usize, end: usize) -> u64 {
+    let unit = len.div_ceil(64).max(1).next_multiple_of(UNIT_MIN);
+    let count = len.div_ceil(unit);
+    let first = start.div_ceil(unit);
+    let last = if end >= len { count } else { end / unit };
+    if first >= last {
+        return 0;
+    }
+    let upto = |n: usize| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+    upto(last) & !upto(first)
 }
 
 /// The cache. `K` identifies a block (pkgfs uses `(member, block index)`).
@@ -165,6 +221,8 @@ impl<K: Hash + Eq> BlockCache<K> {
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
                 bytes: 0,
+                done: VecDeque::new(),
+                done_bytes: 0,
             }),
             budget,
             stats: CacheStats::default(),
@@ -179,7 +237,7 @@ impl<K: Hash + Eq> BlockCache<K> {
 
     /// The block for `key`, marking it most recently used.
     pub fn get(&self, key: &K) -> Option<Arc<Block>> {
-        let hit = self.lock().lru.get(key).cloned();
+        let hit = self.lock().lru.get(key).map(|e| e.block.clone());
         let counter = if hit.is_some() {
             &self.stats.hits
         } else {
@@ -203,15 +261,21 @@ impl<K: Hash + Eq> BlockCache<K> {
         // Evicted blocks are dropped after the lock is released.
         let mut evicted = Vec::new();
         let mut inner = self.lock();
-        if let Some(old) = inner.lru.put(key, block) {
-            inner.bytes -= old.len() as u64;
+        if let Some(old) = inner.lru.put(
+            key,
+            Entry {
+                block,
+                delivered: 0,
+            },
+        ) {
+            inner.bytes -= old.block.len() as u64;
             evicted.push(old);
         }
         inner.bytes += len;
         while inner.bytes > self.budget {
             match inner.lru.pop_lru() {
                 Some((_, old)) => {
-                    inner.bytes -= old.len() as u64;
+                    inner.bytes -= old.block.len() as u64;
                     self.stats.evictions.fetch_add(1, Ordering::Relaxed);
                     evicted.push(old);
                 }
@@ -220,6 +284,47 @@ impl<K: Hash + Eq> BlockCache<K> {
         }
         drop(inner);
         drop(evicted);
+    }
+
+    /// The kernel has been given bytes `[start, end)` of the block for `key` and keeps
+    /// them in its page cache: once it has had every byte of the block, the block is
+    /// dropped, after [`RELEASE_GRACE`] bytes of other blocks have been. Bytes given twice
+    /// (a push and a read of the same file) count once.
+    pub fn delivered(&self, key: &K, start: usize, end: usize)
+    where
+        K: Clone,
+    {
+        let mut inner = self.lock();
+        let Some(e) = inner.lru.peek_mut(key) else {
+            return;
+        };
+        let len = e.block.len();
+        if e.given() {
+            return;
+        }
+        e.delivered |= units(len, start, end);
+        if !e.given() {
+            return;
+        }
+        inner.done.push_back((key.clone(), len as u64));
+        inner.done_bytes += len as u64;
+        let mut gone = Vec::new();
+        while inner.done_bytes > RELEASE_GRACE {
+            let Some((k, n)) = inner.done.pop_front() else {
+                break;
+            };
+            inner.done_bytes -= n;
+            // The block may have been evicted, or replaced by one not yet delivered.
+            if inner.lru.peek(&k).is_some_and(Entry::given)
+                && let Some(e) = inner.lru.pop(&k)
+            {
+                inner.bytes -= e.block.len() as u64;
+                self.stats.released.fetch_add(1, Ordering::Relaxed);
+                gone.push(e);
+            }
+        }
+        drop(inner);
+        drop(gone);
     }
 
     /// Bytes of block data currently held.
@@ -308,5 +413,70 @@ mod tests {
         assert_eq!(c.bytes(), 50);
         assert!(c.get(&9).is_none());
         assert_eq!(c.stats.misses.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn units_are_whole_pages_inside_the_range() {
+        let k = 256 * 1024;
+        assert_eq!(units(k, 0, k), u64::MAX, "64 pages");
+        assert_eq!(units(k, 0, 4096), 1);
+        assert_eq!(
+            units(k, 1, 8192),
+            0b10,
+            "a page partly given is not counted"
+        );
+        assert_eq!(units(k, 4096, 4095 + 8192), 0b10);
+        // A short block: its last unit ends with it, whatever its length.
+        assert_eq!(units(10_000, 0, 10_000), 0b111);
+        assert_eq!(units(10_000, 8192, 10_000), 0b100);
+        assert_eq!(units(10_000, 8192, 9_999), 0, "one byte short of the end");
+        // A large block: units of several pages, still page-aligned.
+        assert_eq!(units(4 << 20, 0, 64 * 1024), 1);
+        assert_eq!(units(4 << 20, 0, 64 * 1024 - 4096), 0);
+        assert_eq!(units(0, 0, 0), 0);
+    }
+
+    #[test]
+    fn blocks_the_kernel_has_whole_leave_after_the_grace() {
+        let n = 256 * 1024;
+        let count = RELEASE_GRACE as usize / n + 1;
+        let c = BlockCache::new(1 << 30);
+        for k in 0..count {
+            c.insert(k, block(n));
+        }
+        // Block 0 is given in two halves, twice over for the first: nothing is released
+        // until every byte has been given, and repeats count once.
+        c.delivered(&0, 0, n / 2);
+        c.delivered(&0, 0, n / 2);
+        assert_eq!(c.stats.released.load(Ordering::Relaxed), 0);
+        c.delivered(&0, n / 2, n);
+        c.delivered(&0, 0, n);
+        // Blocks done within the grace stay.
+        for k in 1..count - 1 {
+            c.delivered(&k, 0, n);
+        }
+        assert!(c.contains(&0));
+        assert_eq!(c.stats.released.load(Ordering::Relaxed), 0);
+        // One more block done: the oldest goes, its bytes with it.
+        c.delivered(&(count - 1), 0, n);
+        assert!(!c.contains(&0), "the first block done is dropped");
+        assert!(c.contains(&1) && c.contains(&(count - 1)));
+        assert_eq!(c.stats.released.load(Ordering::Relaxed), 1);
+        assert_eq!(c.bytes(), ((count - 1) * n) as u64);
+        // A block replaced after it was done is not dropped for the old one's delivery.
+        c.insert(1, block(n));
+        c.insert(count, block(n));
+        c.delivered(&count, 0, n);
+        assert!(
+            c.contains(&1),
+            "the new block 1 has not been given to the kernel"
+        );
+        assert_eq!(c.stats.released.load(Ordering::Relaxed), 1);
+        c.insert(count + 1, block(n));
+        c.delivered(&(count + 1), 0, n);
+        assert!(!c.contains(&2), "the next block done goes");
+        assert_eq!(c.stats.released.load(Ordering::Relaxed), 2);
+        // Unknown keys are ignored.
+        c.delivered(&(count + 5), 0, n);
     }
 }

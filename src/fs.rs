@@ -517,6 +517,26 @@ impl PkgFs {
         }
     }
 
+    /// The kernel has been given bytes `[offset, offset + len)` of inode `ino` and keeps
+    /// them in its page cache (the FUSE adapter says so after a READ): decoded blocks it
+    /// now holds entirely leave the block cache.
+    pub fn delivered(&self, ino: u64, offset: u64, len: u64) {
+        if let Ok((v, l)) = self.find(ino) {
+            self.delivered_node(&v, l, offset, len);
+        }
+    }
+
+    /// [`PkgFs::delivered`] for local node `local` of view `v`.
+    pub(crate) fn delivered_node(&self, v: &View, local: u64, offset: u64, len: u64) {
+        let Some(m) = v.tree.node(local).and_then(|n| v.tree.member(n)) else {
+            return;
+        };
+        if let Some(layer) = v.layers.get(m.archive as usize) {
+            self.reader
+                .delivered(&layer.archive, m, offset, offset.saturating_add(len));
+        }
+    }
+
     /// Start reading from disk the archive bytes of `files` (local nodes of view `v`), which
     /// are about to be decoded: see [`Reader::will_need`]. Each member is asked for once
     /// (a walk plans the same files again each time the reader moves).

@@ -225,7 +225,12 @@ impl Filesystem for Fuse {
             let _ = tx.try_send(Hint::Missed(ino.0));
         }
         match guarded("read", || self.fs.read_shared(ino.0, offset, size)) {
-            Ok(data) => reply.data(&data),
+            Ok(data) => {
+                reply.data(&data);
+                // The page cache keeps what a READ returns (no direct I/O): the block
+                // cache need not.
+                self.fs.delivered(ino.0, offset, data.len() as u64);
+            }
             Err(e) => reply.error(e),
         }
     }

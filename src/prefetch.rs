@@ -187,6 +187,8 @@ fn push_file(
         store(target, off, &page)?;
         off += page.len() as u64;
     }
+    // The kernel holds what was stored: the cache need not.
+    fs.delivered_node(view, canon, 0, off);
     Ok(off)
 }
 

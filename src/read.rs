@@ -237,6 +237,34 @@ impl Reader {
         &self.cache
     }
 
+    /// The kernel has been given bytes `[start, end)` of member `m` of `archive` and keeps
+    /// them: count them towards the cached blocks they came from (see
+    /// [`BlockCache::delivered`]). Blocks of ZIP members only: a frame of a seekable
+    /// archive also holds tar headers, which are never delivered, and stored members are
+    /// not cached.
+    pub fn delivered(&self, archive: &Archive, m: &Member, start: u64, end: u64) {
+        let MemberData::Zip(zip) = &m.data else {
+            return;
+        };
+        let end = end.min(m.size);
+        let mut at = start;
+        while at < end {
+            let block = at / BLOCK_SIZE;
+            let base = block * BLOCK_SIZE;
+            let next = (base + BLOCK_SIZE).min(end);
+            self.cache.delivered(
+                &BlockKey::Member {
+                    archive: archive.key,
+                    header: zip.header_offset,
+                    block,
+                },
+                (at - base) as usize,
+                (next - base) as usize,
+            );
+            at = next;
+        }
+    }
+
     /// Read up to `len` bytes at `offset` of member `m` of `archive`, whose lazily learnt
     /// state is `state`. Returns fewer bytes only at the end of the member.
     pub fn read(
@@ -1122,6 +1150,45 @@ mod tests {
             assert_eq!(read_all(&fs, ino, 100_000), big);
             assert_eq!(s.blocks_decoded.load(Relaxed), 4);
         }
+    }
+
+    #[test]
+    fn blocks_the_kernel_holds_leave_the_cache() {
+        use ::zip::CompressionMethod::{Deflated, Stored};
+        // Twice the grace of decoded blocks, and a stored member (never cached).
+        let big = data(2 * crate::cache::RELEASE_GRACE as usize + 1000);
+        let small = data(5000);
+        let (_d, fs) = build(&[("big", Deflated, &big), ("s", Stored, &small)], 1 << 30);
+        let ino = fs.resolve(b"big").unwrap();
+        assert_eq!(read_all(&fs, ino, 128 * 1024), big);
+        let cache = fs.reader().cache();
+        assert_eq!(cache.bytes(), big.len() as u64, "every block cached");
+        // Pages given to the kernel as it asks for them: 128 KiB reads straddle no block
+        // but fill each one in two; a block given in part stays.
+        let blocks = big.len() as u64 / BLOCK_SIZE;
+        fs.delivered(ino, 0, (blocks * BLOCK_SIZE) - 4096);
+        fs.delivered(ino, blocks * BLOCK_SIZE - 4096, 4096 + 100);
+        let released = cache.stats.released.load(Relaxed);
+        assert!(released > 0 && released < blocks, "{released} of {blocks}");
+        assert!(
+            cache.bytes() <= crate::cache::RELEASE_GRACE + 2 * BLOCK_SIZE,
+            "only the grace stays: {}",
+            cache.bytes()
+        );
+        assert_eq!(
+            cache.bytes() % BLOCK_SIZE,
+            1000,
+            "the last block, given in part, stays"
+        );
+        // What is still cached is served without decoding; what went is decoded again,
+        // correctly.
+        let decoded = fs.reader().stats.blocks_decoded.load(Relaxed);
+        assert_eq!(read_all(&fs, ino, 128 * 1024), big);
+        assert!(fs.reader().stats.blocks_decoded.load(Relaxed) > decoded);
+        // Members not cached, and inodes that are not files, are ignored.
+        fs.delivered(fs.resolve(b"s").unwrap(), 0, 5000);
+        fs.delivered(1, 0, 4096);
+        fs.delivered(999_999, 0, 4096);
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //!
 //! The report: the mount and its sources, the generation (how many activations), each
 //! active package with its entry count and how many path conflicts it wins and loses,
-//! skipped archives with the reason, the block cache (size, budget, hit rate), bytes read
-//! from archives and produced by decompression, request counts, and data errors.
+//! skipped archives with the reason, the block cache (size, budget, hit rate, blocks
+//! dropped once the kernel held them), bytes read from archives and produced by
+//! decompression, request counts, and data errors.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -112,9 +113,10 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
         }
     }
     let cache = fs.reader().cache();
-    let (hits, misses) = (
+    let (hits, misses, released) = (
         cache.stats.hits.load(Relaxed),
         cache.stats.misses.load(Relaxed),
+        cache.stats.released.load(Relaxed),
     );
     let rs = &fs.reader().stats;
     let ops = &fs.stats;
@@ -189,7 +191,7 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
         );
         let _ = write!(
             o,
-            "\"cache\":{{\"bytes\":{},\"budget\":{},\"hits\":{hits},\"misses\":{misses}}},",
+            "\"cache\":{{\"bytes\":{},\"budget\":{},\"hits\":{hits},\"misses\":{misses},\"released\":{released}}},",
             cache.bytes(),
             cache.budget()
         );
@@ -277,7 +279,7 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
     };
     let _ = writeln!(
         o,
-        "cache: {} of {}; {hits} hits, {misses} misses ({rate:.1}% hit rate)",
+        "cache: {} of {}; {hits} hits, {misses} misses ({rate:.1}% hit rate); {released} blocks dropped once the kernel held them",
         mib(cache.bytes()),
         mib(cache.budget())
     );
