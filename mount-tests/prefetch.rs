@@ -326,7 +326,9 @@ fn blocks_the_kernel_holds_leave_the_block_cache() {
     }
     // 16 files of 1 MiB (pushed during the walk) and one of 12 MiB (larger than the
     // push window: the kernel READs it), 28 MiB decoded in all, 3.5 times the grace
-    // for which blocks the kernel holds stay cached.
+    // for which blocks the kernel holds stay cached; as a ZIP (blocks of members,
+    // followed page by page) and as a package (frames, counted against the file bytes
+    // they hold).
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     fs::create_dir_all(src.join("d")).unwrap();
@@ -348,18 +350,18 @@ fn blocks_the_kernel_holds_leave_the_block_cache() {
     for (name, data) in &files {
         fs::write(src.join(name), data).unwrap();
     }
-    let zips = tmp.path().join("zips");
-    fs::create_dir_all(&zips).unwrap();
-    run(Command::new("zip")
-        .current_dir(&src)
-        .args(["-q", "-r", "-6"])
-        .arg(zips.join("a.zip"))
-        .arg("."));
-    let m = Mount::new(&[&zips], &[]);
+    for pkgs in both_formats(tmp.path(), &src) {
+        held_blocks_leave(&pkgs, &files);
+    }
+}
+
+/// One format's part of `blocks_the_kernel_holds_leave_the_block_cache`.
+fn held_blocks_leave(pkgs: &Path, files: &[(String, Vec<u8>)]) {
+    let m = Mount::new(&[pkgs], &[]);
     let mp = m.path();
     let walk = || {
         fs::read_dir(mp.join("d")).unwrap().for_each(drop);
-        for (name, data) in &files {
+        for (name, data) in files {
             assert!(fs::read(mp.join(name)).unwrap() == *data, "{name} differs");
         }
     };
@@ -367,10 +369,11 @@ fn blocks_the_kernel_holds_leave_the_block_cache() {
     settled(&mp);
     let cached = status_field(&mp, "bytes");
     let released = status_field(&mp, "released");
-    assert!(released >= 40, "{released} blocks dropped");
+    let what = pkgs.display();
+    assert!(released >= 10, "{what}: {released} blocks dropped");
     assert!(
         cached <= 10 << 20,
-        "{cached} bytes cached after a walk over 28 MiB the kernel holds"
+        "{what}: {cached} bytes cached after a walk over 28 MiB the kernel holds"
     );
     // The kernel lets go of its pages: the dropped blocks are decoded again, right.
     fs::write("/proc/sys/vm/drop_caches", "1").unwrap();

@@ -20,11 +20,12 @@
 //! power of two and cost more memory than it saved faults.
 //!
 //! A block leaves the cache early once the kernel has been given all of its bytes
-//! ([`BlockCache::delivered`], after a short grace): a mount keeps the kernel's page cache, which then holds
-//! those bytes, so keeping them here too would only double their memory. The budget is
-//! left to blocks still on their way (decoded ahead of a reader, or partly read), and the
-//! dropped blocks' buffers are decoded into again while still in the CPU's caches instead
-//! of fresh pages being faulted in (docs/BENCHMARKS.md, "Blocks the kernel holds").
+//! ([`BlockCache::delivered`], [`BlockCache::delivered_bytes`]; after a short grace): a
+//! mount keeps the kernel's page cache, which then holds those bytes, so keeping them
+//! here too would only double their memory. The budget is left to blocks still on their
+//! way (decoded ahead, or partly read), and the dropped blocks' buffers are decoded into
+//! again while still in the CPU's caches instead of fresh pages being faulted in
+//! (docs/BENCHMARKS.md, "Blocks the kernel holds").
 //!
 //! This cache only stores and evicts. Sharing one decompression between concurrent misses
 //! is the job of the caller ([`crate::read`]), which serialises fills per member.
@@ -176,18 +177,32 @@ pub const RELEASE_GRACE: u64 = 8 * 1024 * 1024;
 /// at the end of a file).
 const UNIT_MIN: usize = 4096;
 
-/// A cached block and which of its bytes the kernel has been given.
+/// A cached block and what of it the kernel has been given.
 struct Entry {
     block: Arc<Block>,
+    given: Given,
+}
+
+/// What of a block the kernel has been given.
+#[derive(Clone, Copy)]
+enum Given {
     /// Bit `i`: the kernel has had unit `i` of the block (see [`units`]).
-    delivered: u64,
+    Pages(u64),
+    /// Bytes given, counted rather than placed, out of `of`, the block's bytes that can be
+    /// given at all (a frame of a package also holds tar headers, which never are).
+    Bytes { given: u64, of: u64 },
 }
 
 impl Entry {
-    /// Whether the kernel has had every byte of the block.
-    fn given(&self) -> bool {
-        let len = self.block.len();
-        self.delivered == units(len, 0, len)
+    /// Whether the kernel has had every byte of the block it can have.
+    fn whole(&self) -> bool {
+        match self.given {
+            Given::Pages(mask) => {
+                let len = self.block.len();
+                mask == units(len, 0, len)
+            }
+            Given::Bytes { given, of } => given >= of,
+        }
     }
 }
 
@@ -265,7 +280,7 @@ impl<K: Hash + Eq> BlockCache<K> {
             key,
             Entry {
                 block,
-                delivered: 0,
+                given: Given::Pages(0),
             },
         ) {
             inner.bytes -= old.block.len() as u64;
@@ -294,16 +309,44 @@ impl<K: Hash + Eq> BlockCache<K> {
     where
         K: Clone,
     {
+        self.give(key, |given, len| {
+            if let Given::Pages(mask) = given {
+                *mask |= units(len, start, end);
+            }
+        });
+    }
+
+    /// [`BlockCache::delivered`] for a block of which only `of` bytes can ever be given
+    /// (a frame of a package: its files' bytes, not their tar headers), counting `bytes`
+    /// more given without placing them. Bytes given twice count twice, which can drop the
+    /// block early: a decoding more if it is asked for again, never a wrong byte.
+    pub fn delivered_bytes(&self, key: &K, bytes: u64, of: u64)
+    where
+        K: Clone,
+    {
+        self.give(key, |given, _| match given {
+            Given::Pages(0) => *given = Given::Bytes { given: bytes, of },
+            Given::Bytes { given, .. } => *given += bytes,
+            Given::Pages(_) => {}
+        });
+    }
+
+    /// Record a delivery with `mark` (given the block's length) and drop blocks the
+    /// kernel has had whole beyond the grace.
+    fn give(&self, key: &K, mark: impl FnOnce(&mut Given, usize))
+    where
+        K: Clone,
+    {
         let mut inner = self.lock();
         let Some(e) = inner.lru.peek_mut(key) else {
             return;
         };
-        let len = e.block.len();
-        if e.given() {
+        if e.whole() {
             return;
         }
-        e.delivered |= units(len, start, end);
-        if !e.given() {
+        let len = e.block.len();
+        mark(&mut e.given, len);
+        if !e.whole() {
             return;
         }
         inner.done.push_back((key.clone(), len as u64));
@@ -315,7 +358,7 @@ impl<K: Hash + Eq> BlockCache<K> {
             };
             inner.done_bytes -= n;
             // The block may have been evicted, or replaced by one not yet delivered.
-            if inner.lru.peek(&k).is_some_and(Entry::given)
+            if inner.lru.peek(&k).is_some_and(Entry::whole)
                 && let Some(e) = inner.lru.pop(&k)
             {
                 inner.bytes -= e.block.len() as u64;

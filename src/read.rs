@@ -238,30 +238,60 @@ impl Reader {
     }
 
     /// The kernel has been given bytes `[start, end)` of member `m` of `archive` and keeps
-    /// them: count them towards the cached blocks they came from (see
-    /// [`BlockCache::delivered`]). Blocks of ZIP members only: a frame of a seekable
-    /// archive also holds tar headers, which are never delivered, and stored members are
+    /// them: count them towards the cached blocks they came from, which leave the cache
+    /// once the kernel has had all they hold (see [`BlockCache::delivered`]). A ZIP
+    /// member's block is followed page by page; a frame of a package holds several files
+    /// and their tar headers, which are never delivered, so its bytes given are counted
+    /// against the file bytes it holds ([`SeekTable::file_bytes`]). Stored members are
     /// not cached.
     pub fn delivered(&self, archive: &Archive, m: &Member, start: u64, end: u64) {
-        let MemberData::Zip(zip) = &m.data else {
-            return;
-        };
         let end = end.min(m.size);
-        let mut at = start;
-        while at < end {
-            let block = at / BLOCK_SIZE;
-            let base = block * BLOCK_SIZE;
-            let next = (base + BLOCK_SIZE).min(end);
-            self.cache.delivered(
-                &BlockKey::Member {
-                    archive: archive.key,
-                    header: zip.header_offset,
-                    block,
-                },
-                (at - base) as usize,
-                (next - base) as usize,
-            );
-            at = next;
+        if start >= end {
+            return;
+        }
+        match &m.data {
+            MemberData::Zip(zip) => {
+                let mut at = start;
+                while at < end {
+                    let block = at / BLOCK_SIZE;
+                    let base = block * BLOCK_SIZE;
+                    let next = (base + BLOCK_SIZE).min(end);
+                    self.cache.delivered(
+                        &BlockKey::Member {
+                            archive: archive.key,
+                            header: zip.header_offset,
+                            block,
+                        },
+                        (at - base) as usize,
+                        (next - base) as usize,
+                    );
+                    at = next;
+                }
+            }
+            MemberData::Seekable(data) => {
+                let Some(table) = &archive.table else {
+                    return;
+                };
+                let (start, end) = (data + start, data + end);
+                let Some(mut f) = table.frame_at(start) else {
+                    return;
+                };
+                while let (Some(frame), Some(&of)) = (table.frames.get(f), table.file_bytes.get(f))
+                {
+                    if frame.doff >= end {
+                        break;
+                    }
+                    let given =
+                        (frame.doff + u64::from(frame.dsize)).min(end) - frame.doff.max(start);
+                    self.cache.delivered_bytes(
+                        &BlockKey::Frame(archive.key, f as u32),
+                        given,
+                        u64::from(of),
+                    );
+                    f += 1;
+                }
+            }
+            MemberData::Inline(_) => {}
         }
     }
 
@@ -1474,6 +1504,67 @@ mod tests {
         .unwrap();
         let fs = open(&out, 64 << 20);
         (dir, fs)
+    }
+
+    #[test]
+    fn frames_the_kernel_holds_leave_the_cache() {
+        // 48 files of about 300 KB, three to a frame of 1 MiB: 14 MB, beyond the grace.
+        let files: Vec<(String, Vec<u8>)> = (0..48)
+            .map(|i| (format!("d/f{i:02}"), data(300_000 + i * 7)))
+            .collect();
+        let refs: Vec<(&str, &[u8])> = files
+            .iter()
+            .map(|(n, d)| (n.as_str(), d.as_slice()))
+            .collect();
+        let (_d, fs) = packed(&refs, 1 << 20);
+        let v = fs.view();
+        let table = v.layers[0].archive.table.as_ref().unwrap();
+        let total: usize = files.iter().map(|(_, d)| d.len()).sum();
+        assert_eq!(table.file_bytes.len(), table.frames.len());
+        assert_eq!(
+            table.file_bytes.iter().map(|&b| b as usize).sum::<usize>(),
+            total,
+            "every file byte is in one frame"
+        );
+        assert!(
+            table
+                .file_bytes
+                .iter()
+                .zip(&table.frames)
+                .all(|(&b, f)| b < f.dsize)
+        );
+        let inos: Vec<u64> = files
+            .iter()
+            .map(|(n, d)| {
+                let ino = fs.resolve(n.as_bytes()).unwrap();
+                assert!(fs.read(ino, 0, d.len() as u32).unwrap() == *d);
+                ino
+            })
+            .collect();
+        let cache = fs.reader().cache();
+        let cached = cache.bytes();
+        assert!(cached as usize > total);
+        // Half of every file given: no frame is whole.
+        for ((_, d), &ino) in files.iter().zip(&inos) {
+            fs.delivered(ino, 0, d.len() as u64 / 2);
+        }
+        assert_eq!(cache.stats.released.load(Relaxed), 0);
+        assert_eq!(cache.bytes(), cached);
+        // The other halves: every frame is, and all but the grace leave.
+        for ((_, d), &ino) in files.iter().zip(&inos) {
+            let half = d.len() as u64 / 2;
+            fs.delivered(ino, half, d.len() as u64 - half);
+        }
+        assert!(cache.stats.released.load(Relaxed) > 0);
+        assert!(
+            cache.bytes() <= crate::cache::RELEASE_GRACE + (2 << 20),
+            "{} bytes still cached",
+            cache.bytes()
+        );
+        // Dropped frames are decoded again when asked for.
+        for ((_, d), &ino) in files.iter().zip(&inos) {
+            assert!(fs.read(ino, 0, d.len() as u32).unwrap() == *d);
+        }
     }
 
     #[test]

@@ -253,9 +253,10 @@ pub fn open(
         .map_or(0, |d| d.as_secs() as i64);
     let (tail, _) = zip::first_tail(&file, size).map_err(bad)?;
     let (format, table, entries) = match seekable::read_table(&file, size, &tail).map_err(bad)? {
-        Some(table) => {
+        Some(mut table) => {
             let entries =
                 seekable_entries(path, &file, &meta, &table, &tail, size, cache).map_err(bad)?;
+            table.count_file_bytes(&entries);
             (Format::SeekableTar, Some(table), entries)
         }
         None => match zip::read_index_from(&file, size, tail) {

@@ -84,9 +84,39 @@ pub struct SeekTable {
     pub data_end: u64,
     /// File offset where the seek table's skippable frame starts.
     pub table_start: u64,
+    /// Bytes of regular files' data in each frame (the rest is tar headers and padding),
+    /// once counted ([`SeekTable::count_file_bytes`]; empty before): a frame whose file
+    /// bytes the kernel has all been given can leave the block cache.
+    pub file_bytes: Vec<u32>,
 }
 
 impl SeekTable {
+    /// Count the bytes of regular files' data each frame holds, from the archive's
+    /// `entries`.
+    pub fn count_file_bytes(&mut self, entries: &[super::Entry]) {
+        let mut counts = vec![0u32; self.frames.len()];
+        for e in entries {
+            let (super::EntryKind::File, super::DataRef::Seekable { offset }) = (&e.kind, &e.data)
+            else {
+                continue;
+            };
+            let end = offset.saturating_add(e.size).min(self.total);
+            let Some(mut f) = self.frame_at(*offset) else {
+                continue;
+            };
+            while let Some(frame) = self.frames.get(f) {
+                if frame.doff >= end {
+                    break;
+                }
+                let from = frame.doff.max(*offset);
+                let to = (frame.doff + u64::from(frame.dsize)).min(end);
+                counts[f] = counts[f].saturating_add((to - from) as u32);
+                f += 1;
+            }
+        }
+        self.file_bytes = counts;
+    }
+
     /// Index of the frame holding decompressed offset `off`.
     pub fn frame_at(&self, off: u64) -> Option<usize> {
         if off >= self.total {
@@ -179,6 +209,7 @@ pub fn parse_seek_table(frame: &[u8], file_size: u64) -> Result<SeekTable, Error
         total: doff,
         data_end: coff,
         table_start,
+        file_bytes: Vec::new(),
     })
 }
 
