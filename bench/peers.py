@@ -7,10 +7,10 @@ corpus and installs the peers).
     peers.py WORKDIR OUT.json [--only SYSTEM,...] [--merge] [--skip-scaling] [--quick]
              [--rounds N]
 --rounds N (default 3, 0 with --quick): after every system has been measured, N more
-cold mounts and cold read-alls of each system that read everything in under 30 s,
-interleaved system by system, so a slow minute of this shared machine lands on every
-system alike; the report gives the median of all of a system's cold mounts and
-read-alls, and the read-all ratios round by round.
+rounds for each system that read everything in under 30 s, interleaved system by
+system, so a slow minute of this shared machine lands on every system alike: a cold
+mount, a cold read-all, then warm: the read-all again, find, stat. The report gives the
+median of all of a system's measurements of these, and ratios round by round.
 --merge keeps the other systems' results (and the scaling run, with --skip-scaling)
 already in OUT.json: to remeasure pkgfs after a change without rerunning every peer.
 Each system's results carry the time they were measured; the report says when a table
@@ -199,8 +199,35 @@ def read_all(s):
     return f"tar -C '{s.root()}' -cf - . > /dev/zero"
 
 
+def stat_paths(root):
+    """Every path under root (listing them warms the kernel's caches)."""
+    paths = []
+    for d, dirs, files in os.walk(root):
+        paths.extend(os.path.join(d, n) for n in dirs + files)
+    return paths
+
+
+def stat_best(paths, r):
+    """lstat of every path, best of three: warm and CPU-bound, so a moment of noise on
+    this 2-core machine is not measured (it moved the ratio between 1.06x and 1.80x)."""
+    def stat_all():
+        for p in paths:
+            try:
+                os.lstat(p)
+            except OSError as e:
+                r.setdefault("errors", []).append(f"lstat: {e}")
+    return min(timed(stat_all) for _ in range(3))
+
+
+# Workloads measured again in every round, and reported as medians: the cold ones, and
+# the warm ones whose target is a ratio to kernel squashfs (a system measured minutes
+# after another meets another speed of this machine, by up to 2x).
+ROUND_KEYS = ("mount", "read1", "read2", "find2", "stat")
+
+
 def cold_rounds(measured, results):
-    """ROUNDS more cold read-alls of each fast system, interleaved system by system."""
+    """ROUNDS more cold mounts and read-alls of each fast system, interleaved system by
+    system, each followed by the warm workloads (read-all again, find, stat)."""
     fast = [s for s in measured
             if (results["systems"][s.key].get("read1") or ROUNDS_UNDER) < ROUNDS_UNDER]
     for i in range(ROUNDS):
@@ -210,13 +237,18 @@ def cold_rounds(measured, results):
             r.setdefault("mount_rounds", []).append(s.mount())  # cold: caches dropped first
             drop_caches()
             t = timed_cmd(read_all(s), r)
-            s.done()
             r.setdefault("read1_rounds", []).append(t)
+            r.setdefault("read2_rounds", []).append(timed_cmd(read_all(s), r))
+            r.setdefault("find2_rounds", []).append(
+                timed_cmd(f"find '{s.root()}' -size +0 > /dev/null", r))
+            r.setdefault("stat_rounds", []).append(stat_best(stat_paths(s.root()), r))
+            s.done()
     for s in fast:
         r = results["systems"][s.key]
-        runs = [t for t in [r["read1"]] + r.get("read1_rounds", []) if t is not None]
-        r["read1_median"] = statistics.median(runs)
-        r["mount_median"] = statistics.median([r["mount"]] + r.get("mount_rounds", []))
+        for key in ROUND_KEYS:
+            runs = [t for t in [r.get(key)] + r.get(f"{key}_rounds", []) if t is not None]
+            if runs:
+                r[f"{key}_median"] = statistics.median(runs)
 
 
 def run_workloads(s, small_files, large_rel, huge=None):
@@ -226,18 +258,8 @@ def run_workloads(s, small_files, large_rel, huge=None):
     r["mount"] = s.mount()
     r["find1"] = timed_cmd(f"find '{root()}' -size +0 > /dev/null", r)
     r["find2"] = timed_cmd(f"find '{root()}' -size +0 > /dev/null", r)
-    paths = []
-    for d, dirs, files in os.walk(root()):
-        paths.extend(os.path.join(d, n) for n in dirs + files)
-    def stat_all():
-        for p in paths:
-            try:
-                os.lstat(p)
-            except OSError as e:
-                r.setdefault("errors", []).append(f"lstat: {e}")
-    # Warm and CPU-bound: the best of three, so a moment of noise on this 2-core machine
-    # (which moved the ratio between 1.06x and 1.80x from run to run) is not measured.
-    r["stat"] = min(timed(stat_all) for _ in range(3))
+    paths = stat_paths(root())
+    r["stat"] = stat_best(paths, r)
     r["entries"] = len(paths)
     s.done()
     # Session 2: read everything, cold then warm.
