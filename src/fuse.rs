@@ -229,7 +229,10 @@ impl Filesystem for Fuse {
                 reply.data(&data);
                 // The page cache keeps what a READ returns (no direct I/O): the block
                 // cache need not.
-                self.fs.delivered(ino.0, offset, data.len() as u64);
+                let _ = guarded("read", || {
+                    self.fs.delivered(ino.0, offset, data.len() as u64);
+                    Ok(())
+                });
             }
             Err(e) => reply.error(e),
         }
