@@ -34,6 +34,19 @@ fn small_files(root: &Path) {
     fs::write(d.join("sub/x"), b"below").unwrap();
 }
 
+/// `n` bytes of pseudo-random text of 16 symbols (compressible, not trivially), from `seed`, which
+/// moves on.
+fn text(seed: &mut u64, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            b"abcdefghijklmn \n"[(*seed >> 60) as usize]
+        })
+        .collect()
+}
+
 /// A field of `pkgfs status --json` (a number; keys are unique in the report).
 fn status_field(mp: &Path, key: &str) -> u64 {
     let json = String::from_utf8(run(pkgfs().arg("status").arg("--json").arg(mp)).stdout).unwrap();
@@ -275,15 +288,7 @@ fn a_file_larger_than_a_block_is_pushed_whole_and_right() {
     let src = tmp.path().join("src");
     fs::create_dir_all(src.join("d")).unwrap();
     fs::write(src.join("d/a"), b"first file\n").unwrap();
-    let mut x = 7u64;
-    let big: Vec<u8> = (0..900_000)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            b"abcdefghijklmn \n"[(x >> 60) as usize]
-        })
-        .collect();
+    let big = text(&mut 7, 900_000);
     fs::write(src.join("d/b"), &big).unwrap();
     fs::write(src.join("d/c"), b"last file\n").unwrap();
     let [zips, zsts] = both_formats(tmp.path(), &src);
@@ -332,21 +337,11 @@ fn blocks_the_kernel_holds_leave_the_block_cache() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     fs::create_dir_all(src.join("d")).unwrap();
-    let mut x = 5u64;
-    let mut text = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                b"abcdefghijklmn \n"[(x >> 60) as usize]
-            })
-            .collect()
-    };
+    let mut seed = 5;
     let mut files: Vec<(String, Vec<u8>)> = (0..16)
-        .map(|i| (format!("d/f{i:02}"), text(1 << 20)))
+        .map(|i| (format!("d/f{i:02}"), text(&mut seed, 1 << 20)))
         .collect();
-    files.push(("d/large".into(), text(12 << 20)));
+    files.push(("d/large".into(), text(&mut seed, 12 << 20)));
     for (name, data) in &files {
         fs::write(src.join(name), data).unwrap();
     }
