@@ -34,8 +34,8 @@ fn small_files(root: &Path) {
     fs::write(d.join("sub/x"), b"below").unwrap();
 }
 
-/// `n` bytes of pseudo-random text of 16 symbols (compressible, not trivially), from `seed`, which
-/// moves on.
+/// `n` bytes of pseudo-random text of 16 symbols (compressible, not trivially), from
+/// `seed`, which moves on.
 fn text(seed: &mut u64, n: usize) -> Vec<u8> {
     (0..n)
         .map(|_| {
