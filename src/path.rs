@@ -45,14 +45,22 @@ impl fmt::Display for PathError {
 }
 
 /// Normalise a stored path into its components (see the module documentation).
-pub fn components(raw: &[u8]) -> Result<Vec<Vec<u8>>, PathError> {
+pub fn components(raw: &[u8]) -> Result<Vec<&[u8]>, PathError> {
+    let mut out = Vec::new();
+    components_into(raw, &mut out)?;
+    Ok(out)
+}
+
+/// [`components`] into a vector the caller reuses (cleared first): the tree builder
+/// normalises every entry's path, and one allocation per entry shows in a mount.
+pub fn components_into<'a>(raw: &'a [u8], out: &mut Vec<&'a [u8]>) -> Result<(), PathError> {
+    out.clear();
     if raw.contains(&0) {
         return Err(PathError::Nul);
     }
     if matches!(raw.first(), Some(b'/' | b'\\')) {
         return Err(PathError::Absolute);
     }
-    let mut out = Vec::new();
     for (i, comp) in raw.split(|&b| b == b'/' || b == b'\\').enumerate() {
         match comp {
             b"" | b"." => continue,
@@ -61,13 +69,13 @@ pub fn components(raw: &[u8]) -> Result<Vec<Vec<u8>>, PathError> {
                 return Err(PathError::Absolute);
             }
             c if c.len() > NAME_MAX => return Err(PathError::NameTooLong),
-            c => out.push(c.to_vec()),
+            c => out.push(c),
         }
     }
     if out.is_empty() {
         return Err(PathError::Empty);
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -78,7 +86,7 @@ mod tests {
         components(raw.as_bytes())
             .unwrap()
             .into_iter()
-            .map(|c| String::from_utf8(c).unwrap())
+            .map(|c| String::from_utf8(c.to_vec()).unwrap())
             .collect()
     }
 

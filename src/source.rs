@@ -77,45 +77,159 @@ pub fn discover(sources: &[PathBuf]) -> Result<Vec<Candidate>> {
     Ok(out)
 }
 
-/// Open and index every candidate using up to `threads` threads, keeping the order.
-/// `kept_open` counts the archives left open so far (across calls): beyond the
-/// descriptor budget, indexed archives are closed now and reopened when first read.
-pub fn index_all(
-    candidates: &[Candidate],
-    threads: usize,
-    cache: Option<&IndexCache>,
-    kept_open: &AtomicUsize,
-) -> Vec<std::result::Result<Indexed, OpenError>> {
-    let results: Vec<Mutex<Option<std::result::Result<Indexed, OpenError>>>> =
-        candidates.iter().map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    let budget = archive::descriptor_budget();
-    let workers = threads.clamp(1, candidates.len().max(1));
-    std::thread::scope(|s| {
+/// Archives indexed ahead of the tree builder, at most: the raw entries waiting to be
+/// folded into the tree are bounded by this many archives, whatever the source holds.
+const INDEX_WINDOW: usize = 256;
+
+/// Work for an [`IndexStream`]: an archive to open and index, or one kept from the
+/// previous scan (unchanged) whose index is read again.
+enum Job<'a> {
+    Open(&'a Path),
+    Reindex(&'a Arc<Archive>),
+}
+
+/// What an [`IndexStream`] hands out: an archive and its entries.
+type Opened = std::result::Result<(Arc<Archive>, Vec<crate::archive::Entry>), OpenError>;
+
+/// Archives being opened and indexed on worker threads while the caller folds the ones
+/// already indexed into the tree, in order: the workers mostly wait on the disk (reading
+/// the indexes) and the builder on the CPU, so the two overlap.
+///
+/// [`IndexStream::next`] hands the results out in candidate order. At most `window`
+/// archives are indexed ahead of the last one handed out. A panic while indexing one
+/// archive becomes that archive's error. Dropping the stream stops the workers after
+/// the archive each is on.
+struct IndexStream<'a> {
+    shared: &'a StreamState,
+    taken: usize,
+}
+
+/// What the workers and the consumer of an [`IndexStream`] share.
+struct StreamState {
+    slots: Mutex<Slots>,
+    /// A slot was filled.
+    filled: std::sync::Condvar,
+    /// The consumer took a slot (room for the workers) or stopped.
+    room: std::sync::Condvar,
+    window: usize,
+}
+
+struct Slots {
+    results: Vec<Option<Opened>>,
+    /// Next candidate to claim.
+    next: usize,
+    /// Results handed out so far.
+    taken: usize,
+    stopped: bool,
+}
+
+impl StreamState {
+    /// State for `n` candidates, indexing at most `window` ahead of the consumer.
+    fn new(n: usize, window: usize) -> Self {
+        StreamState {
+            slots: Mutex::new(Slots {
+                results: (0..n).map(|_| None).collect(),
+                next: 0,
+                taken: 0,
+                stopped: false,
+            }),
+            filled: std::sync::Condvar::new(),
+            room: std::sync::Condvar::new(),
+            window: window.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<'a> IndexStream<'a> {
+    /// Start `threads` workers in `scope` on `jobs`. `kept_open` counts the archives
+    /// left open so far: beyond the descriptor budget, newly indexed archives are closed
+    /// now and reopened when first read.
+    fn start<'s>(
+        scope: &'s std::thread::Scope<'s, 'a>,
+        shared: &'a StreamState,
+        jobs: &'a [Job<'a>],
+        threads: usize,
+        cache: Option<&'a IndexCache>,
+        kept_open: &'a AtomicUsize,
+    ) -> Self {
+        let budget = archive::descriptor_budget();
+        let workers = threads.clamp(1, jobs.len().max(1));
         for _ in 0..workers {
-            s.spawn(|| {
+            scope.spawn(move || {
                 loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(c) = candidates.get(i) else { break };
-                    let r = archive::open(&c.path, cache);
-                    if let Ok(idx) = &r
-                        && kept_open.fetch_add(1, Ordering::Relaxed) >= budget
-                    {
-                        idx.archive.close();
-                    }
-                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                    let i = {
+                        let mut s = shared.lock();
+                        while !s.stopped && s.next < jobs.len() && s.next >= s.taken + shared.window
+                        {
+                            s = shared.room.wait(s).unwrap_or_else(|e| e.into_inner());
+                        }
+                        if s.stopped || s.next >= jobs.len() {
+                            return;
+                        }
+                        s.next += 1;
+                        s.next - 1
+                    };
+                    let r =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match jobs[i] {
+                            Job::Open(path) => {
+                                let Indexed { archive, entries } = archive::open(path, cache)?;
+                                if kept_open.fetch_add(1, Ordering::Relaxed) >= budget {
+                                    archive.close();
+                                }
+                                Ok((Arc::new(archive), entries))
+                            }
+                            Job::Reindex(archive) => match archive::reindex(archive, cache) {
+                                Ok(entries) => Ok((archive.clone(), entries)),
+                                Err(e) => Err(OpenError::Bad(e)),
+                            },
+                        }))
+                        .unwrap_or_else(|_| {
+                            Err(OpenError::Bad(Error::Format(
+                                "internal error while indexing (a bug: please report it)".into(),
+                            )))
+                        });
+                    shared.lock().results[i] = Some(r);
+                    shared.filled.notify_all();
                 }
             });
         }
-    });
-    results
-        .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .unwrap_or_else(|e| e.into_inner())
-                .unwrap_or(Err(OpenError::Bad(Error::Format("not indexed".into()))))
-        })
-        .collect()
+        IndexStream { shared, taken: 0 }
+    }
+
+    /// The next job's result, waiting for it if a worker is still on it.
+    fn next(&mut self) -> Option<Opened> {
+        let mut s = self.shared.lock();
+        let i = self.taken;
+        if i >= s.results.len() {
+            return None;
+        }
+        let r = loop {
+            if let Some(r) = s.results[i].take() {
+                break r;
+            }
+            s = self
+                .shared
+                .filled
+                .wait(s)
+                .unwrap_or_else(|e| e.into_inner());
+        };
+        self.taken += 1;
+        s.taken = self.taken;
+        drop(s);
+        self.shared.room.notify_all();
+        Some(r)
+    }
+}
+
+impl Drop for IndexStream<'_> {
+    fn drop(&mut self) {
+        self.shared.lock().stopped = true;
+        self.shared.room.notify_all();
+    }
 }
 
 /// Settings for [`load`].
@@ -144,9 +258,6 @@ fn archive_stamp(a: &Archive) -> Stamp {
     let (dev, ino) = a.file_id();
     (dev, ino, a.size, a.mtime_ns)
 }
-
-/// Archives indexed together before their entries are folded into the tree.
-const INDEX_CHUNK: usize = 256;
 
 /// An active package.
 #[derive(Debug, Clone)]
@@ -207,14 +318,15 @@ impl Packages {
     /// be listed; bad archives are skipped, with a warning the first time.
     pub fn scan(&mut self, busy: &HashSet<PathBuf>) -> Result<Option<Scan>> {
         let first = !self.scanned;
+        let started = std::time::Instant::now();
         let candidates: Vec<Candidate> = discover(&self.sources)?
             .into_iter()
             .filter(|c| !busy.contains(&c.path))
             .collect();
         let stamps: Vec<Option<Stamp>> = candidates.iter().map(|c| stamp_of(&c.path)).collect();
-        // Reuse what is unchanged; open the rest, in parallel, a chunk at a time (a
-        // chunk's entries are folded into the tree and dropped before the next chunk is
-        // read, so memory holds one chunk of raw entries, not all of them).
+        // Reuse what is unchanged; open the rest on worker threads while this thread
+        // folds the archives already indexed into the tree, in order (at most
+        // INDEX_WINDOW archives of raw entries wait in memory, not all of them).
         let old: HashMap<&Path, &Active> =
             self.active.iter().map(|a| (a.path.as_path(), a)).collect();
         let mut reuse: Vec<Option<Arc<Archive>>> = Vec::with_capacity(candidates.len());
@@ -228,8 +340,6 @@ impl Packages {
             needs_open.push(kept.is_none() && !known_bad);
             reuse.push(kept);
         }
-        let mut opened: HashMap<PathBuf, std::result::Result<Indexed, OpenError>> = HashMap::new();
-        let mut chunk_end = 0;
         // Archives kept open: those reused, and then new ones up to the budget.
         let kept_open = AtomicUsize::new(reuse.iter().flatten().filter(|a| a.is_open()).count());
 
@@ -239,31 +349,26 @@ impl Packages {
         let mut active = Vec::new();
         let bad_before: HashSet<PathBuf> = self.bad.keys().cloned().collect();
         let mut still_bad = HashSet::new();
-        for (i, ((cand, st), kept)) in candidates.iter().zip(&stamps).zip(reuse).enumerate() {
-            if i >= chunk_end {
-                chunk_end = (i + INDEX_CHUNK).min(candidates.len());
-                let batch: Vec<Candidate> = (i..chunk_end)
-                    .filter(|&j| needs_open[j])
-                    .map(|j| candidates[j].clone())
-                    .collect();
-                opened = index_all(
-                    &batch,
-                    self.opts.threads,
-                    self.opts.index_cache.as_ref(),
-                    &kept_open,
-                )
-                .into_iter()
-                .zip(&batch)
-                .map(|(r, c)| (c.path.clone(), r))
-                .collect();
-            }
-            let result = match kept {
-                Some(archive) => match archive::reindex(&archive, self.opts.index_cache.as_ref()) {
-                    Ok(entries) => Ok((archive, entries)),
-                    Err(e) => Err(OpenError::Bad(e)),
-                },
-                None => match opened.remove(&cand.path) {
-                    Some(r) => r.map(|Indexed { archive, entries }| (Arc::new(archive), entries)),
+        let jobs: Vec<Job> = candidates
+            .iter()
+            .zip(&reuse)
+            .zip(&needs_open)
+            .filter_map(|((c, kept), opens)| match kept {
+                Some(archive) => Some(Job::Reindex(archive)),
+                None => opens.then_some(Job::Open(&c.path)),
+            })
+            .collect();
+        let cache = self.opts.index_cache.as_ref();
+        let threads = self.opts.threads;
+        let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
+        std::thread::scope(|scope| {
+            let mut stream =
+                IndexStream::start(scope, &streamed, &jobs, threads, cache, &kept_open);
+            for (((cand, st), kept), opens) in
+                candidates.iter().zip(&stamps).zip(&reuse).zip(&needs_open)
+            {
+                let result = match (kept.is_some() || *opens).then(|| stream.next()).flatten() {
+                    Some(r) => r,
                     None => {
                         // Known bad and unchanged: skip quietly.
                         if let Some((_, e)) = self.bad.get(&cand.path) {
@@ -272,66 +377,73 @@ impl Packages {
                         still_bad.insert(cand.path.clone());
                         continue;
                     }
-                },
-            };
-            match result {
-                Ok((archive, entries)) => {
-                    debug!("{}: {} entries", cand.path.display(), entries.len());
-                    builder.add_layer(layers.len() as u32, archive.mtime, &entries);
-                    report.layers.push(cand.path.clone());
-                    layers.push(Layer {
-                        archive: archive.clone(),
-                        entries: entries.len(),
-                    });
-                    active.push(Active {
-                        path: cand.path.clone(),
-                        archive,
-                    });
-                }
-                Err(OpenError::NotAnArchive)
-                    if !cand.explicit && !looks_like_archive(&cand.path) =>
-                {
-                    info!("{}: not an archive, ignored", cand.path.display());
-                    report.ignored.push(cand.path.clone());
-                }
-                Err(e) => {
-                    let e = match e {
-                        OpenError::NotAnArchive => Error::Format(
-                            "not a ZIP archive (no end of central directory record)".into(),
-                        ),
-                        OpenError::Bad(e) => e,
-                    };
-                    warn!("skipping {}: {e}", cand.path.display());
-                    report.skipped.push((cand.path.clone(), e.clone()));
-                    self.bad.insert(cand.path.clone(), (*st, e));
-                    still_bad.insert(cand.path.clone());
+                };
+                match result {
+                    Ok((archive, entries)) => {
+                        debug!("{}: {} entries", cand.path.display(), entries.len());
+                        builder.add_layer(layers.len() as u32, archive.mtime, &entries);
+                        report.layers.push(cand.path.clone());
+                        layers.push(Layer {
+                            archive: archive.clone(),
+                            entries: entries.len(),
+                        });
+                        active.push(Active {
+                            path: cand.path.clone(),
+                            archive,
+                        });
+                    }
+                    Err(OpenError::NotAnArchive)
+                        if !cand.explicit && !looks_like_archive(&cand.path) =>
+                    {
+                        info!("{}: not an archive, ignored", cand.path.display());
+                        report.ignored.push(cand.path.clone());
+                    }
+                    Err(e) => {
+                        let e = match e {
+                            OpenError::NotAnArchive => Error::Format(
+                                "not a ZIP archive (no end of central directory record)".into(),
+                            ),
+                            OpenError::Bad(e) => e,
+                        };
+                        warn!("skipping {}: {e}", cand.path.display());
+                        report.skipped.push((cand.path.clone(), e.clone()));
+                        self.bad.insert(cand.path.clone(), (*st, e));
+                        still_bad.insert(cand.path.clone());
+                    }
                 }
             }
-        }
+        });
         for gone in bad_before.difference(&still_bad) {
             self.bad.remove(gone);
         }
 
-        let key = |a: &Active| (a.path.clone(), a.archive.key);
         let unchanged = !first
             && active.len() == self.active.len()
             && active
                 .iter()
                 .zip(&self.active)
-                .all(|(a, b)| key(a) == key(b));
+                .all(|(a, b)| a.archive.key == b.archive.key && a.path == b.path);
+        // By path, through hash maps: ten thousand packages make pairwise scans slow
+        // (`Path` equality compares component by component).
+        let before: HashMap<&Path, u32> = self
+            .active
+            .iter()
+            .map(|o| (o.path.as_path(), o.archive.key))
+            .collect();
         let mut added = Vec::new();
         let mut replaced = Vec::new();
         for a in &active {
-            match self.active.iter().find(|o| o.path == a.path) {
+            match before.get(a.path.as_path()) {
                 None => added.push(a.path.clone()),
-                Some(o) if o.archive.key != a.archive.key => replaced.push(a.path.clone()),
+                Some(&k) if k != a.archive.key => replaced.push(a.path.clone()),
                 Some(_) => {}
             }
         }
+        let now: HashSet<&Path> = active.iter().map(|a| a.path.as_path()).collect();
         let removed = self
             .active
             .iter()
-            .filter(|o| !active.iter().any(|a| a.path == o.path))
+            .filter(|o| !now.contains(o.path.as_path()))
             .map(|o| o.path.clone())
             .collect();
         self.active = active;
@@ -340,7 +452,7 @@ impl Packages {
             return Ok(None);
         }
         let tree = builder.finish();
-        log_tree(&tree, &report.layers, first);
+        log_tree(&tree, &report.layers, first, started.elapsed());
         Ok(Some(Scan {
             tree,
             layers,
@@ -352,7 +464,7 @@ impl Packages {
     }
 }
 
-fn log_tree(tree: &Tree, layers: &[PathBuf], first: bool) {
+fn log_tree(tree: &Tree, layers: &[PathBuf], first: bool, took: std::time::Duration) {
     for s in &tree.skipped {
         // Entries of unchanged packages were reported at mount.
         let level = if first {
@@ -384,10 +496,11 @@ fn log_tree(tree: &Tree, layers: &[PathBuf], first: bool) {
         );
     }
     info!(
-        "{} archives, {} inodes, {} bytes of file data",
+        "{} archives, {} inodes, {} bytes of file data (indexed and merged in {:.3} s)",
         layers.len(),
         tree.len(),
-        tree.total_bytes
+        tree.total_bytes,
+        took.as_secs_f64()
     );
 }
 
@@ -432,4 +545,131 @@ pub fn display_archive(layers: &[PathBuf], idx: u32) -> String {
 /// Whether `path` exists and is a directory (for argument checks).
 pub fn is_dir(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_dir())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const OWNER: Ownership = Ownership {
+        uid: 0,
+        gid: 0,
+        force_uid: false,
+        force_gid: false,
+    };
+
+    fn write_zip(path: &Path, files: &[(String, Vec<u8>)]) {
+        let mut w = ::zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+        for (name, data) in files {
+            w.start_file(name.as_str(), ::zip::write::SimpleFileOptions::default())
+                .unwrap();
+            w.write_all(data).unwrap();
+        }
+        w.finish().unwrap();
+    }
+
+    /// Package `i` of `packages`: `i % 5 + 1` files, or garbage when `i % 7 == 3`.
+    fn packages(dir: &Path, n: usize) -> Vec<PathBuf> {
+        (0..n)
+            .map(|i| {
+                let p = dir.join(format!("p{i:02}.zip"));
+                if i % 7 == 3 {
+                    std::fs::write(&p, b"not an archive at all").unwrap();
+                } else {
+                    let files: Vec<_> = (0..i % 5 + 1)
+                        .map(|j| (format!("p{i}/f{j}"), format!("{i}.{j}").into_bytes()))
+                        .collect();
+                    write_zip(&p, &files);
+                }
+                p
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_stream_hands_out_every_archive_in_order_whatever_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = packages(dir.path(), 40);
+        let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
+        for window in [1, 2, 5, 64] {
+            let shared = StreamState::new(jobs.len(), window);
+            let kept_open = AtomicUsize::new(0);
+            let got: Vec<Opened> = std::thread::scope(|s| {
+                let mut stream = IndexStream::start(s, &shared, &jobs, 4, None, &kept_open);
+                std::iter::from_fn(|| stream.next()).collect()
+            });
+            assert_eq!(got.len(), paths.len(), "window {window}");
+            for (i, r) in got.iter().enumerate() {
+                match r {
+                    Ok((a, entries)) => {
+                        assert_eq!(a.path, paths[i], "window {window}");
+                        assert_eq!(entries.len(), i % 5 + 1, "window {window}");
+                    }
+                    Err(_) => assert_eq!(i % 7, 3, "window {window}: {i} failed"),
+                }
+            }
+            assert_eq!(kept_open.load(Ordering::Relaxed), 34);
+        }
+    }
+
+    #[test]
+    fn a_stream_dropped_early_stops_its_workers() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = packages(dir.path(), 30);
+        let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
+        let shared = StreamState::new(jobs.len(), 2);
+        let kept_open = AtomicUsize::new(0);
+        // The scope joins the workers: it returns only if they stop.
+        std::thread::scope(|s| {
+            let mut stream = IndexStream::start(s, &shared, &jobs, 3, None, &kept_open);
+            assert!(stream.next().is_some());
+        });
+        let claimed = shared.lock().next;
+        assert!(claimed <= 3, "{claimed} claimed: the window (2) did not hold");
+    }
+
+    fn file_of(scan: &Scan, path: &str) -> Option<u64> {
+        let t = &scan.tree;
+        t.resolve(path.as_bytes())
+            .and_then(|i| t.node(i))
+            .map(|n| n.size)
+    }
+
+    #[test]
+    fn a_rescan_rereads_kept_packages_and_names_what_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let file = |name: &str, data: &str| (name.to_string(), data.as_bytes().to_vec());
+        write_zip(&d.join("a.zip"), &[file("x", "1")]);
+        write_zip(&d.join("b.zip"), &[file("y", "22")]);
+        write_zip(&d.join("c.zip"), &[file("z", "333")]);
+        let opts = LoadOptions {
+            threads: 3,
+            owner: OWNER,
+            cache_bytes: 1 << 20,
+            index_cache: None,
+        };
+        let mut pk = Packages::new(vec![d.to_path_buf()], opts);
+        let none = HashSet::new();
+        let first = pk.scan(&none).unwrap().unwrap();
+        assert_eq!(first.added.len(), 3);
+        let a = first.layers[0].archive.clone();
+        assert!(pk.scan(&none).unwrap().is_none(), "nothing changed");
+
+        std::fs::remove_file(d.join("b.zip")).unwrap();
+        write_zip(&d.join(".c.zip"), &[file("z", "4444"), file("w", "5")]);
+        std::fs::rename(d.join(".c.zip"), d.join("c.zip")).unwrap();
+        write_zip(&d.join("d.zip"), &[file("v", "66")]);
+        let s = pk.scan(&none).unwrap().unwrap();
+        assert_eq!(s.added, [d.join("d.zip")]);
+        assert_eq!(s.removed, [d.join("b.zip")]);
+        assert_eq!(s.replaced, [d.join("c.zip")]);
+        assert!(Arc::ptr_eq(&s.layers[0].archive, &a), "a.zip kept, not reopened");
+        let sizes: Vec<_> = ["x", "y", "z", "w", "v"]
+            .iter()
+            .map(|p| file_of(&s, p))
+            .collect();
+        assert_eq!(sizes, [Some(1), None, Some(4), Some(1), Some(2)]);
+    }
 }

@@ -296,6 +296,24 @@ struct Building {
     group: Option<u32>,
 }
 
+/// Whether `path` (`/`-separated) is the path of the components `comps`.
+fn same_path(path: &[u8], comps: &[&[u8]]) -> bool {
+    let mut rest = path;
+    for (i, c) in comps.iter().enumerate() {
+        if i > 0 {
+            match rest.split_first() {
+                Some((b'/', r)) => rest = r,
+                _ => return false,
+            }
+        }
+        match rest.strip_prefix(*c) {
+            Some(r) => rest = r,
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
 /// Folds layers into a [`Tree`].
 pub struct TreeBuilder {
     nodes: Vec<Building>,
@@ -303,6 +321,11 @@ pub struct TreeBuilder {
     conflicts: Vec<Conflict>,
     skipped: Vec<Skipped>,
     groups: u32,
+    /// The parent directory of the last entry inserted in this layer: its normalised
+    /// path (`/`-separated) and node. Archives list a directory's entries together, so
+    /// most entries skip the walk from the root (a directory node stays a directory, so
+    /// the node stays right for the layer; walking again would change nothing).
+    last_parent: Option<(Vec<u8>, usize)>,
 }
 
 impl TreeBuilder {
@@ -327,6 +350,7 @@ impl TreeBuilder {
             conflicts: Vec::new(),
             skipped: Vec::new(),
             groups: 0,
+            last_parent: None,
         }
     }
 
@@ -351,9 +375,12 @@ impl TreeBuilder {
     pub fn add_layer(&mut self, archive: u32, archive_mtime: i64, entries: &[Entry]) {
         let root = &mut self.nodes[0];
         root.mtime = root.mtime.max(archive_mtime);
+        // Walks of this layer update implied directories' times: none carries over.
+        self.last_parent = None;
+        let mut comps = Vec::new();
         for entry in entries {
-            let comps = match path::components(&entry.path) {
-                Ok(c) => c,
+            match path::components_into(&entry.path, &mut comps) {
+                Ok(()) => {}
                 // "./" or "/" as a directory entry names the root: nothing to add.
                 Err(PathError::Empty) if entry.kind == EntryKind::Dir => continue,
                 Err(e) => {
@@ -380,10 +407,10 @@ impl TreeBuilder {
 
     /// A hard link: a new name for an earlier entry's inode. Its target must already be
     /// in the tree (tar writes the target first) and must not be a directory.
-    fn hard_link(&mut self, archive: u32, archive_mtime: i64, comps: &[Vec<u8>], entry: &Entry) {
+    fn hard_link(&mut self, archive: u32, archive_mtime: i64, comps: &[&[u8]], entry: &Entry) {
         let target = path::components(&entry.link).ok().and_then(|t| {
             t.iter()
-                .try_fold(0usize, |dir, c| self.nodes[dir].children.get(c).copied())
+                .try_fold(0usize, |dir, c| self.nodes[dir].children.get(*c).copied())
                 .filter(|&i| self.nodes[i].kind != Kind::Dir && i != 0)
         });
         let Some(target) = target else {
@@ -438,14 +465,37 @@ impl TreeBuilder {
         &mut self,
         archive: u32,
         archive_mtime: i64,
-        comps: &[Vec<u8>],
+        comps: &[&[u8]],
         kind: Kind,
         e: &Entry,
     ) -> Option<usize> {
         let (last, parents) = comps.split_last()?;
+        let dir = match &self.last_parent {
+            Some((path, dir)) if same_path(path, parents) => *dir,
+            _ => {
+                let dir = self.walk(archive, archive_mtime, parents);
+                let mut path = self.last_parent.take().map(|p| p.0).unwrap_or_default();
+                path.clear();
+                for (i, c) in parents.iter().enumerate() {
+                    if i > 0 {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(c);
+                }
+                self.last_parent = Some((path, dir));
+                dir
+            }
+        };
+        self.insert_in(archive, dir, comps, last, kind, e)
+    }
+
+    /// The directory node at `parents`, made (implied) where missing; a file standing
+    /// where a directory is needed is replaced. Implied directories on the way take this
+    /// layer's time.
+    fn walk(&mut self, archive: u32, archive_mtime: i64, parents: &[&[u8]]) -> usize {
         let mut dir = 0usize;
         for (depth, comp) in parents.iter().enumerate() {
-            dir = match self.nodes[dir].children.get(comp).copied() {
+            dir = match self.nodes[dir].children.get(*comp).copied() {
                 Some(child) if self.nodes[child].kind == Kind::Dir => {
                     let c = &mut self.nodes[child];
                     if !c.explicit {
@@ -457,7 +507,7 @@ impl TreeBuilder {
                 Some(child) => {
                     // A deeper path implies a directory where a file stood: the directory wins.
                     self.conflicts.push(Conflict {
-                        path: comps[..=depth].join(&b'/'),
+                        path: parents[..=depth].join(&b'/'),
                         winner: archive,
                         loser: self.nodes[child].archive,
                         reason: "a directory replaces a file",
@@ -467,10 +517,24 @@ impl TreeBuilder {
                 }
                 None => {
                     let node = self.implied_dir(archive, archive_mtime);
-                    self.push_child(dir, comp.clone(), node)
+                    self.push_child(dir, comp.to_vec(), node)
                 }
             };
         }
+        dir
+    }
+
+    /// Insert entry `e` named `last` into directory node `dir` (`comps` is its whole
+    /// path, for conflict reports).
+    fn insert_in(
+        &mut self,
+        archive: u32,
+        dir: usize,
+        comps: &[&[u8]],
+        last: &[u8],
+        kind: Kind,
+        e: &Entry,
+    ) -> Option<usize> {
         let owner = self.owner;
         let uid = match e.uid {
             Some(u) if !owner.force_uid => u,
@@ -508,7 +572,7 @@ impl TreeBuilder {
             group: None,
         };
         match self.nodes[dir].children.get(last).copied() {
-            None => Some(self.push_child(dir, last.clone(), node)),
+            None => Some(self.push_child(dir, last.to_vec(), node)),
             Some(existing) => {
                 let old = &mut self.nodes[existing];
                 match (old.kind == Kind::Dir, kind == Kind::Dir) {
@@ -817,6 +881,54 @@ mod tests {
         assert_eq!(names(&t, ""), ["ok"]);
         assert_eq!(t.skipped.len(), 2);
         assert_eq!(t.node(ROOT_INO).unwrap().perm, 0o755);
+    }
+
+    #[test]
+    fn same_path_matches_whole_components_only() {
+        assert!(same_path(b"", &[]));
+        assert!(same_path(b"a/bc", &[b"a", b"bc"]));
+        assert!(!same_path(b"a", &[]));
+        assert!(!same_path(b"a/b", &[b"a", b"bc"]));
+        assert!(!same_path(b"a/bc", &[b"a", b"b"]));
+        assert!(!same_path(b"ab", &[b"a", b"b"]));
+        assert!(!same_path(b"a/b", &[b"a"]));
+    }
+
+    /// The builder remembers the last entry's parent directory within a layer; these
+    /// sequences change the tree between entries with the same parent.
+    #[test]
+    fn entries_of_one_directory_land_there_whatever_comes_between() {
+        let t = build(&[
+            vec![
+                file("a/b/x", 1),
+                file("a/b", 9),
+                file("a/b/y", 1),
+                file("a\\b\\w", 1),
+                file("./a//b/v", 1),
+                file("c/d", 1),
+                file("e", 5),
+                file("e/f", 1),
+                file("e/g", 1),
+                file("a/b/z", 1),
+                dir("a/b/", 0o700),
+                file("a/b/q", 1),
+            ],
+            vec![file("a/b/n", 1)],
+        ]);
+        assert_eq!(names(&t, "a/b"), ["n", "q", "v", "w", "x", "y", "z"]);
+        assert_eq!(names(&t, "e"), ["f", "g"]);
+        assert_eq!(names(&t, "c"), ["d"]);
+        let ab = t.node(t.resolve(b"a/b").unwrap()).unwrap();
+        assert_eq!((ab.kind, ab.perm, ab.mtime), (Kind::Dir, 0o700, 200));
+        // Implied by both layers: the second layer walks again (its first entry has the
+        // same parent as the first layer's last) and updates it.
+        let a = t.node(t.resolve(b"a").unwrap()).unwrap();
+        assert_eq!((a.mtime, a.archive), (1001, 1));
+        let reasons: Vec<_> = t.conflicts.iter().map(|c| c.reason).collect();
+        assert_eq!(
+            reasons,
+            ["a directory hides a later file", "a directory replaces a file"]
+        );
     }
 
     #[test]
