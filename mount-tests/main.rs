@@ -458,6 +458,41 @@ fn mount_fails_clearly_on_a_missing_source_or_mountpoint() {
 }
 
 #[test]
+fn mount_refuses_to_hide_its_own_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    std::fs::create_dir(&pkgs).unwrap();
+    std::fs::copy(
+        common::repo().join("images/10-hello.zip"),
+        pkgs.join("base.zip"),
+    )
+    .unwrap();
+    // The source is the mountpoint; a source inside it (an archive named directly).
+    for (source, mountpoint) in [
+        (pkgs.clone(), pkgs.clone()),
+        (pkgs.join("base.zip"), dir.path().to_path_buf()),
+    ] {
+        let out = pkgfs()
+            .arg("mount")
+            .arg(&source)
+            .arg(&mountpoint)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            let _ = pkgfs().arg("umount").arg(&mountpoint).output();
+        }
+        assert!(!out.status.success(), "{}: {err}", source.display());
+        assert!(err.contains("the mount would hide it"), "{err}");
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        assert!(
+            !mounts.contains(mountpoint.to_str().unwrap()),
+            "left mounted"
+        );
+    }
+}
+
+#[test]
 fn statfs_and_negative_lookups() {
     if !require_fuse() {
         return;

@@ -55,11 +55,37 @@ pub fn mount(cfg: &MountConfig, args: &[std::ffi::OsString]) -> Result<(), Strin
             cfg.mountpoint.display()
         ));
     }
+    refuse_hidden_sources(cfg)?;
     if cfg.foreground || std::env::var_os(READY_ENV).is_some() {
         run_foreground(cfg)
     } else {
         spawn_background(args)
     }
+}
+
+/// A source at or under the mountpoint would be hidden by the mount: the daemon would
+/// then reopen its archives and rescan its directory through itself.
+fn refuse_hidden_sources(cfg: &MountConfig) -> Result<(), String> {
+    let Ok(mp) = std::fs::canonicalize(&cfg.mountpoint) else {
+        return Ok(());
+    };
+    for s in &cfg.sources {
+        if let Ok(c) = std::fs::canonicalize(s)
+            && c.starts_with(&mp)
+        {
+            return Err(format!(
+                "source {} is {} the mountpoint {}: the mount would hide it",
+                s.display(),
+                if c == mp {
+                    "the same directory as"
+                } else {
+                    "inside"
+                },
+                cfg.mountpoint.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Start this same command line again as a daemon and wait for its "ready".

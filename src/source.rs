@@ -626,7 +626,10 @@ mod tests {
             assert!(stream.next().is_some());
         });
         let claimed = shared.lock().next;
-        assert!(claimed <= 3, "{claimed} claimed: the window (2) did not hold");
+        assert!(
+            claimed <= 3,
+            "{claimed} claimed: the window (2) did not hold"
+        );
     }
 
     fn file_of(scan: &Scan, path: &str) -> Option<u64> {
@@ -665,7 +668,10 @@ mod tests {
         assert_eq!(s.added, [d.join("d.zip")]);
         assert_eq!(s.removed, [d.join("b.zip")]);
         assert_eq!(s.replaced, [d.join("c.zip")]);
-        assert!(Arc::ptr_eq(&s.layers[0].archive, &a), "a.zip kept, not reopened");
+        assert!(
+            Arc::ptr_eq(&s.layers[0].archive, &a),
+            "a.zip kept, not reopened"
+        );
         let sizes: Vec<_> = ["x", "y", "z", "w", "v"]
             .iter()
             .map(|p| file_of(&s, p))

@@ -927,7 +927,10 @@ mod tests {
         let reasons: Vec<_> = t.conflicts.iter().map(|c| c.reason).collect();
         assert_eq!(
             reasons,
-            ["a directory hides a later file", "a directory replaces a file"]
+            [
+                "a directory hides a later file",
+                "a directory replaces a file"
+            ]
         );
     }
 
