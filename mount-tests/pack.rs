@@ -364,3 +364,134 @@ fn a_file_that_is_two_formats_at_once_is_read_by_its_last_bytes() {
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("skipping"));
 }
+
+/// Extract `layer` into `out` with standard tools: `zstd -dc | tar x` for a package,
+/// Info-ZIP `unzip` for a ZIP.
+fn extract_layer(layer: &Path, out: &Path) {
+    fs::create_dir_all(out).unwrap();
+    let script = if layer.extension().is_some_and(|e| e == "zip") {
+        r#"unzip -q "$1" -d "$2""#
+    } else {
+        r#"zstd -dc "$1" | tar -x --same-permissions -C "$2""#
+    };
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg("sh")
+        .arg(layer)
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "extract {}", layer.display());
+}
+
+/// Image layers with whiteouts (two made by `pkgfs pack`, one by Info-ZIP `zip`),
+/// mounted with `--whiteouts`, against the same layers extracted with standard tools
+/// and applied in order by an OCI-style unpacker (`oci_apply.py`).
+#[test]
+fn whiteouts_in_image_layers_match_an_oci_unpacker() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let w = |layer: &str, rel: &str, data: &[u8]| {
+        let p = d.join(layer).join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, data).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        set_mtime(&p, 1_600_000_000);
+    };
+    let files: &[(&str, &str, &[u8])] = &[
+        ("l1", "etc/passwd", b"root:x:0:0\n"),
+        ("l1", "etc/motd", b"hello\n"),
+        ("l1", "usr/lib/a.so", b"a"),
+        ("l1", "usr/lib/b.so", b"b"),
+        ("l1", "opt/x/1", b"1"),
+        ("l1", "opt/x/2", b"2"),
+        ("l1", "opt/y", b"y"),
+        // Its own motd, whiteouts of a file, a symlink, a directory, an opaque
+        // directory with a new file, and a whiteout of nothing.
+        ("l2", "etc/motd", b"welcome\n"),
+        ("l2", "etc/.wh.passwd", b""),
+        ("l2", "etc/.wh.pw", b""),
+        ("l2", "usr/.wh.lib", b""),
+        ("l2", "opt/x/.wh..wh..opq", b""),
+        ("l2", "opt/x/3", b"3"),
+        ("l2", "new/.wh.nothing", b""),
+        // Brings a whited-out directory back, and removes what the layer below added.
+        ("l3", "usr/lib/c.so", b"c"),
+        ("l3", "opt/x/.wh.3", b""),
+        ("l3", "opt/x/4", b"4"),
+    ];
+    for (layer, rel, data) in files {
+        w(layer, rel, data);
+    }
+    for (name, target) in [("pw", "passwd"), ("greeting", "motd")] {
+        symlink(target, d.join("l1/etc").join(name)).unwrap();
+        set_mtime(&d.join("l1/etc").join(name), 1_600_000_001);
+    }
+    for layer in ["l1", "l2", "l3"] {
+        for e in walk(&d.join(layer)) {
+            if e.is_dir() && !e.is_symlink() {
+                fs::set_permissions(&e, fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        }
+    }
+
+    let layers = d.join("layers");
+    fs::create_dir(&layers).unwrap();
+    let (l1, l2, l3) = (
+        layers.join("10-base.tar.zst"),
+        layers.join("20-app.zip"),
+        layers.join("30-fix.tar.zst"),
+    );
+    pack(&d.join("l1"), &l1, &[]);
+    run(Command::new("sh")
+        .arg("-c")
+        .arg(r#"cd "$1" && zip -q -r -y "$2" ."#)
+        .arg("sh")
+        .arg(d.join("l2"))
+        .arg(&l2));
+    pack(&d.join("l3"), &l3, &[]);
+
+    let expected = d.join("expected");
+    let mut unpacker = Command::new("python3");
+    unpacker
+        .arg(crate::common::repo().join("mount-tests/oci_apply.py"))
+        .arg(&expected);
+    for (i, layer) in [&l1, &l2, &l3].into_iter().enumerate() {
+        let x = d.join(format!("x{i}"));
+        extract_layer(layer, &x);
+        unpacker.arg(x);
+    }
+    run(&mut unpacker);
+    assert!(expected.join("etc/motd").exists() && !expected.join("etc/pw").exists());
+
+    let m = Mount::new(&[&layers], &["--whiteouts"]);
+    trees_match(&expected, &m.path(), &["--no-dir-mtime"]);
+    // Without the option the markers are ordinary files.
+    let plain = Mount::new(&[&layers], &[]);
+    assert!(plain.path().join("etc/.wh.passwd").exists());
+    assert!(plain.path().join("usr/lib/a.so").exists());
+    // The offline tools follow the option too.
+    let ls = run(pkgfs().arg("ls").arg("--whiteouts").arg(&layers));
+    let text = String::from_utf8_lossy(&ls.stdout);
+    assert!(text.contains("usr/lib/c.so") && !text.contains(".wh.") && !text.contains("a.so"));
+}
+
+/// Every path under `root` (not following symlinks), `root` included.
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i].clone();
+        i += 1;
+        if p.is_dir() && !p.is_symlink() {
+            for e in fs::read_dir(&p).unwrap() {
+                out.push(e.unwrap().path());
+            }
+        }
+    }
+    out
+}

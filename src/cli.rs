@@ -128,7 +128,7 @@ struct MountArgs {
     allow_other: bool,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
     /// fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
-    /// index_cache=DIR, no_index_cache; options
+    /// index_cache=DIR, no_index_cache, whiteouts; options
     /// mount(8) passes (ro, nosuid, nodev, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -146,6 +146,10 @@ struct MountArgs {
     /// being added, removed or replaced.
     #[arg(long)]
     no_watch: bool,
+    /// OCI image layers: a `.wh.NAME` entry hides NAME of the layers below, a
+    /// `.wh..wh..opq` entry everything they put in its directory (whiteouts are not shown).
+    #[arg(long)]
+    whiteouts: bool,
 }
 
 #[derive(Debug, Args)]
@@ -171,6 +175,9 @@ struct LsArgs {
     /// Archive files or directories, then optionally a path inside the merged tree.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE... [PATH]")]
     args: Vec<PathBuf>,
+    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does.
+    #[arg(long)]
+    whiteouts: bool,
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +185,9 @@ struct CatArgs {
     /// Archive files or directories, then the path of the file inside the merged tree.
     #[arg(required = true, num_args = 2.., value_name = "SOURCE... PATH")]
     args: Vec<PathBuf>,
+    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does.
+    #[arg(long)]
+    whiteouts: bool,
 }
 
 #[derive(Debug, Args)]
@@ -185,6 +195,9 @@ struct CheckArgs {
     /// Archive files or directories.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
     sources: Vec<PathBuf>,
+    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does.
+    #[arg(long)]
+    whiteouts: bool,
 }
 
 /// Who may access a mount.
@@ -229,6 +242,8 @@ pub struct MountConfig {
     pub index_cache: Option<PathBuf>,
     /// Watch source directories and activate packages as they come and go.
     pub watch: bool,
+    /// Treat `.wh.` entries as OCI whiteouts.
+    pub whiteouts: bool,
 }
 
 /// A validated command.
@@ -256,6 +271,8 @@ pub enum Command {
         sources: Vec<PathBuf>,
         /// Path inside the tree.
         path: Vec<u8>,
+        /// Whiteouts on.
+        whiteouts: bool,
     },
     /// Print a file.
     Cat {
@@ -263,11 +280,15 @@ pub enum Command {
         sources: Vec<PathBuf>,
         /// Path inside the tree.
         path: Vec<u8>,
+        /// Whiteouts on.
+        whiteouts: bool,
     },
     /// Verify.
     Check {
         /// Sources.
         sources: Vec<PathBuf>,
+        /// Whiteouts on.
+        whiteouts: bool,
     },
     /// Pack a directory.
     Pack(crate::pack::PackConfig),
@@ -394,6 +415,7 @@ impl Cli {
                 Command::Ls {
                     sources: args,
                     path,
+                    whiteouts: l.whiteouts,
                 }
             }
             CliCommand::Cat(c) => {
@@ -405,9 +427,13 @@ impl Cli {
                 Command::Cat {
                     sources: args,
                     path,
+                    whiteouts: c.whiteouts,
                 }
             }
-            CliCommand::Check(c) => Command::Check { sources: c.sources },
+            CliCommand::Check(c) => Command::Check {
+                sources: c.sources,
+                whiteouts: c.whiteouts,
+            },
             CliCommand::Status(s) => Command::Status {
                 mountpoint: s.mountpoint,
                 json: s.json,
@@ -489,6 +515,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
                 .or_else(crate::archive::seekable::IndexCache::default_dir)
         },
         watch: !m.no_watch,
+        whiteouts: m.whiteouts,
     };
     for opt in m
         .options
@@ -531,6 +558,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
             "watch" => cfg.watch = true,
             "index_cache" => cfg.index_cache = Some(PathBuf::from(need()?)),
             "no_index_cache" => cfg.index_cache = None,
+            "whiteouts" => cfg.whiteouts = true,
             // Always in force, or meaningless for a read-only FUSE mount: accepted so
             // fstab lines and mount(8) helpers work.
             "ro"
@@ -607,6 +635,14 @@ mod tests {
         assert_eq!(c.cache_bytes, 1 << 20);
         assert_eq!(c.prefetch_bytes, 0);
         assert_eq!(c.threads, 3);
+        assert!(!c.whiteouts);
+        for opts in [["-o", "ro,whiteouts"], ["--whiteouts", "-f"]] {
+            let Ok(Command::Mount(c)) = cli(&["pkgfs", "mount", "a", "/m", opts[0], opts[1]])
+            else {
+                panic!("not a mount")
+            };
+            assert!(c.whiteouts, "{opts:?}");
+        }
         assert!(cli(&["pkgfs", "mount", "a", "/m", "-o", "bogus"]).is_err());
         assert!(
             cli(&["pkgfs", "mount", "/m"]).is_err(),
@@ -655,12 +691,12 @@ mod tests {
 
     #[test]
     fn ls_takes_a_trailing_path_only_if_it_is_not_on_disk() {
-        let Command::Ls { sources, path } = cli(&["pkgfs", "ls", "/", "no/such/dir"]).unwrap()
+        let Command::Ls { sources, path, .. } = cli(&["pkgfs", "ls", "/", "no/such/dir"]).unwrap()
         else {
             panic!()
         };
         assert_eq!((sources.len(), path.as_slice()), (1, &b"no/such/dir"[..]));
-        let Command::Ls { sources, path } = cli(&["pkgfs", "ls", "/", "/tmp"]).unwrap() else {
+        let Command::Ls { sources, path, .. } = cli(&["pkgfs", "ls", "/", "/tmp"]).unwrap() else {
             panic!()
         };
         assert_eq!((sources.len(), path.len()), (2, 0));

@@ -155,6 +155,7 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
         owner: cfg.owner,
         cache_bytes: cfg.cache_bytes,
         index_cache: cfg.index_cache.clone().map(IndexCache::new),
+        whiteouts: cfg.whiteouts,
     };
     let mut packages = Packages::new(cfg.sources.clone(), opts);
     let dirs = packages.source_dirs();

@@ -57,9 +57,17 @@ fn main() -> ExitCode {
         Command::Status { mountpoint, json } => pkgfs::status::query(&mountpoint, json)
             .and_then(|s| out.write_all(s.as_bytes()).map_err(|e| e.to_string()))
             .map(|()| true),
-        Command::Ls { sources, path } => tools::ls(&sources, &path, &mut out),
-        Command::Cat { sources, path } => tools::cat(&sources, &path, &mut out).map(|()| true),
-        Command::Check { sources } => tools::check(&sources, &mut out),
+        Command::Ls {
+            sources,
+            path,
+            whiteouts,
+        } => tools::ls(&sources, whiteouts, &path, &mut out),
+        Command::Cat {
+            sources,
+            path,
+            whiteouts,
+        } => tools::cat(&sources, whiteouts, &path, &mut out).map(|()| true),
+        Command::Check { sources, whiteouts } => tools::check(&sources, whiteouts, &mut out),
         Command::Pack(cfg) => pkgfs::pack::pack(&cfg).map(|st| {
             eprintln!(
                 "{}: {} entries, {} bytes of data, {} frames, {} bytes ({:.1}% of the tar stream)",

@@ -243,6 +243,8 @@ pub struct LoadOptions {
     pub cache_bytes: u64,
     /// Where to keep indexes of seekable archives that have none (None: no cache).
     pub index_cache: Option<IndexCache>,
+    /// Treat `.wh.` entries as OCI whiteouts ([`TreeBuilder::with_whiteouts`]).
+    pub whiteouts: bool,
 }
 
 /// What identifies the file at a path: device, inode, size and modification time. A
@@ -344,7 +346,7 @@ impl Packages {
         let kept_open = AtomicUsize::new(reuse.iter().flatten().filter(|a| a.is_open()).count());
 
         let mut report = LoadReport::default();
-        let mut builder = TreeBuilder::new(self.opts.owner);
+        let mut builder = TreeBuilder::new(self.opts.owner).with_whiteouts(self.opts.whiteouts);
         let mut layers: Vec<Layer> = Vec::new();
         let mut active = Vec::new();
         let bad_before: HashSet<PathBuf> = self.bad.keys().cloned().collect();
@@ -652,6 +654,7 @@ mod tests {
             owner: OWNER,
             cache_bytes: 1 << 20,
             index_cache: None,
+            whiteouts: false,
         };
         let mut pk = Packages::new(vec![d.to_path_buf()], opts);
         let none = HashSet::new();

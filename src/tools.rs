@@ -17,7 +17,7 @@ use crate::tree::{Kind, Ownership, ROOT_INO};
 /// Bytes asked for per read when streaming a whole file.
 const CHUNK: u32 = 1 << 20;
 
-fn load(sources: &[PathBuf]) -> Result<(PkgFs, LoadReport), String> {
+fn load(sources: &[PathBuf], whiteouts: bool) -> Result<(PkgFs, LoadReport), String> {
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let opts = LoadOptions {
@@ -30,6 +30,7 @@ fn load(sources: &[PathBuf]) -> Result<(PkgFs, LoadReport), String> {
         },
         cache_bytes: 64 << 20,
         index_cache: IndexCache::default_dir().map(IndexCache::new),
+        whiteouts,
     };
     source::load(sources, &opts).map_err(|e| e.to_string())
 }
@@ -49,8 +50,13 @@ fn mode_string(kind: Kind, perm: u16) -> String {
 
 /// `pkgfs ls`: one line per entry under `path`, depth first in name order:
 /// mode, owner, size, mtime, path (with `-> target` for symlinks), and the package.
-pub fn ls(sources: &[PathBuf], path: &[u8], out: &mut impl Write) -> Result<bool, String> {
-    let (fs, report) = load(sources)?;
+pub fn ls(
+    sources: &[PathBuf],
+    whiteouts: bool,
+    path: &[u8],
+    out: &mut impl Write,
+) -> Result<bool, String> {
+    let (fs, report) = load(sources, whiteouts)?;
     // A fixed mount: the tree's own node numbers are the inode numbers.
     let view = fs.view();
     let tree = &view.tree;
@@ -88,8 +94,13 @@ pub fn ls(sources: &[PathBuf], path: &[u8], out: &mut impl Write) -> Result<bool
 }
 
 /// `pkgfs cat`: write one file of the merged tree to `out`.
-pub fn cat(sources: &[PathBuf], path: &[u8], out: &mut impl Write) -> Result<(), String> {
-    let (fs, _) = load(sources)?;
+pub fn cat(
+    sources: &[PathBuf],
+    whiteouts: bool,
+    path: &[u8],
+    out: &mut impl Write,
+) -> Result<(), String> {
+    let (fs, _) = load(sources, whiteouts)?;
     let shown = String::from_utf8_lossy(path).into_owned();
     let ino = fs
         .resolve(path)
@@ -127,8 +138,8 @@ fn stream(
 }
 
 /// `pkgfs check`: verify everything; prints findings to `out`; `Ok(true)` if clean.
-pub fn check(sources: &[PathBuf], out: &mut impl Write) -> Result<bool, String> {
-    let (fs, report) = load(sources)?;
+pub fn check(sources: &[PathBuf], whiteouts: bool, out: &mut impl Write) -> Result<bool, String> {
+    let (fs, report) = load(sources, whiteouts)?;
     // A fixed mount: the tree's own node numbers are the inode numbers.
     let view = fs.view();
     let tree = &view.tree;

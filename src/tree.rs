@@ -14,6 +14,12 @@
 //! - a file or symlink replaces an earlier file or symlink at the same path (a conflict);
 //! - a directory always beats a file or symlink at the same path, whichever comes first,
 //!   so no single stray file can hide a whole subtree (also a conflict).
+//! - with whiteouts on ([`TreeBuilder::with_whiteouts`], for OCI image layers): a
+//!   `.wh.NAME` entry removes NAME (and everything under it) as the layers below
+//!   provide it, and a `.wh..wh..opq` entry removes everything the layers below put in
+//!   its directory; the layer's own entries stay, whatever their order in the archive,
+//!   because a layer's whiteouts are applied before its entries. Whiteout entries are
+//!   not shown, but the directories holding them exist in their layer.
 
 use std::collections::HashMap;
 
@@ -23,6 +29,13 @@ use std::collections::BTreeMap;
 
 /// Inode number of the root directory.
 pub const ROOT_INO: u64 = 1;
+
+/// The prefix of a whiteout entry's name (OCI image layers, as overlayfs and Docker
+/// write them in tar layers).
+pub const WHITEOUT_PREFIX: &[u8] = b".wh.";
+
+/// The name of an opaque-directory whiteout.
+pub const OPAQUE_WHITEOUT: &[u8] = b".wh..wh..opq";
 
 /// Node types in the mounted tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -326,6 +339,8 @@ pub struct TreeBuilder {
     /// most entries skip the walk from the root (a directory node stays a directory, so
     /// the node stays right for the layer; walking again would change nothing).
     last_parent: Option<(Vec<u8>, usize)>,
+    /// Whether `.wh.` entries are whiteouts.
+    whiteouts: bool,
 }
 
 impl TreeBuilder {
@@ -351,7 +366,15 @@ impl TreeBuilder {
             skipped: Vec::new(),
             groups: 0,
             last_parent: None,
+            whiteouts: false,
         }
+    }
+
+    /// Treat `.wh.NAME` and `.wh..wh..opq` entries as OCI whiteouts (see the module
+    /// documentation) instead of as files.
+    pub fn with_whiteouts(mut self, on: bool) -> Self {
+        self.whiteouts = on;
+        self
     }
 
     fn implied_dir(&self, archive: u32, mtime: i64) -> Building {
@@ -375,6 +398,9 @@ impl TreeBuilder {
     pub fn add_layer(&mut self, archive: u32, archive_mtime: i64, entries: &[Entry]) {
         let root = &mut self.nodes[0];
         root.mtime = root.mtime.max(archive_mtime);
+        if self.whiteouts {
+            self.apply_whiteouts(archive, entries);
+        }
         // Walks of this layer update implied directories' times: none carries over.
         self.last_parent = None;
         let mut comps = Vec::new();
@@ -388,6 +414,15 @@ impl TreeBuilder {
                     continue;
                 }
             };
+            if self.whiteouts
+                && let Some((last, parents)) = comps.split_last()
+                && last.starts_with(WHITEOUT_PREFIX)
+            {
+                // Applied already; not shown. Its directory exists in this layer.
+                self.walk(archive, archive_mtime, parents);
+                self.last_parent = None;
+                continue;
+            }
             let kind = match entry.kind {
                 EntryKind::File => Kind::File,
                 EntryKind::Dir => Kind::Dir,
@@ -403,6 +438,64 @@ impl TreeBuilder {
             };
             self.insert(archive, archive_mtime, &comps, kind, entry);
         }
+    }
+
+    /// Remove what the layer's whiteouts hide from the layers below, before any of the
+    /// layer's own entries is added (so none of those is hidden, whatever the order).
+    /// Each removal is recorded as a conflict lost by the layer below.
+    fn apply_whiteouts(&mut self, archive: u32, entries: &[Entry]) {
+        let mut comps = Vec::new();
+        for entry in entries {
+            if path::components_into(&entry.path, &mut comps).is_err() {
+                continue;
+            }
+            let Some((last, parents)) = comps.split_last() else {
+                continue;
+            };
+            let Some(name) = last.strip_prefix(WHITEOUT_PREFIX) else {
+                continue;
+            };
+            let Some(dir) = self.existing_dir(parents) else {
+                continue;
+            };
+            let (removed, reason): (Vec<(Vec<u8>, usize)>, _) = if *last == OPAQUE_WHITEOUT {
+                (
+                    std::mem::take(&mut self.nodes[dir].children)
+                        .into_iter()
+                        .collect(),
+                    "hidden by an opaque directory whiteout",
+                )
+            } else if name.starts_with(WHITEOUT_PREFIX) {
+                // Other `.wh..wh.` names are reserved: hidden, no effect.
+                continue;
+            } else {
+                match self.nodes[dir].children.remove(name) {
+                    Some(child) => (vec![(name.to_vec(), child)], "removed by a whiteout"),
+                    None => continue,
+                }
+            };
+            for (child_name, child) in removed {
+                let mut path = parents.join(&b'/');
+                if !path.is_empty() {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(&child_name);
+                self.conflicts.push(Conflict {
+                    path,
+                    winner: archive,
+                    loser: self.nodes[child].archive,
+                    reason,
+                });
+            }
+        }
+    }
+
+    /// The directory node at `parents` if the tree has one (nothing is made).
+    fn existing_dir(&self, parents: &[&[u8]]) -> Option<usize> {
+        parents.iter().try_fold(0usize, |dir, c| {
+            let child = self.nodes[dir].children.get(*c).copied()?;
+            (self.nodes[child].kind == Kind::Dir).then_some(child)
+        })
     }
 
     /// A hard link: a new name for an earlier entry's inode. Its target must already be
@@ -932,6 +1025,85 @@ mod tests {
                 "a directory replaces a file"
             ]
         );
+    }
+
+    fn build_oci(layers: &[Vec<Entry>]) -> Tree {
+        let mut b = TreeBuilder::new(OWNER).with_whiteouts(true);
+        for (i, l) in layers.iter().enumerate() {
+            b.add_layer(i as u32, 1000 + i as i64, l);
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn whiteouts_remove_what_lower_layers_provide() {
+        let lower = vec![
+            file("etc/passwd", 10),
+            file("etc/motd", 20),
+            file("usr/lib/a.so", 30),
+            file("usr/lib/b.so", 40),
+            file("opt/x/1", 1),
+            file("opt/x/2", 2),
+            file("opt/y", 3),
+            file("keep", 4),
+        ];
+        let upper = vec![
+            // The layer's own `motd`, listed before its whiteout: it stays.
+            file("etc/motd", 21),
+            file("etc/.wh.motd", 0),
+            file("etc/.wh.passwd", 0),
+            file("usr/.wh.lib", 0),
+            file("opt/x/3", 5),
+            file("opt/x/.wh..wh..opq", 0),
+            file("opt/x/4", 6),
+            file("new/.wh.nothing", 0),
+            file(".wh.absent", 0),
+        ];
+        let t = build_oci(&[lower.clone(), upper.clone()]);
+        assert_eq!(names(&t, ""), ["etc", "keep", "new", "opt", "usr"]);
+        assert_eq!(names(&t, "etc"), ["motd"]);
+        let motd = t.node(t.resolve(b"etc/motd").unwrap()).unwrap();
+        assert_eq!((motd.size, motd.archive), (21, 1));
+        assert!(
+            names(&t, "usr").is_empty(),
+            "the directory and all below it"
+        );
+        assert_eq!(names(&t, "opt/x"), ["3", "4"], "opaque: only this layer's");
+        assert_eq!(names(&t, "opt"), ["x", "y"]);
+        assert!(names(&t, "new").is_empty(), "a whiteout's directory exists");
+        assert_eq!(t.total_bytes, 21 + 3 + 4 + 5 + 6);
+        let mut hidden: Vec<_> = t
+            .conflicts
+            .iter()
+            .map(|c| {
+                (
+                    String::from_utf8(c.path.clone()).unwrap(),
+                    c.winner,
+                    c.loser,
+                )
+            })
+            .collect();
+        hidden.sort();
+        assert_eq!(
+            hidden,
+            [
+                ("etc/motd".to_string(), 1, 0),
+                ("etc/passwd".to_string(), 1, 0),
+                ("opt/x/1".to_string(), 1, 0),
+                ("opt/x/2".to_string(), 1, 0),
+                ("usr/lib".to_string(), 1, 0),
+            ]
+        );
+        // A third layer can bring a whited-out path back.
+        let t = build_oci(&[lower.clone(), upper.clone(), vec![file("usr/lib/c.so", 7)]]);
+        assert_eq!(names(&t, "usr/lib"), ["c.so"]);
+        // Without whiteouts the markers are plain files.
+        let t = build(&[lower, upper]);
+        assert_eq!(
+            names(&t, "etc"),
+            [".wh.motd", ".wh.passwd", "motd", "passwd"]
+        );
+        assert_eq!(names(&t, "usr/lib"), ["a.so", "b.so"]);
     }
 
     #[test]
