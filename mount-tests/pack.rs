@@ -267,27 +267,58 @@ fn foreign_seekable_archives_mount_and_their_index_is_cached() {
 }
 
 #[test]
-fn plain_zstd_tarballs_are_refused_with_the_fix_named() {
+fn tarballs_are_refused_with_the_fix_named_and_the_rest_mounts() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     fs::create_dir(&src).unwrap();
     fs::write(src.join("a"), b"a\n").unwrap();
-    let tarball: PathBuf = dir.path().join("plain.tar.zst");
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "tar -C {} -cf - . | zstd -q -o {}",
-            src.display(),
-            tarball.display()
-        ))
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let out = pkgfs().arg("check").arg(&tarball).output().unwrap();
-    assert!(!out.status.success());
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(text.contains("pkgfs pack"), "{text}");
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    pack(&src, &pkgs.join("good.tar.zst"), &[]);
+    // As container image layers and source tarballs usually come.
+    let tarballs = [
+        (
+            "plain.tar.zst",
+            "| zstd -q",
+            "a zstd file without a seek table",
+        ),
+        ("layer.tar.gz", "| gzip", "a gzip file"),
+        ("src.tar.bz2", "| bzip2", "a bzip2 file"),
+        ("src.tar.xz", "| xz", "an xz file"),
+        ("layer.tar", "", "an uncompressed tar archive"),
+    ];
+    for (name, filter, _) in tarballs {
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!(r#"tar -C "$1" -cf - . {filter} > "$2""#))
+            .arg("sh")
+            .arg(&src)
+            .arg(pkgs.join(name))
+            .status()
+            .unwrap();
+        assert!(status.success(), "{name}");
+    }
+    for (name, _, what) in tarballs {
+        // Named on its own: an error that says what it is and names the fix.
+        let out = pkgfs().arg("check").arg(pkgs.join(name)).output().unwrap();
+        assert!(!out.status.success(), "{name}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            text.contains(what) && text.contains("pkgfs pack"),
+            "{name}: {text}"
+        );
+    }
+    // In a directory: each is skipped with a warning naming it; the package serves.
+    let ls = pkgfs().arg("ls").arg(&pkgs).output().unwrap();
+    let err = String::from_utf8_lossy(&ls.stderr);
+    for (name, _, what) in tarballs {
+        assert!(err.contains(name) && err.contains(what), "{name}: {err}");
+    }
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).contains(" a\t"),
+        "the package is listed"
+    );
 }
 
 #[test]

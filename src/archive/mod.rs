@@ -233,6 +233,26 @@ pub enum OpenError {
     Bad(Error),
 }
 
+/// What `head` (a file's first bytes, up to 512) is, if it is an archive or compressed
+/// stream that pkgfs cannot serve in place: tarballs and container image layers as
+/// usually shipped. Such a file in a package directory is then skipped with a warning
+/// that names the fix, not ignored in silence.
+pub fn unseekable_format(head: &[u8]) -> Option<&'static str> {
+    Some(if seekable::is_plain_zstd(head) {
+        "a zstd file without a seek table (not seekable): it cannot be read in place"
+    } else if head.starts_with(&[0x1f, 0x8b]) {
+        "a gzip file (a .tar.gz?): it cannot be read in place"
+    } else if head.starts_with(b"BZh") {
+        "a bzip2 file (a .tar.bz2?): it cannot be read in place"
+    } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
+        "an xz file (a .tar.xz?): it cannot be read in place"
+    } else if head.get(257..262) == Some(b"ustar") {
+        "an uncompressed tar archive: it has no index, so mounting it would read it all"
+    } else {
+        return None;
+    })
+}
+
 /// Open `path`, detect its format by content and read its index. `cache` keeps the
 /// indexes of seekable archives that have no pkgfs index.
 pub fn open(
@@ -262,11 +282,14 @@ pub fn open(
         None => match zip::read_index_from(&file, size, tail) {
             Ok(entries) => (Format::Zip, None, entries),
             Err(zip::IndexError::NotZip) => {
-                let mut head = [0u8; 4];
-                if read_exact_at(&file, &mut head, 0).is_ok() && seekable::is_plain_zstd(&head) {
-                    return Err(bad(Error::Unsupported(
-                        "a zstd file without a seek table (not seekable): repack it with `pkgfs pack`".into(),
-                    )));
+                let mut head = [0u8; 512];
+                let n = head.len().min(usize::try_from(size).unwrap_or(usize::MAX));
+                if read_exact_at(&file, &mut head[..n], 0).is_ok()
+                    && let Some(what) = unseekable_format(&head[..n])
+                {
+                    return Err(bad(Error::Unsupported(format!(
+                        "{what}; make a package of its contents with `pkgfs pack DIR -o FILE`"
+                    ))));
                 }
                 return Err(OpenError::NotAnArchive);
             }
