@@ -144,19 +144,39 @@ impl StreamState {
     }
 }
 
+/// Open and index a new archive, or re-read the index of a kept one. `kept_open` counts
+/// the archives left open so far: beyond `budget` (descriptors), newly indexed archives
+/// are closed now and reopened when first read.
+fn index_job(
+    job: &Job,
+    cache: Option<&IndexCache>,
+    kept_open: &AtomicUsize,
+    budget: usize,
+) -> Opened {
+    match *job {
+        Job::Open(path) => {
+            let Indexed { archive, entries } = archive::open(path, cache)?;
+            if kept_open.fetch_add(1, Ordering::Relaxed) >= budget {
+                archive.close();
+            }
+            Ok((Arc::new(archive), entries))
+        }
+        Job::Reindex(archive) => match archive::reindex(archive, cache) {
+            Ok(entries) => Ok((archive.clone(), entries)),
+            Err(e) => Err(OpenError::Bad(e)),
+        },
+    }
+}
+
 impl<'a> IndexStream<'a> {
-    /// Start `threads` workers in `scope` on `jobs`. `kept_open` counts the archives
-    /// left open so far: beyond the descriptor budget, newly indexed archives are closed
-    /// now and reopened when first read.
+    /// Start `threads` workers in `scope` doing `work` (normally [`index_job`]) on `jobs`.
     fn start<'s>(
         scope: &'s std::thread::Scope<'s, 'a>,
         shared: &'a StreamState,
         jobs: &'a [Job<'a>],
         threads: usize,
-        cache: Option<&'a IndexCache>,
-        kept_open: &'a AtomicUsize,
+        work: &'a (dyn Fn(&Job<'a>) -> Opened + Sync),
     ) -> Self {
-        let budget = archive::descriptor_budget();
         let workers = threads.clamp(1, jobs.len().max(1));
         for _ in 0..workers {
             scope.spawn(move || {
@@ -174,24 +194,13 @@ impl<'a> IndexStream<'a> {
                         s.next - 1
                     };
                     let r =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match jobs[i] {
-                            Job::Open(path) => {
-                                let Indexed { archive, entries } = archive::open(path, cache)?;
-                                if kept_open.fetch_add(1, Ordering::Relaxed) >= budget {
-                                    archive.close();
-                                }
-                                Ok((Arc::new(archive), entries))
-                            }
-                            Job::Reindex(archive) => match archive::reindex(archive, cache) {
-                                Ok(entries) => Ok((archive.clone(), entries)),
-                                Err(e) => Err(OpenError::Bad(e)),
-                            },
-                        }))
-                        .unwrap_or_else(|_| {
-                            Err(OpenError::Bad(Error::Format(
-                                "internal error while indexing (a bug: please report it)".into(),
-                            )))
-                        });
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&jobs[i])))
+                            .unwrap_or_else(|_| {
+                                Err(OpenError::Bad(Error::Format(
+                                    "internal error while indexing (a bug: please report it)"
+                                        .into(),
+                                )))
+                            });
                     shared.lock().results[i] = Some(r);
                     shared.filled.notify_all();
                 }
@@ -363,9 +372,10 @@ impl Packages {
         let cache = self.opts.index_cache.as_ref();
         let threads = self.opts.threads;
         let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
+        let budget = archive::descriptor_budget();
+        let work = |job: &Job| index_job(job, cache, &kept_open, budget);
         std::thread::scope(|scope| {
-            let mut stream =
-                IndexStream::start(scope, &streamed, &jobs, threads, cache, &kept_open);
+            let mut stream = IndexStream::start(scope, &streamed, &jobs, threads, &work);
             for (((cand, st), kept), opens) in
                 candidates.iter().zip(&stamps).zip(&reuse).zip(&needs_open)
             {
@@ -597,8 +607,9 @@ mod tests {
         for window in [1, 2, 5, 64] {
             let shared = StreamState::new(jobs.len(), window);
             let kept_open = AtomicUsize::new(0);
+            let work = |job: &Job| index_job(job, None, &kept_open, usize::MAX);
             let got: Vec<Opened> = std::thread::scope(|s| {
-                let mut stream = IndexStream::start(s, &shared, &jobs, 4, None, &kept_open);
+                let mut stream = IndexStream::start(s, &shared, &jobs, 4, &work);
                 std::iter::from_fn(|| stream.next()).collect()
             });
             assert_eq!(got.len(), paths.len(), "window {window}");
@@ -622,9 +633,10 @@ mod tests {
         let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
         let shared = StreamState::new(jobs.len(), 2);
         let kept_open = AtomicUsize::new(0);
+        let work = |job: &Job| index_job(job, None, &kept_open, usize::MAX);
         // The scope joins the workers: it returns only if they stop.
         std::thread::scope(|s| {
-            let mut stream = IndexStream::start(s, &shared, &jobs, 3, None, &kept_open);
+            let mut stream = IndexStream::start(s, &shared, &jobs, 3, &work);
             assert!(stream.next().is_some());
         });
         let claimed = shared.lock().next;
@@ -632,6 +644,36 @@ mod tests {
             claimed <= 3,
             "{claimed} claimed: the window (2) did not hold"
         );
+    }
+
+    #[test]
+    fn a_panic_while_indexing_is_that_archive_s_error_and_the_rest_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = packages(dir.path(), 12);
+        let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
+        let shared = StreamState::new(jobs.len(), 3);
+        let kept_open = AtomicUsize::new(0);
+        let work = |job: &Job| {
+            if let Job::Open(p) = job
+                && p.ends_with("p05.zip")
+            {
+                panic!("injected");
+            }
+            index_job(job, None, &kept_open, usize::MAX)
+        };
+        let got: Vec<Opened> = std::thread::scope(|s| {
+            let mut stream = IndexStream::start(s, &shared, &jobs, 2, &work);
+            std::iter::from_fn(|| stream.next()).collect()
+        });
+        assert_eq!(got.len(), 12);
+        for (i, r) in got.iter().enumerate() {
+            match (i, r) {
+                (5, Err(OpenError::Bad(e))) => assert!(e.to_string().contains("internal error")),
+                (5, _) => panic!("the panicking archive is not an error"),
+                (3 | 10, r) => assert!(r.is_err(), "{i}: garbage"),
+                (_, r) => assert!(r.is_ok(), "{i}"),
+            }
+        }
     }
 
     fn file_of(scan: &Scan, path: &str) -> Option<u64> {
