@@ -304,7 +304,10 @@ struct Building {
     archive: u32,
     explicit: bool,
     member: Option<Member>,
-    children: HashMap<Vec<u8>, usize>,
+    /// A directory's children, by name: an index into the builder's `dirs`, made with
+    /// the first child ([`NO_CHILDREN`] until then, and for files): most nodes are files,
+    /// and a map in each would cost 48 bytes a node.
+    children: u32,
     /// Hard-link group: nodes with the same group share one inode.
     group: Option<u32>,
 }
@@ -327,9 +330,14 @@ fn same_path(path: &[u8], comps: &[&[u8]]) -> bool {
     rest.is_empty()
 }
 
+/// [`Building::children`] of a node that has none.
+const NO_CHILDREN: u32 = u32::MAX;
+
 /// Folds layers into a [`Tree`].
 pub struct TreeBuilder {
     nodes: Vec<Building>,
+    /// Children of directories, by name.
+    dirs: Vec<HashMap<Vec<u8>, usize>>,
     owner: Ownership,
     conflicts: Vec<Conflict>,
     skipped: Vec<Skipped>,
@@ -356,11 +364,12 @@ impl TreeBuilder {
             archive: 0,
             explicit: false,
             member: None,
-            children: HashMap::new(),
+            children: NO_CHILDREN,
             group: None,
         };
         TreeBuilder {
             nodes: vec![root],
+            dirs: Vec::new(),
             owner,
             conflicts: Vec::new(),
             skipped: Vec::new(),
@@ -388,7 +397,7 @@ impl TreeBuilder {
             archive,
             explicit: false,
             member: None,
-            children: HashMap::new(),
+            children: NO_CHILDREN,
             group: None,
         }
     }
@@ -460,7 +469,9 @@ impl TreeBuilder {
             };
             let (removed, reason): (Vec<(Vec<u8>, usize)>, _) = if *last == OPAQUE_WHITEOUT {
                 (
-                    std::mem::take(&mut self.nodes[dir].children)
+                    self.children_mut(dir)
+                        .map(std::mem::take)
+                        .unwrap_or_default()
                         .into_iter()
                         .collect(),
                     "hidden by an opaque directory whiteout",
@@ -469,7 +480,7 @@ impl TreeBuilder {
                 // Other `.wh..wh.` names are reserved: hidden, no effect.
                 continue;
             } else {
-                match self.nodes[dir].children.remove(name) {
+                match self.children_mut(dir).and_then(|c| c.remove(name)) {
                     Some(child) => (vec![(name.to_vec(), child)], "removed by a whiteout"),
                     None => continue,
                 }
@@ -493,7 +504,7 @@ impl TreeBuilder {
     /// The directory node at `parents` if the tree has one (nothing is made).
     fn existing_dir(&self, parents: &[&[u8]]) -> Option<usize> {
         parents.iter().try_fold(0usize, |dir, c| {
-            let child = self.nodes[dir].children.get(*c).copied()?;
+            let child = self.child(dir, c)?;
             (self.nodes[child].kind == Kind::Dir).then_some(child)
         })
     }
@@ -503,7 +514,7 @@ impl TreeBuilder {
     fn hard_link(&mut self, archive: u32, archive_mtime: i64, comps: &[&[u8]], entry: &Entry) {
         let target = path::components(&entry.link).ok().and_then(|t| {
             t.iter()
-                .try_fold(0usize, |dir, c| self.nodes[dir].children.get(*c).copied())
+                .try_fold(0usize, |dir, c| self.child(dir, c))
                 .filter(|&i| self.nodes[i].kind != Kind::Dir && i != 0)
         });
         let Some(target) = target else {
@@ -588,7 +599,7 @@ impl TreeBuilder {
     fn walk(&mut self, archive: u32, archive_mtime: i64, parents: &[&[u8]]) -> usize {
         let mut dir = 0usize;
         for (depth, comp) in parents.iter().enumerate() {
-            dir = match self.nodes[dir].children.get(*comp).copied() {
+            dir = match self.child(dir, comp) {
                 Some(child) if self.nodes[child].kind == Kind::Dir => {
                     let c = &mut self.nodes[child];
                     if !c.explicit {
@@ -661,10 +672,10 @@ impl TreeBuilder {
             archive,
             explicit: true,
             member,
-            children: HashMap::new(),
+            children: NO_CHILDREN,
             group: None,
         };
-        match self.nodes[dir].children.get(last).copied() {
+        match self.child(dir, last) {
             None => Some(self.push_child(dir, last.to_vec(), node)),
             Some(existing) => {
                 let old = &mut self.nodes[existing];
@@ -709,15 +720,33 @@ impl TreeBuilder {
 
     fn push_child(&mut self, dir: usize, name: Vec<u8>, node: Building) -> usize {
         let idx = self.nodes.len();
-        self.nodes[dir].children.insert(name, idx);
+        if self.nodes[dir].children == NO_CHILDREN {
+            self.nodes[dir].children = self.dirs.len() as u32;
+            self.dirs.push(HashMap::new());
+        }
+        self.dirs[self.nodes[dir].children as usize].insert(name, idx);
         self.nodes.push(node);
         idx
+    }
+
+    /// The child of node `dir` named `name`.
+    fn child(&self, dir: usize, name: &[u8]) -> Option<usize> {
+        self.dirs
+            .get(self.nodes[dir].children as usize)?
+            .get(name)
+            .copied()
+    }
+
+    /// The children of node `dir`, if it has had any.
+    fn children_mut(&mut self, dir: usize) -> Option<&mut HashMap<Vec<u8>, usize>> {
+        self.dirs.get_mut(self.nodes[dir].children as usize)
     }
 
     /// Freeze into the immutable [`Tree`], numbering inodes breadth-first.
     pub fn finish(self) -> Tree {
         let TreeBuilder {
             mut nodes,
+            mut dirs,
             conflicts,
             skipped,
             ..
@@ -738,8 +767,12 @@ impl TreeBuilder {
             let ino = head as u64 + 1;
             head += 1;
             let b = &mut nodes[bi];
-            let mut kids: Vec<(Vec<u8>, usize)> =
-                std::mem::take(&mut b.children).into_iter().collect();
+            let mut kids: Vec<(Vec<u8>, usize)> = dirs
+                .get_mut(b.children as usize)
+                .map(std::mem::take)
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
             kids.sort_unstable();
             let first_child = queue.len() as u64 + 1;
             let count = kids.len() as u32;
