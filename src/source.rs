@@ -101,7 +101,6 @@ type Opened = std::result::Result<(Arc<Archive>, Vec<crate::archive::Entry>), Op
 /// the archive each is on.
 struct IndexStream<'a> {
     shared: &'a StreamState,
-    taken: usize,
 }
 
 /// What the workers and the consumer of an [`IndexStream`] share.
@@ -206,13 +205,13 @@ impl<'a> IndexStream<'a> {
                 }
             });
         }
-        IndexStream { shared, taken: 0 }
+        IndexStream { shared }
     }
 
     /// The next job's result, waiting for it if a worker is still on it.
     fn next(&mut self) -> Option<Opened> {
         let mut s = self.shared.lock();
-        let i = self.taken;
+        let i = s.taken;
         if i >= s.results.len() {
             return None;
         }
@@ -226,8 +225,7 @@ impl<'a> IndexStream<'a> {
                 .wait(s)
                 .unwrap_or_else(|e| e.into_inner());
         };
-        self.taken += 1;
-        s.taken = self.taken;
+        s.taken += 1;
         drop(s);
         self.shared.room.notify_all();
         Some(r)
