@@ -133,6 +133,15 @@ fn pack(src: &Path, out: &Path, extra: &[&str]) {
     run(pkgfs().arg("pack").arg(src).arg("-o").arg(out).args(extra));
 }
 
+/// Run a shell pipeline of standard tools with `args` as `$1`, `$2`…; it must succeed.
+fn sh(script: &str, args: &[&Path]) {
+    run(Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg("sh")
+        .args(args));
+}
+
 #[test]
 fn pack_mount_and_standard_extraction_reproduce_the_tree() {
     if !require_fuse() {
@@ -150,15 +159,10 @@ fn pack_mount_and_standard_extraction_reproduce_the_tree() {
     // Standard tools unpack the same tree.
     let out = dir.path().join("extracted");
     fs::create_dir(&out).unwrap();
-    let tar = Command::new("sh")
-        .arg("-c")
-        .arg(r#"zstd -dc "$1" | tar -x --same-owner --same-permissions -C "$2""#)
-        .arg("sh")
-        .arg(&pkg)
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(tar.success());
+    sh(
+        r#"zstd -dc "$1" | tar -x --same-owner --same-permissions -C "$2""#,
+        &[&pkg, &out],
+    );
     trees_match(&src, &out, &[]);
 }
 
@@ -288,15 +292,10 @@ fn tarballs_are_refused_with_the_fix_named_and_the_rest_mounts() {
         ("layer.tar", "", "an uncompressed tar archive"),
     ];
     for (name, filter, _) in tarballs {
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(format!(r#"tar -C "$1" -cf - . {filter} > "$2""#))
-            .arg("sh")
-            .arg(&src)
-            .arg(pkgs.join(name))
-            .status()
-            .unwrap();
-        assert!(status.success(), "{name}");
+        sh(
+            &format!(r#"tar -C "$1" -cf - . {filter} > "$2""#),
+            &[&src, &pkgs.join(name)],
+        );
     }
     for (name, _, what) in tarballs {
         // Named on its own: an error that says what it is and names the fix.
@@ -405,15 +404,7 @@ fn extract_layer(layer: &Path, out: &Path) {
     } else {
         r#"zstd -dc "$1" | tar -x --same-permissions -C "$2""#
     };
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .arg("sh")
-        .arg(layer)
-        .arg(out)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "extract {}", layer.display());
+    sh(script, &[layer, out]);
 }
 
 /// Image layers with whiteouts (two made by `pkgfs pack`, one by Info-ZIP `zip`),
@@ -478,12 +469,7 @@ fn whiteouts_in_image_layers_match_an_oci_unpacker() {
         layers.join("30-fix.tar.zst"),
     );
     pack(&d.join("l1"), &l1, &[]);
-    run(Command::new("sh")
-        .arg("-c")
-        .arg(r#"cd "$1" && zip -q -r -y "$2" ."#)
-        .arg("sh")
-        .arg(d.join("l2"))
-        .arg(&l2));
+    sh(r#"cd "$1" && zip -q -r -y "$2" ."#, &[&d.join("l2"), &l2]);
     pack(&d.join("l3"), &l3, &[]);
 
     let expected = d.join("expected");
@@ -525,4 +511,69 @@ fn walk(root: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Tarballs as source releases and image layers come (GNU and pax formats, plain, gzip
+/// and zstd, written by GNU tar), converted by `pkgfs pack TARBALL`: the mount shows the
+/// tree that was archived, byte for byte and attribute by attribute.
+#[test]
+fn tarballs_convert_to_packages_that_mount_the_archived_tree() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src);
+    for (name, format, filter) in [
+        ("gnu.tar", "gnu", ""),
+        ("pax.tar.gz", "pax", "| gzip"),
+        ("gnu.tar.zst", "gnu", "| zstd -q"),
+    ] {
+        let tarball = dir.path().join(name);
+        sh(
+            &format!(r#"tar -C "$1" --format={format} --numeric-owner -cf - . {filter} > "$2""#),
+            &[&src, &tarball],
+        );
+        let pkg = dir.path().join(format!("{name}.pkg"));
+        pack(&tarball, &pkg, &["--frame-size", "64K"]);
+        let m = Mount::new(&[&pkg], &[]);
+        trees_match(&src, &m.path(), &[]);
+    }
+}
+
+/// A hostile tarball (written by Python's `tarfile`): entries that would escape, and a
+/// device, are skipped with a warning naming them; the rest is packed.
+#[test]
+fn converting_a_hostile_tarball_skips_what_would_escape() {
+    let dir = tempfile::tempdir().unwrap();
+    let tarball = dir.path().join("evil.tar.gz");
+    let script = r#"
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], "w:gz", format=tarfile.PAX_FORMAT) as t:
+    for name, data in [("../escape", b"x"), ("/etc/abs", b"y"), ("ok/file", b"fine\n"),
+                       ("ok/../../up", b"z")]:
+        i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))
+    d = tarfile.TarInfo("dev/null"); d.type = tarfile.CHRTYPE; d.devmajor = 1; d.devminor = 3
+    t.addfile(d)
+    l = tarfile.TarInfo("ok/link"); l.type = tarfile.LNKTYPE; l.linkname = "../../etc/passwd"
+    t.addfile(l)
+"#;
+    run(Command::new("python3").arg("-c").arg(script).arg(&tarball));
+    let pkg = dir.path().join("evil.pkg");
+    let out = run(pkgfs().arg("pack").arg(&tarball).arg("-o").arg(&pkg));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for name in [
+        "../escape",
+        "/etc/abs",
+        "ok/../../up",
+        "dev/null",
+        "ok/link",
+    ] {
+        assert!(err.contains(&format!("skipping {name:?}")), "{name}: {err}");
+    }
+    let cat = run(pkgfs().arg("cat").arg(&pkg).arg("ok/file"));
+    assert_eq!(cat.stdout, b"fine\n");
+    let ls = run(pkgfs().arg("ls").arg(&pkg));
+    let listed = String::from_utf8_lossy(&ls.stdout);
+    assert_eq!(listed.lines().count(), 2, "ok and ok/file only: {listed}");
 }

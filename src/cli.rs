@@ -57,17 +57,23 @@ enum CliCommand {
     /// conflicts won and lost), skipped archives, cache, bytes read and decompressed,
     /// request counts, errors.
     Status(StatusArgs),
-    /// Write DIR as a pkgfs package: a seekable-zstd tar with an embedded index.
+    /// Write DIR (or convert a tar archive) as a pkgfs package: a seekable-zstd tar with
+    /// an embedded index.
     ///
     /// `zstd -dc OUT | tar x` unpacks it with standard tools; `pkgfs mount` reads any file
     /// by decompressing only the frames that hold it. Output is reproducible: the same
     /// tree gives the same bytes. Symlinks are stored as links unless --follow-symlinks.
+    /// A tar archive (plain, gzip or zstd: a source tarball, a container image layer) is
+    /// converted entry by entry, in its order, without unpacking it to disk; entries
+    /// with unsafe paths, devices and FIFOs are skipped with a warning.
     Pack(PackArgs),
 }
 
 #[derive(Debug, Args)]
 struct PackArgs {
-    /// The directory to pack (its contents become the package's root).
+    /// The directory to pack (its contents become the package's root), or a tar archive
+    /// (plain, gzip or zstd) to convert.
+    #[arg(value_name = "DIR|TARBALL")]
     dir: PathBuf,
     /// The package file to write.
     #[arg(short, long, value_name = "FILE")]

@@ -1,4 +1,5 @@
-//! `pkgfs pack`: write a directory as a pkgfs package (docs/FORMAT.md).
+//! `pkgfs pack`: write a directory, or convert a tar archive, as a pkgfs package
+//! (docs/FORMAT.md).
 //!
 //! The tree is walked in byte order of names and written as a POSIX pax tar stream. The
 //! stream is cut into frames of about `--frame-size` decompressed bytes, *at entry
@@ -13,6 +14,12 @@
 //! (a link leading outside is an error), `--follow-symlinks all` follows every link.
 //! Hard links (same device and inode) are stored once, then as tar hard links. Devices,
 //! FIFOs and sockets are skipped with a warning.
+//!
+//! A tar archive (plain, gzip or zstd) is converted in one pass: its entries are written
+//! in their order with the same metadata (the `--owner` and `--mtime` options apply),
+//! paths and hard-link targets normalised as the mount normalises them. An entry the
+//! mount would refuse (`..`, absolute, NUL) or cannot show (devices, FIFOs) is skipped
+//! with a warning, so a converted package never carries a name that could escape.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -29,6 +36,7 @@ use log::warn;
 use crate::archive::seekable::{encode_index, encode_seek_table};
 use crate::archive::tar::{TarKind, TarWriter, WriteEntry};
 use crate::archive::{DataRef, Entry, EntryKind};
+use crate::path::PathError;
 
 /// Read size when copying file data.
 const CHUNK: usize = 1 << 20;
@@ -244,13 +252,165 @@ fn tar_kind(k: EntryKind) -> TarKind {
     }
 }
 
-/// Pack `cfg.dir` into `cfg.output`.
+/// One entry for the package writer: its metadata (`data` is filled in by the writer)
+/// and a reader of exactly its `size` bytes of data.
+type Put<'p> = dyn FnMut(Entry, &mut dyn Read) -> Result<(), String> + 'p;
+
+fn ctx(what: &str, e: &dyn std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+/// Pack `cfg.dir` into `cfg.output`: a directory, or a tar archive (plain, gzip or
+/// zstd) whose entries are copied over in their order.
 pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
-    let ctx = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
-    if !cfg.dir.is_dir() {
-        return Err(format!("{} is not a directory", cfg.dir.display()));
+    let shown = cfg.dir.display().to_string();
+    let meta = std::fs::metadata(&cfg.dir).map_err(|e| ctx(&shown, &e))?;
+    if meta.is_dir() {
+        let items = walk(&cfg.dir, cfg).map_err(|e| ctx(&shown, &e))?;
+        return write_package(cfg, |put| {
+            for item in items {
+                let mut data: Box<dyn Read> = if item.entry.kind == EntryKind::File {
+                    let f = std::fs::File::open(&item.source)
+                        .map_err(|e| ctx(&item.source.display().to_string(), &e))?;
+                    Box::new(Shrink(f.take(item.entry.size), item.source))
+                } else {
+                    Box::new(std::io::empty())
+                };
+                put(item.entry, &mut data)?;
+            }
+            Ok(())
+        });
     }
-    let mut items = walk(&cfg.dir, cfg).map_err(|e| ctx(&cfg.dir.display().to_string(), &e))?;
+    if cfg.follow != Follow::Never {
+        return Err("--follow-symlinks applies to directories, not to tar archives".into());
+    }
+    let input = tarball(&cfg.dir)?;
+    write_package(cfg, |put| {
+        crate::archive::tar::each(input, |te, data| {
+            match tar_entry(te, cfg) {
+                Ok(e) => put(e, data).map_err(crate::archive::tar::TarError::Format),
+                // `./` names the root, which a package does not record.
+                Err(_)
+                    if te.kind == TarKind::Dir
+                        && crate::path::components(&te.path)
+                            .is_err_and(|e| e == PathError::Empty) =>
+                {
+                    Ok(())
+                }
+                Err(why) => {
+                    warn!(
+                        "{shown}: skipping {:?}: {why}",
+                        String::from_utf8_lossy(&te.path)
+                    );
+                    Ok(())
+                }
+            }
+        })
+        .map_err(|e| ctx(&shown, &e))
+    })
+}
+
+/// A file's data that must not end early (the file shrank while being packed).
+struct Shrink(std::io::Take<std::fs::File>, PathBuf);
+
+impl Read for Shrink {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.0.read(buf)?;
+        if n == 0 && self.0.limit() > 0 && !buf.is_empty() {
+            return Err(std::io::Error::other(format!(
+                "{}: file shrank while packing",
+                self.1.display()
+            )));
+        }
+        Ok(n)
+    }
+}
+
+/// The tar stream of a tar archive, decompressed if it is gzip or zstd (recognised by
+/// content).
+fn tarball(path: &Path) -> Result<Box<dyn Read>, String> {
+    let shown = path.display().to_string();
+    let mut f = std::fs::File::open(path).map_err(|e| ctx(&shown, &e))?;
+    let mut head = [0u8; 512];
+    let n = read_full(&mut f, &mut head).map_err(|e| ctx(&shown, &e))?;
+    let head = &head[..n];
+    let rest = std::io::Cursor::new(head.to_vec()).chain(f);
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Ok(Box::new(flate2::read::MultiGzDecoder::new(rest)))
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        let d = zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(&shown, &e))?;
+        Ok(Box::new(d))
+    } else if head.get(257..262) == Some(b"ustar") {
+        Ok(Box::new(rest))
+    } else if crate::archive::unseekable_format(head).is_some() {
+        Err(format!(
+            "{shown}: compressed with bzip2 or xz, which pack does not read: decompress it \
+             first (`bzip2 -d`, `xz -d`) and pack the tar"
+        ))
+    } else {
+        Err(format!(
+            "{shown} is neither a directory nor a tar archive (plain, gzip or zstd)"
+        ))
+    }
+}
+
+/// Fill `buf` as far as the reader goes; the number of bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// The package entry for a tar archive's entry: its path and link target normalised
+/// (an unsafe one is refused, as the mount would refuse it), the owner and time options
+/// applied. Devices, FIFOs and sockets are refused.
+fn tar_entry(te: &crate::archive::tar::TarEntry, cfg: &PackConfig) -> Result<Entry, String> {
+    let normal = |p: &[u8]| -> Result<Vec<u8>, String> {
+        Ok(crate::path::components(p)
+            .map_err(|e| e.to_string())?
+            .join(&b'/'))
+    };
+    let kind = match te.kind {
+        TarKind::File => EntryKind::File,
+        TarKind::Dir => EntryKind::Dir,
+        TarKind::Symlink => EntryKind::Symlink,
+        TarKind::HardLink => EntryKind::HardLink,
+        TarKind::Other(_) => return Err("device, FIFO or socket; not packed".into()),
+    };
+    let link = match kind {
+        EntryKind::HardLink => normal(&te.link)?,
+        _ => te.link.clone(),
+    };
+    let (uid, gid) = cfg.owner.map_or(
+        (u32::try_from(te.uid).ok(), u32::try_from(te.gid).ok()),
+        |(u, g)| (Some(u), Some(g)),
+    );
+    Ok(Entry {
+        path: normal(&te.path)?,
+        kind,
+        perm: (te.mode & 0o7777) as u16,
+        mtime: cfg.mtime_clamp.map_or(te.mtime, |c| te.mtime.min(c)),
+        uid,
+        gid,
+        size: te.size,
+        data: DataRef::None,
+        link,
+    })
+}
+
+/// Write the entries `feed` hands to its `put` as a package at `cfg.output`.
+fn write_package(
+    cfg: &PackConfig,
+    feed: impl FnOnce(&mut Put) -> Result<(), String>,
+) -> Result<PackStats, String> {
+    let mut entries: Vec<Entry> = Vec::new();
     let out_dir = cfg
         .output
         .parent()
@@ -329,8 +489,7 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
             Ok(())
         };
         let mut buf = vec![0u8; CHUNK];
-        for item in &mut items {
-            let e = item.entry.clone();
+        let mut put = |mut e: Entry, data: &mut dyn Read| -> Result<(), String> {
             // Start a new frame rather than split an entry that would fit in one.
             let whole = 1536 + e.size.div_ceil(512) * 512;
             {
@@ -353,30 +512,29 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
                 })
                 .map_err(|err| ctx("tar", &err))?;
             if e.kind == EntryKind::File {
-                let mut f = std::fs::File::open(&item.source)
-                    .map_err(|err| ctx(&item.source.display().to_string(), &err))?;
                 let mut left = e.size;
                 while left > 0 {
-                    let n = f
+                    let n = data
                         .read(&mut buf[..left.min(CHUNK as u64) as usize])
-                        .map_err(|err| ctx(&item.source.display().to_string(), &err))?;
+                        .map_err(|err| err.to_string())?;
                     if n == 0 {
                         return Err(format!(
-                            "{}: file shrank while packing",
-                            item.source.display()
+                            "{}: the data ends early",
+                            String::from_utf8_lossy(&e.path)
                         ));
                     }
                     tar.data(&buf[..n]).map_err(|err| ctx("tar", &err))?;
                     left -= n as u64;
                     send_done(&frames, &mut sent)?;
                 }
-                item.entry.data = DataRef::Seekable {
+                e.data = DataRef::Seekable {
                     offset: data_offset,
                 };
-                stats.data_bytes += item.entry.size;
+                stats.data_bytes += e.size;
             }
             tar.end_entry().map_err(|err| ctx("tar", &err))?;
             stats.entries += 1;
+            entries.push(e);
             send_done(&frames, &mut sent)?;
             if progress && stats.entries % 1000 == 0 {
                 eprint!(
@@ -385,7 +543,9 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
                     stats.data_bytes >> 20
                 );
             }
-        }
+            Ok(())
+        };
+        feed(&mut put)?;
         tar.finish()
             .map_err(|e| ctx("tar", &e))?
             .0
@@ -408,7 +568,6 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
 
     stats.frames = sizes.len() as u64;
     stats.stream_bytes = sizes.iter().map(|&(_, d)| u64::from(d)).sum();
-    let entries: Vec<Entry> = items.into_iter().map(|i| i.entry).collect();
     let index = encode_index(&entries, cfg.level.min(19)).map_err(|e| ctx("index", &e))?;
     let table = encode_seek_table(&sizes);
     {

@@ -165,9 +165,9 @@ impl<R: Read> Counting<R> {
         Ok(true)
     }
 
-    /// Skip `n` bytes (rounded up to whole blocks).
-    fn skip(&mut self, n: u64) -> Result<(), TarError> {
-        let mut left = n.div_ceil(BLOCK as u64) * BLOCK as u64;
+    /// Skip `n` bytes.
+    fn skip_exact(&mut self, n: u64) -> Result<(), TarError> {
+        let mut left = n;
         let mut buf = [0u8; 16 * BLOCK];
         while left > 0 {
             let want = left.min(buf.len() as u64) as usize;
@@ -288,8 +288,48 @@ impl Overrides {
 
 /// Read every entry header of a tar stream, skipping the data.
 pub fn scan<R: Read>(r: R) -> Result<Vec<TarEntry>, TarError> {
-    let mut r = Counting { inner: r, pos: 0 };
     let mut out = Vec::new();
+    each(r, |e, _| {
+        out.push(e.clone());
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// An entry's data as the stream goes by: at most the entry's size.
+struct Data<'a, R> {
+    r: &'a mut Counting<R>,
+    left: u64,
+}
+
+impl<R: Read> Read for Data<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.r.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "tar stream ends inside an entry's data",
+            ));
+        }
+        self.r.pos += n as u64;
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Walk a tar stream entry by entry, handing `f` each entry and a reader of its data
+/// (files only; empty for other kinds). Whatever `f` leaves unread is skipped.
+pub fn each<R: Read>(
+    r: R,
+    mut f: impl FnMut(&TarEntry, &mut dyn Read) -> Result<(), TarError>,
+) -> Result<(), TarError> {
+    let mut r = Counting { inner: r, pos: 0 };
     let mut global = Overrides::default();
     let mut local = Overrides::default();
     let mut first_header: Option<u64> = None;
@@ -388,11 +428,17 @@ pub fn scan<R: Read>(r: R) -> Result<Vec<TarEntry>, TarError> {
             header_offset: first_header.take().unwrap_or(at),
             data_offset,
         };
-        // Hard links and directories may still carry data in odd archives: skip it.
-        r.skip(size)?;
-        out.push(entry);
+        let mut data = Data {
+            r: &mut r,
+            left: entry.size,
+        };
+        f(&entry, &mut data)?;
+        // What `f` left, and the data hard links and directories may still carry in odd
+        // archives: skipped, with the padding.
+        let read = entry.size - data.left;
+        r.skip_exact(size.div_ceil(BLOCK as u64) * BLOCK as u64 - read)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// What to write for one entry.
@@ -690,6 +736,39 @@ mod tests {
             (-12345, 1 << 30, 0o754)
         );
         assert_eq!(got[5].path, odd);
+    }
+
+    #[test]
+    fn each_hands_out_data_and_skips_what_is_left_unread() {
+        let (bytes, _) = write_all(&[
+            (entry(b"a", TarKind::File, 700, &[]), &[b'a'; 700][..]),
+            (entry(b"d", TarKind::Dir, 0, &[]), b""),
+            (entry(b"b", TarKind::File, 5, &[]), b"bbbbb"),
+            (entry(b"c", TarKind::File, 3, &[]), b"ccc"),
+        ]);
+        let mut got = Vec::new();
+        each(&bytes[..], |e, data| {
+            // Read all of b, part of a, none of c.
+            let want = match e.path.as_slice() {
+                b"a" => 10,
+                b"b" => 100,
+                _ => 0,
+            };
+            let mut buf = vec![0u8; want];
+            let n = data.read(&mut buf).map_err(TarError::Io)?;
+            got.push((e.path.clone(), buf[..n].to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            [
+                (b"a".to_vec(), vec![b'a'; 10]),
+                (b"d".to_vec(), vec![]),
+                (b"b".to_vec(), b"bbbbb".to_vec()),
+                (b"c".to_vec(), vec![]),
+            ]
+        );
     }
 
     #[test]
