@@ -487,6 +487,10 @@ fn whiteouts_in_image_layers_match_an_oci_unpacker() {
 
     let m = Mount::new(&[&layers], &["--whiteouts"]);
     trees_match(&expected, &m.path(), &["--no-dir-mtime"]);
+    let status = run(pkgfs().arg("status").arg(m.path()));
+    assert!(String::from_utf8_lossy(&status.stdout).contains("whiteouts honoured"));
+    let json = run(pkgfs().arg("status").arg("--json").arg(m.path()));
+    assert!(String::from_utf8_lossy(&json.stdout).contains(r#""whiteouts":true"#));
     // Without the option the markers are ordinary files.
     let plain = Mount::new(&[&layers], &[]);
     assert!(plain.path().join("etc/.wh.passwd").exists());

@@ -219,6 +219,7 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
         mountpoint: mount_path(&cfg.mountpoint),
         sources: cfg.sources.clone(),
         watching: watcher.is_some(),
+        whiteouts: cfg.whiteouts,
         started: SystemTime::now(),
     };
     match dev {

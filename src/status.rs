@@ -36,6 +36,8 @@ pub struct MountInfo {
     pub sources: Vec<PathBuf>,
     /// Whether source directories are watched.
     pub watching: bool,
+    /// Whether `.wh.` entries are whiteouts (`--whiteouts`).
+    pub whiteouts: bool,
     /// When the mount started.
     pub started: SystemTime,
 }
@@ -133,9 +135,10 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
         let mut o = String::from("{");
         let _ = write!(
             o,
-            "\"mountpoint\":{},\"pid\":{pid},\"uptime_s\":{uptime},\"watching\":{},\"sources\":[{}],",
+            "\"mountpoint\":{},\"pid\":{pid},\"uptime_s\":{uptime},\"watching\":{},\"whiteouts\":{},\"sources\":[{}],",
             json_str(&info.mountpoint.display().to_string()),
             info.watching,
+            info.whiteouts,
             info.sources
                 .iter()
                 .map(|s| json_str(&s.display().to_string()))
@@ -230,10 +233,11 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
             .map(|s| s.display().to_string())
             .collect::<Vec<_>>()
             .join(" "),
-        if info.watching {
-            "watched"
-        } else {
-            "fixed set"
+        match (info.watching, info.whiteouts) {
+            (true, false) => "watched",
+            (false, false) => "fixed set",
+            (true, true) => "watched; whiteouts honoured",
+            (false, true) => "fixed set; whiteouts honoured",
         }
     );
     let _ = write!(
