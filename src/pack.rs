@@ -35,7 +35,7 @@ use log::warn;
 
 use crate::archive::seekable::{encode_index, encode_seek_table};
 use crate::archive::tar::{TarKind, TarWriter, WriteEntry};
-use crate::archive::{DataRef, Entry, EntryKind};
+use crate::archive::{DataRef, Entry, EntryKind, Foreign};
 use crate::path::PathError;
 
 /// Read size when copying file data.
@@ -286,24 +286,15 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
     }
     let input = tarball(&cfg.dir)?;
     write_package(cfg, |put| {
-        crate::archive::tar::each(input, |te, data| {
-            match tar_entry(te, cfg) {
-                Ok(e) => put(e, data).map_err(crate::archive::tar::TarError::Format),
-                // `./` names the root, which a package does not record.
-                Err(_)
-                    if te.kind == TarKind::Dir
-                        && crate::path::components(&te.path)
-                            .is_err_and(|e| e == PathError::Empty) =>
-                {
-                    Ok(())
-                }
-                Err(why) => {
-                    warn!(
-                        "{shown}: skipping {:?}: {why}",
-                        String::from_utf8_lossy(&te.path)
-                    );
-                    Ok(())
-                }
+        crate::archive::tar::each(input, |te, data| match tar_entry(te, cfg) {
+            Ok(Some(e)) => put(e, data).map_err(crate::archive::tar::TarError::Format),
+            Ok(None) => Ok(()),
+            Err(why) => {
+                warn!(
+                    "{shown}: skipping {:?}: {why}",
+                    String::from_utf8_lossy(&te.path)
+                );
+                Ok(())
             }
         })
         .map_err(|e| ctx(&shown, &e))
@@ -335,22 +326,20 @@ fn tarball(path: &Path) -> Result<Box<dyn Read>, String> {
     let n = read_full(&mut f, &mut head).map_err(|e| ctx(&shown, &e))?;
     let head = &head[..n];
     let rest = std::io::Cursor::new(head.to_vec()).chain(f);
-    if head.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(flate2::read::MultiGzDecoder::new(rest)))
-    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        let d = zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(&shown, &e))?;
-        Ok(Box::new(d))
-    } else if head.get(257..262) == Some(b"ustar") {
-        Ok(Box::new(rest))
-    } else if crate::archive::unseekable_format(head).is_some() {
-        Err(format!(
+    match Foreign::detect(head) {
+        Some(Foreign::Gzip) => Ok(Box::new(flate2::read::MultiGzDecoder::new(rest))),
+        // Seekable or not: a seek table is a skippable frame.
+        Some(Foreign::Zstd) => Ok(Box::new(
+            zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(&shown, &e))?,
+        )),
+        Some(Foreign::Tar) => Ok(Box::new(rest)),
+        Some(Foreign::Bzip2 | Foreign::Xz) => Err(format!(
             "{shown}: compressed with bzip2 or xz, which pack does not read: decompress it \
              first (`bzip2 -d`, `xz -d`) and pack the tar"
-        ))
-    } else {
-        Err(format!(
+        )),
+        None => Err(format!(
             "{shown} is neither a directory nor a tar archive (plain, gzip or zstd)"
-        ))
+        )),
     }
 }
 
@@ -370,8 +359,15 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 
 /// The package entry for a tar archive's entry: its path and link target normalised
 /// (an unsafe one is refused, as the mount would refuse it), the owner and time options
-/// applied. Devices, FIFOs and sockets are refused.
-fn tar_entry(te: &crate::archive::tar::TarEntry, cfg: &PackConfig) -> Result<Entry, String> {
+/// applied. Devices, FIFOs and sockets are refused. `None` for the root directory
+/// (`./`), which a package does not record.
+fn tar_entry(
+    te: &crate::archive::tar::TarEntry,
+    cfg: &PackConfig,
+) -> Result<Option<Entry>, String> {
+    if te.kind == TarKind::Dir && crate::path::components(&te.path) == Err(PathError::Empty) {
+        return Ok(None);
+    }
     let normal = |p: &[u8]| -> Result<Vec<u8>, String> {
         Ok(crate::path::components(p)
             .map_err(|e| e.to_string())?
@@ -392,7 +388,7 @@ fn tar_entry(te: &crate::archive::tar::TarEntry, cfg: &PackConfig) -> Result<Ent
         (u32::try_from(te.uid).ok(), u32::try_from(te.gid).ok()),
         |(u, g)| (Some(u), Some(g)),
     );
-    Ok(Entry {
+    Ok(Some(Entry {
         path: normal(&te.path)?,
         kind,
         perm: (te.mode & 0o7777) as u16,
@@ -402,7 +398,7 @@ fn tar_entry(te: &crate::archive::tar::TarEntry, cfg: &PackConfig) -> Result<Ent
         size: te.size,
         data: DataRef::None,
         link,
-    })
+    }))
 }
 
 /// Write the entries `feed` hands to its `put` as a package at `cfg.output`.

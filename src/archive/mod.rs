@@ -233,56 +233,66 @@ pub enum OpenError {
     Bad(Error),
 }
 
-/// A file pkgfs recognises but cannot serve in place: what it is, and whether `pkgfs
-/// pack` converts it as it is (plain, gzip and zstd tar streams) or it must be
-/// decompressed first (bzip2, xz).
+/// A file pkgfs recognises by its first bytes but cannot serve in place: tarballs and
+/// container image layers as usually shipped. In a package directory such a file is
+/// skipped with a warning that names the fix, not ignored in silence; `pkgfs pack`
+/// converts the tar streams among them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unseekable {
-    /// What the file is, and why it cannot be served in place.
-    pub what: &'static str,
-    /// `pkgfs pack FILE` reads it.
-    pub packable: bool,
+pub enum Foreign {
+    /// zstd frames without a seek table.
+    Zstd,
+    /// gzip.
+    Gzip,
+    /// bzip2.
+    Bzip2,
+    /// xz.
+    Xz,
+    /// An uncompressed tar archive.
+    Tar,
 }
 
-impl Unseekable {
-    /// The fix, for messages.
-    pub fn fix(&self) -> &'static str {
-        if self.packable {
-            "convert it with `pkgfs pack FILE -o PACKAGE`"
+impl Foreign {
+    /// The format of a file starting with `head` (its first bytes, up to 512).
+    pub fn detect(head: &[u8]) -> Option<Foreign> {
+        Some(if seekable::is_plain_zstd(head) {
+            Foreign::Zstd
+        } else if head.starts_with(&[0x1f, 0x8b]) {
+            Foreign::Gzip
+        } else if head.starts_with(b"BZh") {
+            Foreign::Bzip2
+        } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
+            Foreign::Xz
+        } else if head.get(257..262) == Some(b"ustar") {
+            Foreign::Tar
         } else {
-            "decompress it, then convert the tar with `pkgfs pack FILE -o PACKAGE`"
+            return None;
+        })
+    }
+
+    /// What it is, and why it cannot be served in place.
+    pub fn what(self) -> &'static str {
+        match self {
+            Foreign::Zstd => {
+                "a zstd file without a seek table (not seekable): it cannot be read in place"
+            }
+            Foreign::Gzip => "a gzip file (a .tar.gz?): it cannot be read in place",
+            Foreign::Bzip2 => "a bzip2 file (a .tar.bz2?): it cannot be read in place",
+            Foreign::Xz => "an xz file (a .tar.xz?): it cannot be read in place",
+            Foreign::Tar => {
+                "an uncompressed tar archive: it has no index, so mounting it would read it all"
+            }
         }
     }
-}
 
-/// What `head` (a file's first bytes, up to 512) is, if it is an archive or compressed
-/// stream that pkgfs cannot serve in place: tarballs and container image layers as
-/// usually shipped. Such a file in a package directory is then skipped with a warning
-/// that names the fix, not ignored in silence.
-pub fn unseekable_format(head: &[u8]) -> Option<Unseekable> {
-    let (what, packable) = if seekable::is_plain_zstd(head) {
-        (
-            "a zstd file without a seek table (not seekable): it cannot be read in place",
-            true,
-        )
-    } else if head.starts_with(&[0x1f, 0x8b]) {
-        ("a gzip file (a .tar.gz?): it cannot be read in place", true)
-    } else if head.starts_with(b"BZh") {
-        (
-            "a bzip2 file (a .tar.bz2?): it cannot be read in place",
-            false,
-        )
-    } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
-        ("an xz file (a .tar.xz?): it cannot be read in place", false)
-    } else if head.get(257..262) == Some(b"ustar") {
-        (
-            "an uncompressed tar archive: it has no index, so mounting it would read it all",
-            true,
-        )
-    } else {
-        return None;
-    };
-    Some(Unseekable { what, packable })
+    /// The fix, for messages: `pkgfs pack` reads plain, gzip and zstd tar streams.
+    pub fn fix(self) -> &'static str {
+        match self {
+            Foreign::Bzip2 | Foreign::Xz => {
+                "decompress it, then convert the tar with `pkgfs pack FILE -o PACKAGE`"
+            }
+            _ => "convert it with `pkgfs pack FILE -o PACKAGE`",
+        }
+    }
 }
 
 /// Open `path`, detect its format by content and read its index. `cache` keeps the
@@ -317,9 +327,13 @@ pub fn open(
                 let mut head = [0u8; 512];
                 let n = head.len().min(usize::try_from(size).unwrap_or(usize::MAX));
                 if read_exact_at(&file, &mut head[..n], 0).is_ok()
-                    && let Some(u) = unseekable_format(&head[..n])
+                    && let Some(f) = Foreign::detect(&head[..n])
                 {
-                    return Err(bad(Error::Unsupported(format!("{}; {}", u.what, u.fix()))));
+                    return Err(bad(Error::Unsupported(format!(
+                        "{}; {}",
+                        f.what(),
+                        f.fix()
+                    ))));
                 }
                 return Err(OpenError::NotAnArchive);
             }
