@@ -543,6 +543,14 @@ fn tarballs_convert_to_packages_that_mount_the_archived_tree() {
         let m = Mount::new(&[&pkg], &[]);
         trees_match(&src, &m.path(), &[]);
     }
+    // From a pipe, as `docker save` or a download hands a layer over.
+    let piped = dir.path().join("piped.pkg");
+    sh(
+        r#"tar -C "$1" --numeric-owner -cf - . | gzip | "$2" pack - -o "$3""#,
+        &[&src, Path::new(env!("CARGO_BIN_EXE_pkgfs")), &piped],
+    );
+    let m = Mount::new(&[&piped], &[]);
+    trees_match(&src, &m.path(), &[]);
 }
 
 /// A hostile tarball (written by Python's `tarfile`): entries that would escape, and a

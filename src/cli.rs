@@ -72,7 +72,7 @@ enum CliCommand {
 #[derive(Debug, Args)]
 struct PackArgs {
     /// The directory to pack (its contents become the package's root), or a tar archive
-    /// (plain, gzip or zstd) to convert.
+    /// (plain, gzip or zstd) to convert; `-` reads the tar archive from standard input.
     #[arg(value_name = "DIR|TARBALL")]
     dir: PathBuf,
     /// The package file to write.

@@ -263,9 +263,17 @@ fn ctx(what: &str, e: &dyn std::fmt::Display) -> String {
 /// Pack `cfg.dir` into `cfg.output`: a directory, or a tar archive (plain, gzip or
 /// zstd) whose entries are copied over in their order.
 pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
-    let shown = cfg.dir.display().to_string();
-    let meta = std::fs::metadata(&cfg.dir).map_err(|e| ctx(&shown, &e))?;
-    if meta.is_dir() {
+    let stdin = cfg.dir.as_os_str() == "-";
+    let shown = if stdin {
+        "standard input".to_string()
+    } else {
+        cfg.dir.display().to_string()
+    };
+    if !stdin
+        && std::fs::metadata(&cfg.dir)
+            .map_err(|e| ctx(&shown, &e))?
+            .is_dir()
+    {
         let items = walk(&cfg.dir, cfg).map_err(|e| ctx(&shown, &e))?;
         return write_package(cfg, |put| {
             for item in items {
@@ -284,7 +292,12 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
     if cfg.follow != Follow::Never {
         return Err("--follow-symlinks applies to directories, not to tar archives".into());
     }
-    let input = tarball(&cfg.dir)?;
+    let input = if stdin {
+        tarball(Box::new(std::io::stdin().lock()), &shown)?
+    } else {
+        let f = std::fs::File::open(&cfg.dir).map_err(|e| ctx(&shown, &e))?;
+        tarball(Box::new(f), &shown)?
+    };
     write_package(cfg, |put| {
         crate::archive::tar::each(input, |te, data| match tar_entry(te, cfg) {
             Ok(Some(e)) => put(e, data).map_err(crate::archive::tar::TarError::Format),
@@ -317,20 +330,18 @@ impl Read for Shrink {
     }
 }
 
-/// The tar stream of a tar archive, decompressed if it is gzip or zstd (recognised by
-/// content).
-fn tarball(path: &Path) -> Result<Box<dyn Read>, String> {
-    let shown = path.display().to_string();
-    let mut f = std::fs::File::open(path).map_err(|e| ctx(&shown, &e))?;
+/// The tar stream of the tar archive `f` reads (a file or standard input, `shown` in
+/// messages), decompressed if it is gzip or zstd (recognised by content).
+fn tarball<'r>(mut f: Box<dyn Read + 'r>, shown: &str) -> Result<Box<dyn Read + 'r>, String> {
     let mut head = [0u8; 512];
-    let n = read_full(&mut f, &mut head).map_err(|e| ctx(&shown, &e))?;
+    let n = read_full(&mut f, &mut head).map_err(|e| ctx(shown, &e))?;
     let head = &head[..n];
     let rest = std::io::Cursor::new(head.to_vec()).chain(f);
     match Foreign::detect(head) {
         Some(Foreign::Gzip) => Ok(Box::new(flate2::read::MultiGzDecoder::new(rest))),
         // Seekable or not: a seek table is a skippable frame.
         Some(Foreign::Zstd) => Ok(Box::new(
-            zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(&shown, &e))?,
+            zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(shown, &e))?,
         )),
         Some(Foreign::Tar) => Ok(Box::new(rest)),
         Some(Foreign::Bzip2 | Foreign::Xz) => Err(format!(
