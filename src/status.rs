@@ -343,19 +343,47 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
     (r == 0).then_some(cred.uid)
 }
 
-/// Serve status requests for the mount with device number `dev` on a background thread.
+/// How long the status channel waits for its name while another process holds it.
+const BIND_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Bind the status channel's name, waiting while another process holds it: device
+/// numbers are reused, so a daemon whose mount has just gone may still hold the name of
+/// a new mount that got its number, for the moment it takes to exit.
+fn bind(address: &SocketAddr) -> std::io::Result<UnixListener> {
+    let start = std::time::Instant::now();
+    loop {
+        match UnixListener::bind_addr(address) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse && start.elapsed() < BIND_PATIENCE =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Serve status requests for the mount with device number `dev` on a background thread
+/// (which first waits for the channel's name if a departing daemon still holds it).
 pub fn serve(
     dev: u64,
     fs: Arc<PkgFs>,
     info: MountInfo,
     activity: Arc<Mutex<Activity>>,
 ) -> std::io::Result<()> {
-    let listener = UnixListener::bind_addr(&address(dev)?)?;
+    let address = address(dev)?;
     // SAFETY: getuid cannot fail.
     let me = unsafe { libc::getuid() };
     std::thread::Builder::new()
         .name("pkgfs-status".into())
         .spawn(move || {
+            let listener = match bind(&address) {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!("no status channel: {e}");
+                    return;
+                }
+            };
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
                 match peer_uid(&conn) {
@@ -420,4 +448,47 @@ pub fn query(mountpoint: &Path, json: bool) -> Result<String, String> {
         ));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{Ownership, TreeBuilder};
+
+    #[test]
+    fn a_name_a_departing_daemon_still_holds_is_taken_once_released() {
+        // A device number no mount has.
+        let dev = u64::MAX - u64::from(std::process::id());
+        let held = UnixListener::bind_addr(&address(dev).unwrap()).unwrap();
+        let owner = Ownership {
+            uid: 0,
+            gid: 0,
+            force_uid: false,
+            force_gid: false,
+        };
+        let fs = Arc::new(PkgFs::new(TreeBuilder::new(owner).finish(), Vec::new(), 1 << 20));
+        let info = MountInfo {
+            mountpoint: PathBuf::from("/the/new/mount"),
+            sources: Vec::new(),
+            watching: false,
+            whiteouts: false,
+            started: SystemTime::now(),
+        };
+        serve(dev, fs, info, Arc::new(Mutex::new(Activity::default()))).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        drop(held);
+        let start = std::time::Instant::now();
+        let answer = loop {
+            if let Ok(mut s) = UnixStream::connect_addr(&address(dev).unwrap()) {
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                s.write_all(b"status json\n").unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).unwrap();
+                break out;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "nobody took the name");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(answer.contains("/the/new/mount"), "{answer}");
+    }
 }
