@@ -466,7 +466,11 @@ mod tests {
             force_uid: false,
             force_gid: false,
         };
-        let fs = Arc::new(PkgFs::new(TreeBuilder::new(owner).finish(), Vec::new(), 1 << 20));
+        let fs = Arc::new(PkgFs::new(
+            TreeBuilder::new(owner).finish(),
+            Vec::new(),
+            1 << 20,
+        ));
         let info = MountInfo {
             mountpoint: PathBuf::from("/the/new/mount"),
             sources: Vec::new(),
@@ -486,7 +490,10 @@ mod tests {
                 s.read_to_string(&mut out).unwrap();
                 break out;
             }
-            assert!(start.elapsed() < Duration::from_secs(5), "nobody took the name");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "nobody took the name"
+            );
             std::thread::sleep(Duration::from_millis(10));
         };
         assert!(answer.contains("/the/new/mount"), "{answer}");
