@@ -176,14 +176,21 @@ struct UmountArgs {
     lazy: bool,
 }
 
+/// How the offline tools merge layers, as the matching `mount` options do.
+#[derive(Debug, Args)]
+struct MergeArgs {
+    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does.
+    #[arg(long)]
+    whiteouts: bool,
+}
+
 #[derive(Debug, Args)]
 struct LsArgs {
     /// Archive files or directories, then optionally a path inside the merged tree.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE... [PATH]")]
     args: Vec<PathBuf>,
-    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does.
-    #[arg(long)]
-    whiteouts: bool,
+    #[command(flatten)]
+    merge: MergeArgs,
 }
 
 #[derive(Debug, Args)]
@@ -191,9 +198,8 @@ struct CatArgs {
     /// Archive files or directories, then the path of the file inside the merged tree.
     #[arg(required = true, num_args = 2.., value_name = "SOURCE... PATH")]
     args: Vec<PathBuf>,
-    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does.
-    #[arg(long)]
-    whiteouts: bool,
+    #[command(flatten)]
+    merge: MergeArgs,
 }
 
 #[derive(Debug, Args)]
@@ -201,9 +207,8 @@ struct CheckArgs {
     /// Archive files or directories.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
     sources: Vec<PathBuf>,
-    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does.
-    #[arg(long)]
-    whiteouts: bool,
+    #[command(flatten)]
+    merge: MergeArgs,
 }
 
 /// Who may access a mount.
@@ -421,7 +426,7 @@ impl Cli {
                 Command::Ls {
                     sources: args,
                     path,
-                    whiteouts: l.whiteouts,
+                    whiteouts: l.merge.whiteouts,
                 }
             }
             CliCommand::Cat(c) => {
@@ -433,12 +438,12 @@ impl Cli {
                 Command::Cat {
                     sources: args,
                     path,
-                    whiteouts: c.whiteouts,
+                    whiteouts: c.merge.whiteouts,
                 }
             }
             CliCommand::Check(c) => Command::Check {
                 sources: c.sources,
-                whiteouts: c.whiteouts,
+                whiteouts: c.merge.whiteouts,
             },
             CliCommand::Status(s) => Command::Status {
                 mountpoint: s.mountpoint,
