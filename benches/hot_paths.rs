@@ -11,12 +11,7 @@ use pkgfs::archive::{DataRef, Entry, EntryKind, ZipData, seekable};
 use pkgfs::cache::{Block, BlockCache};
 use pkgfs::tree::{Ownership, TreeBuilder};
 
-const OWNER: Ownership = Ownership {
-    uid: 0,
-    gid: 0,
-    force_uid: false,
-    force_gid: false,
-};
+const OWNER: Ownership = Ownership::defaults(0, 0);
 
 fn entries(n: usize) -> Vec<Entry> {
     (0..n)

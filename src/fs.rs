@@ -616,12 +616,7 @@ mod tests {
                 link: Vec::new(),
             })
             .collect();
-        let mut b = TreeBuilder::new(Ownership {
-            uid: 0,
-            gid: 0,
-            force_uid: false,
-            force_gid: false,
-        });
+        let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
         b.add_layer(0, 0, &entries);
         let fs = PkgFs::new(b.finish(), Vec::new(), 0);
         let d = fs.lookup(1, b"d").unwrap().ino;

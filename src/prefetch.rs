@@ -622,12 +622,7 @@ mod tests {
     /// A mount (no FUSE) of the archive at `path` alone, with a 1 MiB cache.
     fn fs_of(path: &std::path::Path) -> PkgFs {
         let idx = crate::archive::open(path, None).unwrap();
-        let mut b = TreeBuilder::new(Ownership {
-            uid: 0,
-            gid: 0,
-            force_uid: false,
-            force_gid: false,
-        });
+        let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
         b.add_layer(0, 0, &idx.entries);
         PkgFs::new(b.finish(), vec![idx.archive], 1 << 20)
     }

@@ -1064,12 +1064,7 @@ mod tests {
     use crate::fs::PkgFs;
     use crate::tree::{Ownership, TreeBuilder};
 
-    const OWNER: Ownership = Ownership {
-        uid: 0,
-        gid: 0,
-        force_uid: false,
-        force_gid: false,
-    };
+    const OWNER: Ownership = Ownership::defaults(0, 0);
 
     /// Write a ZIP with the `zip` crate and mount it as a `PkgFs` (no FUSE).
     fn build(

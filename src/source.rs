@@ -562,12 +562,7 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    const OWNER: Ownership = Ownership {
-        uid: 0,
-        gid: 0,
-        force_uid: false,
-        force_gid: false,
-    };
+    const OWNER: Ownership = Ownership::defaults(0, 0);
 
     fn write_zip(path: &Path, files: &[(String, Vec<u8>)]) {
         let mut w = ::zip::ZipWriter::new(std::fs::File::create(path).unwrap());

@@ -460,12 +460,7 @@ mod tests {
         // A device number no mount has.
         let dev = u64::MAX - u64::from(std::process::id());
         let held = UnixListener::bind_addr(&address(dev).unwrap()).unwrap();
-        let owner = Ownership {
-            uid: 0,
-            gid: 0,
-            force_uid: false,
-            force_gid: false,
-        };
+        let owner = Ownership::defaults(0, 0);
         let fs = Arc::new(PkgFs::new(
             TreeBuilder::new(owner).finish(),
             Vec::new(),

@@ -22,12 +22,7 @@ fn load(sources: &[PathBuf], whiteouts: bool) -> Result<(PkgFs, LoadReport), Str
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let opts = LoadOptions {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-        owner: Ownership {
-            uid,
-            gid,
-            force_uid: false,
-            force_gid: false,
-        },
+        owner: Ownership::defaults(uid, gid),
         cache_bytes: 64 << 20,
         index_cache: IndexCache::default_dir().map(IndexCache::new),
         whiteouts,

@@ -61,6 +61,18 @@ pub struct Ownership {
     pub force_gid: bool,
 }
 
+impl Ownership {
+    /// `uid` and `gid` for nodes whose archive records no owner; recorded owners kept.
+    pub const fn defaults(uid: u32, gid: u32) -> Self {
+        Ownership {
+            uid,
+            gid,
+            force_uid: false,
+            force_gid: false,
+        }
+    }
+}
+
 /// Where a member's bytes are, by archive format.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MemberData {
@@ -852,12 +864,7 @@ impl TreeBuilder {
 mod tests {
     use super::*;
 
-    const OWNER: Ownership = Ownership {
-        uid: 7,
-        gid: 8,
-        force_uid: false,
-        force_gid: false,
-    };
+    const OWNER: Ownership = Ownership::defaults(7, 8);
 
     fn file(path: &str, size: u64) -> Entry {
         Entry {

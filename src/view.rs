@@ -403,12 +403,7 @@ pub(crate) mod testing {
     }
 
     pub(crate) fn build(layers: &[(Arc<Archive>, Vec<Entry>)]) -> (Tree, Vec<Layer>) {
-        let mut b = TreeBuilder::new(Ownership {
-            uid: 0,
-            gid: 0,
-            force_uid: false,
-            force_gid: false,
-        });
+        let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
         let mut out = Vec::new();
         for (i, (a, e)) in layers.iter().enumerate() {
             b.add_layer(i as u32, 0, e);
