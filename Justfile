@@ -45,6 +45,10 @@ demo-stop MNT="/mnt":
 # plots in docs/bench/ and docs/img/).
 bench: bench-pack bench-peers
 
+# Only the benchmark corpus (and the peers' packages), in WORKDIR: to profile on.
+bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
+    bash bench/corpus.sh {{WORKDIR}}
+
 # Pack throughput and sizes against zip, tar|zstd and mksquashfs.
 bench-pack:
     bash bench/pack.sh

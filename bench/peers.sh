@@ -9,53 +9,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/var/tmp/pkgfs-bench}
 shift || true
-pkgfs="$here/target/release/pkgfs"
-mkdir -p "$work"
-
-need=()
-[ -f /usr/src/linux-source-6.1.tar.xz ] || need+=(linux-source-6.1)
-for t in mksquashfs:squashfs-tools squashfuse_ll:squashfuse fuse-zip:fuse-zip \
-         fusermount3:fuse3 archivemount:archivemount zip:zip zstd:zstd cpio:cpio; do
-  command -v "${t%%:*}" >/dev/null || need+=("${t##*:}")
-done
-if ((${#need[@]})); then apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null; fi
+bash "$here/bench/corpus.sh" "$work"
 venv="$here/target/bench-venv"
-[ -x "$venv/bin/ratarmount" ] && "$venv/bin/python" -c 'import matplotlib' 2>/dev/null || {
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/bench/requirements.txt"
-}
-(cd "$here" && cargo build --release -q)
-
-# The corpus: the tree, one zip, one squashfs image.
-src="$work/linux"
-if [ ! -d "$src" ]; then
-  mkdir -p "$src.tmp" && tar -xJf /usr/src/linux-source-6.1.tar.xz -C "$src.tmp" --strip-components=1
-  mv "$src.tmp" "$src"
-fi
-[ -f "$work/linux.zip" ] || { (cd "$src" && zip -q -r -6 -y "$work/linux.zip.tmp" .) && mv "$work/linux.zip.tmp" "$work/linux.zip"; }
-[ -f "$work/linux.sqfs" ] || { mksquashfs "$src" "$work/linux.sqfs.tmp" -comp zstd -quiet -no-progress && mv "$work/linux.sqfs.tmp" "$work/linux.sqfs"; }
-
-# The same tree as ~600 packages: one per second-level directory, plus one for the files
-# of the first two levels, so every system serves the same files.
-split_into() { # kind dir
-  local kind=$1 out=$2
-  [ -d "$out" ] && return
-  rm -rf "$out.tmp"; mkdir -p "$out.tmp"
-  (cd "$src" && find . -type f -o -type l | sed 's|^\./||' | awk -F/ '{ if (NF >= 3) print $1"_"$2"\t"$0; else print "_top\t"$0 }') > "$work/split.tsv"
-  cut -f1 "$work/split.tsv" | sort -u | while read -r pkg; do
-    if [ "$kind" = zip ]; then
-      (cd "$src" && awk -F'\t' -v p="$pkg" '$1==p {print $2}' "$work/split.tsv" | zip -q -6 -y -@ "$out.tmp/$pkg.zip")
-    else
-      stage="$work/stage"; rm -rf "$stage"; mkdir -p "$stage"
-      awk -F'\t' -v p="$pkg" '$1==p {print $2}' "$work/split.tsv" | (cd "$src" && cpio -pdml --quiet "$stage")
-      "$pkgfs" pack "$stage" -o "$out.tmp/$pkg.tar.zst" >/dev/null 2>&1
-      rm -rf "$stage"
-    fi
-  done
-  mv "$out.tmp" "$out"
-}
-split_into zip "$work/pkgs-zip-all"
-split_into zst "$work/pkgs-zst-all"
 
 mkdir -p "$here/docs/bench" "$here/docs/img"
 python3 "$here/bench/peers.py" "$work" "$here/docs/bench/peers.json" "$@"
