@@ -1,4 +1,5 @@
-//! A raw-deflate decoder whose state can be copied: the basis of checkpoints.
+//! The deflate decoders: a streaming one whose state can be copied (the basis of
+//! checkpoints), and a one-call one for members decoded whole.
 //!
 //! Random access into a large deflate member would otherwise mean decoding from the
 //! member's start. zlib's `inflateCopy` duplicates a decoder mid-stream (its 32 KiB window
@@ -8,6 +9,13 @@
 //! `flate2` does not expose `inflateCopy`; `libz-rs-sys` (the zlib API of `zlib-rs`, the
 //! same implementation `flate2` uses here) does. All `unsafe` of this module is the use
 //! of that C-style API on a boxed `z_stream` that never moves.
+//!
+//! Most members of a package are small and decoded whole, in one call, by libdeflate
+//! ([`OneShot`]: 1.6–1.7× the speed of streaming zlib-rs on the Linux tree's members).
+//! It decodes into a buffer's spare capacity, so the buffer is never zero-filled first
+//! (the `libdeflater` wrapper takes only initialised slices: a `memset` of every small
+//! file before decoding over it, 3–6% of the decoding threads' time). Its `unsafe` is
+//! the allocation of libdeflate's decoder and that one call.
 
 use std::ffi::c_int;
 
@@ -117,6 +125,76 @@ impl Drop for Inflater {
     }
 }
 
+/// A one-call deflate decoder (libdeflate): a whole raw deflate stream into a buffer.
+pub struct OneShot(std::ptr::NonNull<libdeflate_sys::libdeflate_decompressor>);
+
+// SAFETY: the decoder is libdeflate's private scratch state, used by one thread at a time
+// (`decode` takes `&mut self`).
+unsafe impl Send for OneShot {}
+
+impl OneShot {
+    /// A decoder (an error if libdeflate cannot allocate one).
+    pub fn new() -> Result<Self> {
+        // SAFETY: no arguments; the result is checked for null.
+        let p = unsafe { libdeflate_sys::libdeflate_alloc_decompressor() };
+        std::ptr::NonNull::new(p).map(OneShot).ok_or_else(|| {
+            Error::Io(std::io::Error::other(
+                "cannot allocate a deflate decoder (libdeflate)",
+            ))
+        })
+    }
+
+    /// Decode the raw deflate stream `input`, which must hold exactly `size` bytes, into
+    /// `out` (cleared first; it grows to `size` if it is smaller). Nothing is zero-filled:
+    /// libdeflate writes into the spare capacity, and `out` holds the bytes it reports
+    /// written, only once they are exactly `size`.
+    pub fn decode(&mut self, input: &[u8], out: &mut Vec<u8>, size: usize) -> Result<()> {
+        use libdeflate_sys::{
+            libdeflate_deflate_decompress,
+            libdeflate_result_LIBDEFLATE_INSUFFICIENT_SPACE as NO_ROOM,
+            libdeflate_result_LIBDEFLATE_SUCCESS as SUCCESS,
+        };
+        out.clear();
+        out.reserve_exact(size);
+        let mut written = 0usize;
+        // SAFETY: `input` is a live slice for its length; the output pointer has room
+        // for `size` bytes (reserved above), which is what libdeflate is told it may
+        // write; `written` is a valid place for the count.
+        let r = unsafe {
+            libdeflate_deflate_decompress(
+                self.0.as_ptr(),
+                input.as_ptr().cast(),
+                input.len(),
+                out.as_mut_ptr().cast(),
+                size,
+                &mut written,
+            )
+        };
+        match r {
+            SUCCESS if written == size => {
+                // SAFETY: libdeflate reported `written` (= size, within the capacity)
+                // bytes written from the buffer's start.
+                unsafe { out.set_len(written) };
+                Ok(())
+            }
+            SUCCESS => Err(Error::Corrupt(format!(
+                "stream ends after {written} bytes, directory says {size}"
+            ))),
+            NO_ROOM => Err(Error::Corrupt(format!(
+                "stream holds more than the {size} bytes the directory says"
+            ))),
+            _ => Err(Error::Corrupt("bad deflate stream".into())),
+        }
+    }
+}
+
+impl Drop for OneShot {
+    fn drop(&mut self) {
+        // SAFETY: allocated by libdeflate_alloc_decompressor, freed once.
+        unsafe { libdeflate_sys::libdeflate_free_decompressor(self.0.as_ptr()) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +245,48 @@ mod tests {
         let mut out = [0u8; 64];
         let r = d.step(&[0xff; 64], &mut out);
         assert!(r.is_err(), "{r:?}");
+    }
+
+    #[test]
+    fn one_shot_fills_a_reused_buffer_with_exactly_the_stream() {
+        let data: Vec<u8> = (0..200_000u32)
+            .map(|i| (i % 251) as u8 ^ (i >> 9) as u8)
+            .collect();
+        let packed = deflate(&data);
+        let mut d = OneShot::new().unwrap();
+        // A buffer that held something longer, and one with too little room: both come
+        // out holding exactly the stream's bytes.
+        let mut out = vec![0xAA; 300_000];
+        d.decode(&packed, &mut out, data.len()).unwrap();
+        assert_eq!(out, data);
+        let mut small = Vec::with_capacity(10);
+        d.decode(&packed, &mut small, data.len()).unwrap();
+        assert_eq!(small, data);
+        // The decoder is reusable, and an empty stream is an empty output.
+        d.decode(&deflate(b""), &mut out, 0).unwrap();
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn one_shot_refuses_wrong_sizes_and_bad_data_and_exposes_nothing() {
+        let data = vec![7u8; 50_000];
+        let packed = deflate(&data);
+        let mut d = OneShot::new().unwrap();
+        let mut out = Vec::new();
+        for (size, says) in [
+            (data.len() + 1, "ends after"),
+            (data.len() - 1, "more than"),
+        ] {
+            let e = d.decode(&packed, &mut out, size).unwrap_err();
+            assert!(e.to_string().contains(says), "{size}: {e}");
+            assert!(out.is_empty(), "no bytes are exposed after a failure");
+        }
+        let e = d.decode(&[0xff; 64], &mut out, 100).unwrap_err();
+        assert!(e.to_string().contains("bad deflate"), "{e}");
+        let e = d
+            .decode(&packed[..packed.len() / 2], &mut out, data.len())
+            .unwrap_err();
+        assert!(matches!(e, Error::Corrupt(_)), "{e}");
+        assert!(out.is_empty());
     }
 }

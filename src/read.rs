@@ -29,7 +29,7 @@ use crate::archive::zip::{self, METHOD_DEFLATE, METHOD_STORED, METHOD_ZSTD};
 use crate::archive::{Archive, ZipData, read_exact_at};
 use crate::cache::{Block, BlockCache};
 use crate::error::{Error, Result};
-use crate::inflate::Inflater;
+use crate::inflate::{Inflater, OneShot};
 use crate::tree::{Member, MemberData};
 use crate::view::MemberState;
 
@@ -560,14 +560,18 @@ impl Reader {
     /// there, and the CRC must match.
     fn inflate_whole(&self, m: &ZipMember<'_>) -> Result<Vec<u8>> {
         thread_local! {
-            static DECODER: std::cell::RefCell<(libdeflater::Decompressor, Vec<u8>)> =
-                std::cell::RefCell::new((libdeflater::Decompressor::new(), Vec::new()));
+            static DECODER: std::cell::RefCell<(Option<OneShot>, Vec<u8>)> =
+                const { std::cell::RefCell::new((None, Vec::new())) };
         }
         let (csize, size) = (m.zip.compressed_size as usize, m.size);
         let known = m.state.data_start.load(Ordering::Relaxed);
         let file = self.file(m.archive)?;
-        let mut out = Block::buffer(size as usize);
+        let mut out = Block::empty(size as usize);
         DECODER.with_borrow_mut(|(decoder, input)| {
+            let decoder = match decoder {
+                Some(d) => d,
+                None => decoder.insert(OneShot::new()?),
+            };
             // A member read for the first time: its local header comes in the same read as
             // its data (one read and one check of the file instead of two each), with
             // room for an extra field of up to LOCAL_EXTRA_GUESS bytes.
@@ -604,18 +608,7 @@ impl Reader {
                 }
                 _ => 0,
             };
-            match decoder.deflate_decompress(&input[skip..skip + csize], &mut out) {
-                Ok(n) if n as u64 == size => Ok(()),
-                Ok(n) => Err(Error::Corrupt(format!(
-                    "stream ends after {n} bytes, directory says {size}"
-                ))),
-                Err(libdeflater::DecompressionError::InsufficientSpace) => Err(Error::Corrupt(
-                    format!("stream holds more than the {size} bytes the directory says"),
-                )),
-                Err(libdeflater::DecompressionError::BadData) => {
-                    Err(Error::Corrupt("bad deflate stream".into()))
-                }
-            }
+            decoder.decode(&input[skip..skip + csize], &mut out, size as usize)
         })?;
         check_crc(crc32fast::hash(&out), m)?;
         self.stats.blocks_decoded.fetch_add(1, Ordering::Relaxed);
