@@ -4,8 +4,8 @@
 build:
     cargo build --release
 
-# Install the binary in PREFIX/bin and the mount(8) helper /sbin/mount.fuse.pkgfs
-# (fstab and systemd mount units with type fuse.pkgfs need it).
+# fstab and systemd mount units with type fuse.pkgfs need the mount(8) helper.
+# Install the binary in PREFIX/bin and link /sbin/mount.fuse.pkgfs to it.
 install PREFIX="/usr/local": build
     install -D -m 0755 target/release/pkgfs {{PREFIX}}/bin/pkgfs
     ln -sf {{PREFIX}}/bin/pkgfs /sbin/mount.fuse.pkgfs
@@ -40,12 +40,12 @@ demo MNT="/mnt": build
 demo-stop MNT="/mnt":
     ./target/release/pkgfs umount {{MNT}}
 
-# The benchmarks on the Linux source (installs linux-source-6.1 and the peers; ~10 GB in
-# /var/tmp): packing, then the peer comparison and the scaling run (results, tables and
-# plots in docs/bench/ and docs/img/).
+# Installs linux-source-6.1 and the peers; needs ~10 GB in /var/tmp. Results, tables
+# and plots go to docs/bench/ and docs/img/.
+# All benchmarks on the Linux source: packing, the peer comparison, the scaling run.
 bench: bench-pack bench-peers
 
-# Only the benchmark corpus (and the peers' packages), in WORKDIR: to profile on.
+# Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
     bash bench/corpus.sh {{WORKDIR}}
 
@@ -53,8 +53,8 @@ bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
 bench-pack:
     bash bench/pack.sh
 
-# pkgfs against squashfuse_ll, kernel squashfs, fuse-zip, ratarmount, archivemount and
-# the extracted tree; ARGS go to bench/peers.py (e.g. --only pkgfs-zst --skip-scaling).
+# ARGS go to bench/peers.py (e.g. --only pkgfs-zst --skip-scaling).
+# pkgfs against squashfuse_ll, kernel squashfs, fuse-zip, ratarmount, archivemount, the extracted tree.
 bench-peers *ARGS:
     bash bench/peers.sh /var/tmp/pkgfs-bench {{ARGS}}
 
