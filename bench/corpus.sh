@@ -3,26 +3,28 @@
 # one zip, one squashfs image, and the tree cut into ~600 packages (one per second-level
 # directory) as zip -6 archives and as pkgfs packages. Installs what the benchmark needs
 # (Debian packages; ratarmount and matplotlib from PyPI into target/bench-venv) and builds
-# the release binary. Each piece is made once and kept.   bench/corpus.sh [WORKDIR]
-# WORKDIR defaults to /var/tmp/pkgfs-bench and needs ~10 GB.
+# the release binary. Each piece is made once and kept.
+#
+#   bench/corpus.sh [WORKDIR] [--tree-only]
+#
+# WORKDIR defaults to /var/tmp/pkgfs-bench and needs ~10 GB. --tree-only stops after the
+# extracted tree (what bench/pack.sh needs) and installs only what that and packing need.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/var/tmp/pkgfs-bench}
+tree_only=${2:-}
 pkgfs="$here/target/release/pkgfs"
 mkdir -p "$work"
 
 need=()
 [ -f /usr/src/linux-source-6.1.tar.xz ] || need+=(linux-source-6.1)
-for t in mksquashfs:squashfs-tools squashfuse_ll:squashfuse fuse-zip:fuse-zip \
-         fusermount3:fuse3 archivemount:archivemount zip:zip zstd:zstd cpio:cpio; do
+tools="mksquashfs:squashfs-tools zip:zip zstd:zstd"
+[ "$tree_only" = --tree-only ] || tools="$tools squashfuse_ll:squashfuse fuse-zip:fuse-zip
+  fusermount3:fuse3 archivemount:archivemount cpio:cpio"
+for t in $tools; do
   command -v "${t%%:*}" >/dev/null || need+=("${t##*:}")
 done
 if ((${#need[@]})); then apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null; fi
-venv="$here/target/bench-venv"
-[ -x "$venv/bin/ratarmount" ] && "$venv/bin/python" -c 'import matplotlib' 2>/dev/null || {
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/bench/requirements.txt"
-}
 (cd "$here" && cargo build --release -q)
 
 # The corpus: the tree, one zip, one squashfs image.
@@ -31,6 +33,13 @@ if [ ! -d "$src" ]; then
   mkdir -p "$src.tmp" && tar -xJf /usr/src/linux-source-6.1.tar.xz -C "$src.tmp" --strip-components=1
   mv "$src.tmp" "$src"
 fi
+[ "$tree_only" = --tree-only ] && exit 0
+
+venv="$here/target/bench-venv"
+[ -x "$venv/bin/ratarmount" ] && "$venv/bin/python" -c 'import matplotlib' 2>/dev/null || {
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/bench/requirements.txt"
+}
 [ -f "$work/linux.zip" ] || { (cd "$src" && zip -q -r -6 -y "$work/linux.zip.tmp" .) && mv "$work/linux.zip.tmp" "$work/linux.zip"; }
 [ -f "$work/linux.sqfs" ] || { mksquashfs "$src" "$work/linux.sqfs.tmp" -comp zstd -quiet -no-progress && mv "$work/linux.sqfs.tmp" "$work/linux.sqfs"; }
 

@@ -5,26 +5,14 @@
 #
 #   bench/pack.sh [WORKDIR]      (default /var/tmp/pkgfs-bench; needs ~6 GB)
 #
-# Installs what it needs from Debian (linux-source-6.1, squashfs-tools, zip, zstd).
+# Installs what it needs from Debian (linux-source-6.1, squashfs-tools, zip, zstd) and
+# extracts the tree through bench/corpus.sh --tree-only.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/var/tmp/pkgfs-bench}
 pkgfs="$here/target/release/pkgfs"
-mkdir -p "$work"
-
-need=()
-[ -f /usr/src/linux-source-6.1.tar.xz ] || need+=(linux-source-6.1)
-command -v mksquashfs >/dev/null || need+=(squashfs-tools)
-command -v zip >/dev/null || need+=(zip)
-command -v zstd >/dev/null || need+=(zstd)
-if ((${#need[@]})); then apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null; fi
-(cd "$here" && cargo build --release -q)
-
+bash "$here/bench/corpus.sh" "$work" --tree-only
 src="$work/linux"
-if [ ! -d "$src" ]; then
-  mkdir -p "$src.tmp" && tar -xJf /usr/src/linux-source-6.1.tar.xz -C "$src.tmp" --strip-components=1
-  mv "$src.tmp" "$src"
-fi
 files=$(find "$src" -type f | wc -l)
 bytes=$(du -sb --apparent-size "$src" | cut -f1)
 cores=$(nproc)
