@@ -58,9 +58,9 @@ bench-pack:
 bench-peers *ARGS:
     bash bench/peers.sh /var/tmp/pkgfs-bench {{ARGS}}
 
-# Unit tests under AddressSanitizer (nightly).
+# Unit tests under AddressSanitizer (nightly), the C decoders (libdeflate, zstd) instrumented too.
 asan:
-    RUSTFLAGS=-Zsanitizer=address cargo +nightly test --lib --target x86_64-unknown-linux-gnu --target-dir target/asan
+    RUSTFLAGS=-Zsanitizer=address CFLAGS=-fsanitize=address cargo +nightly test --lib --target x86_64-unknown-linux-gnu --target-dir target/asan
 
 # Fuzz one parser for a while: just fuzz zip_index|seekable_index|tar_headers
 fuzz TARGET SECONDS="300":
