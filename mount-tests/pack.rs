@@ -318,6 +318,39 @@ fn tarballs_are_refused_with_the_fix_named_and_the_rest_mounts() {
         String::from_utf8_lossy(&ls.stdout).contains(" a\t"),
         "the package is listed"
     );
+    // pack refuses the two compressions it does not read and names the pipe that packs
+    // them; that command, run as given, makes a package that serves the file.
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_pkgfs")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for (name, tool) in [("src.tar.bz2", "bzip2"), ("src.tar.xz", "xz")] {
+        let package = dir.path().join(format!("{name}.tar.zst"));
+        let out = pkgfs()
+            .arg("pack")
+            .arg(pkgs.join(name))
+            .arg("-o")
+            .arg(&package)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let cmd = err
+            .split('`')
+            .nth(1)
+            .unwrap_or_else(|| panic!("{name}: no command in {err}"));
+        assert!(cmd.starts_with(&format!("{tool} -dc ")), "{name}: {cmd}");
+        run(Command::new("sh").arg("-c").arg(cmd).env("PATH", &path));
+        let cat = pkgfs().arg("cat").arg(&package).arg("a").output().unwrap();
+        assert_eq!(
+            cat.stdout,
+            b"a\n",
+            "{name}: {}",
+            String::from_utf8_lossy(&cat.stderr)
+        );
+    }
 }
 
 #[test]

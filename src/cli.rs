@@ -65,7 +65,8 @@ enum CliCommand {
     /// tree gives the same bytes. Symlinks are stored as links unless --follow-symlinks.
     /// A tar archive (plain, gzip or zstd: a source tarball, a container image layer) is
     /// converted entry by entry, in its order, without unpacking it to disk; entries
-    /// with unsafe paths, devices and FIFOs are skipped with a warning.
+    /// with unsafe paths, devices and FIFOs are skipped with a warning. bzip2 and xz
+    /// tarballs come through a pipe: `xz -dc src.tar.xz | pkgfs pack - -o OUT`.
     Pack(PackArgs),
 }
 

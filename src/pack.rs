@@ -293,10 +293,10 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
         return Err("--follow-symlinks applies to directories, not to tar archives".into());
     }
     let input = if stdin {
-        tarball(Box::new(std::io::stdin().lock()), &shown)?
+        tarball(Box::new(std::io::stdin().lock()), &shown, None, &cfg.output)?
     } else {
         let f = std::fs::File::open(&cfg.dir).map_err(|e| ctx(&shown, &e))?;
-        tarball(Box::new(f), &shown)?
+        tarball(Box::new(f), &shown, Some(&cfg.dir), &cfg.output)?
     };
     write_package(cfg, |put| {
         crate::archive::tar::each(input, |te, data| match tar_entry(te, cfg) {
@@ -330,9 +330,15 @@ impl Read for Shrink {
     }
 }
 
-/// The tar stream of the tar archive `f` reads (a file or standard input, `shown` in
-/// messages), decompressed if it is gzip or zstd (recognised by content).
-fn tarball<'r>(mut f: Box<dyn Read + 'r>, shown: &str) -> Result<Box<dyn Read + 'r>, String> {
+/// The tar stream of the tar archive `f` reads (the file `source`, or standard input;
+/// `shown` in messages), decompressed if it is gzip or zstd (recognised by content). For
+/// bzip2 and xz, the error gives the pipe that packs it into `output`.
+fn tarball<'r>(
+    mut f: Box<dyn Read + 'r>,
+    shown: &str,
+    source: Option<&Path>,
+    output: &Path,
+) -> Result<Box<dyn Read + 'r>, String> {
     let mut head = [0u8; 512];
     let n = read_full(&mut f, &mut head).map_err(|e| ctx(shown, &e))?;
     let head = &head[..n];
@@ -344,13 +350,38 @@ fn tarball<'r>(mut f: Box<dyn Read + 'r>, shown: &str) -> Result<Box<dyn Read + 
             zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(shown, &e))?,
         )),
         Some(Foreign::Tar) => Ok(Box::new(rest)),
-        Some(Foreign::Bzip2 | Foreign::Xz) => Err(format!(
-            "{shown}: compressed with bzip2 or xz, which pack does not read: decompress it \
-             first (`bzip2 -d`, `xz -d`) and pack the tar"
-        )),
+        Some(foreign) => {
+            let tool = foreign.decompressor().unwrap_or("cat");
+            let out = shell_word(output);
+            Err(match source {
+                Some(path) => format!(
+                    "{shown}: {tool}-compressed; pack reads plain, gzip and zstd tar streams: \
+                     pipe it in with `{tool} -dc {} | pkgfs pack - -o {out}`",
+                    shell_word(path)
+                ),
+                None => format!(
+                    "{shown}: {tool}-compressed; pack reads plain, gzip and zstd tar streams: \
+                     decompress it in the pipe (`… | {tool} -dc | pkgfs pack - -o {out}`)"
+                ),
+            })
+        }
         None => Err(format!(
             "{shown} is neither a directory nor a tar archive (plain, gzip or zstd)"
         )),
+    }
+}
+
+/// `path` as one shell word, for commands quoted in messages: as it is when it holds only
+/// characters no shell treats specially, else in single quotes.
+fn shell_word(path: &Path) -> String {
+    let s = path.display().to_string();
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_./-+,:@%=".contains(&b));
+    if plain {
+        s
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
     }
 }
 
@@ -590,4 +621,31 @@ fn write_package(
     let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
     stats.output_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn shell_words_survive_a_shell() {
+        // Each path, quoted, comes back through `sh` as the same single argument.
+        for path in [
+            "/tmp/a.tar.zst",
+            "/tmp/my out.tar.zst",
+            "/tmp/it's here",
+            "/tmp/$HOME `x` \"q\"",
+            "",
+        ] {
+            let word = shell_word(Path::new(path));
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {word}"))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), path, "{word}");
+        }
+        assert_eq!(shell_word(Path::new("/a/b-1.tar.zst")), "/a/b-1.tar.zst");
+    }
 }

@@ -284,13 +284,23 @@ impl Foreign {
         }
     }
 
-    /// The fix, for messages: `pkgfs pack` reads plain, gzip and zstd tar streams.
-    pub fn fix(self) -> &'static str {
+    /// The command that decompresses it to a tar stream, for the formats `pkgfs pack`
+    /// does not decompress itself (it reads plain, gzip and zstd tar streams).
+    pub fn decompressor(self) -> Option<&'static str> {
         match self {
-            Foreign::Bzip2 | Foreign::Xz => {
-                "decompress it, then convert the tar with `pkgfs pack FILE -o PACKAGE`"
-            }
-            _ => "convert it with `pkgfs pack FILE -o PACKAGE`",
+            Foreign::Bzip2 => Some("bzip2"),
+            Foreign::Xz => Some("xz"),
+            _ => None,
+        }
+    }
+
+    /// The fix, for messages.
+    pub fn fix(self) -> String {
+        match self.decompressor() {
+            Some(tool) => format!(
+                "convert it through a pipe with `{tool} -dc FILE | pkgfs pack - -o PACKAGE`"
+            ),
+            None => "convert it with `pkgfs pack FILE -o PACKAGE`".into(),
         }
     }
 }
