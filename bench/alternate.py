@@ -65,6 +65,12 @@ def thread_cpu(pid):
     return out
 
 
+def walk_thread(name):
+    """A thread of the walk: the reader, the warmer, the pusher or a FUSE worker."""
+    return name in ("tar", "pkgfs-warm", "pkgfs-prefetch") or (
+        name.startswith("fuser-") and name[len("fuser-"):].isdigit())
+
+
 def sample_states(pids, proc, into, runnable):
     """Sample thread states of `pids` every 5 ms until `proc` ends."""
     while proc.poll() is None:
@@ -120,7 +126,7 @@ def main():
                     f"  idle {(i1 - i0) / hz:.2f}  iowait {(w1 - w0) / hz:.2f}  disk reads {d1 - d0}")
             if binary:
                 cpu = thread_cpu(pid)
-                keep = {k: v for k, v in cpu.items() if k.startswith(("pkgfs-warm", "pkgfs-prefetch", "fuser-"))}
+                keep = {k: v for k, v in cpu.items() if walk_thread(k)}
                 line += f"  daemon CPU {sum(cpu.values()):.2f} s (" + " ".join(
                     f"{k}={v:.2f}" for k, v in sorted(keep.items())) + ")"
                 subprocess.run([binary, "umount", mnt], check=True)
@@ -129,10 +135,7 @@ def main():
                 total = sum(runnable.values()) or 1
                 print("   runnable threads at once:", ", ".join(
                     f"{k}: {v / total:.0%}" for k, v in sorted(runnable.items())))
-                # The threads of the walk: the reader, the warmer, the pusher, the workers.
-                walk = ("tar", "pkgfs-warm", "pkgfs-prefetch", "fuser-0", "fuser-1", "fuser-2",
-                        "fuser-3", "fuser-4", "fuser-5", "fuser-6", "fuser-7")
-                shown = [(k, c) for k, c in states.most_common() if k[0] in walk]
+                shown = [(k, c) for k, c in states.most_common() if walk_thread(k[0])]
                 for (name, state, wchan), c in shown[:14]:
                     print(f"   {c / total:6.1%}  {name} {state} {wchan}")
 

@@ -343,29 +343,29 @@ fn tarball<'r>(
     let n = read_full(&mut f, &mut head).map_err(|e| ctx(shown, &e))?;
     let head = &head[..n];
     let rest = std::io::Cursor::new(head.to_vec()).chain(f);
-    match Foreign::detect(head) {
+    let found = Foreign::detect(head);
+    let source = source.map(shell_word);
+    if let Some(pipe) = found.and_then(|f| f.pipe(source.as_deref(), &shell_word(output))) {
+        return Err(match source {
+            Some(_) => format!(
+                "{shown}: compressed with bzip2 or xz; pack reads plain, gzip and zstd tar \
+                 streams: pipe it in with `{pipe}`"
+            ),
+            None => format!(
+                "{shown}: compressed with bzip2 or xz; pack reads plain, gzip and zstd tar \
+                 streams: decompress it in the pipe (`… | {pipe}`)"
+            ),
+        });
+    }
+    match found {
         Some(Foreign::Gzip) => Ok(Box::new(flate2::read::MultiGzDecoder::new(rest))),
         // Seekable or not: a seek table is a skippable frame.
         Some(Foreign::Zstd) => Ok(Box::new(
             zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(shown, &e))?,
         )),
         Some(Foreign::Tar) => Ok(Box::new(rest)),
-        Some(foreign) => {
-            let tool = foreign.decompressor().unwrap_or("cat");
-            let out = shell_word(output);
-            Err(match source {
-                Some(path) => format!(
-                    "{shown}: {tool}-compressed; pack reads plain, gzip and zstd tar streams: \
-                     pipe it in with `{tool} -dc {} | pkgfs pack - -o {out}`",
-                    shell_word(path)
-                ),
-                None => format!(
-                    "{shown}: {tool}-compressed; pack reads plain, gzip and zstd tar streams: \
-                     decompress it in the pipe (`… | {tool} -dc | pkgfs pack - -o {out}`)"
-                ),
-            })
-        }
-        None => Err(format!(
+        // bzip2 and xz were answered above with their pipe.
+        _ => Err(format!(
             "{shown} is neither a directory nor a tar archive (plain, gzip or zstd)"
         )),
     }

@@ -284,22 +284,23 @@ impl Foreign {
         }
     }
 
-    /// The command that decompresses it to a tar stream, for the formats `pkgfs pack`
-    /// does not decompress itself (it reads plain, gzip and zstd tar streams).
-    pub fn decompressor(self) -> Option<&'static str> {
-        match self {
-            Foreign::Bzip2 => Some("bzip2"),
-            Foreign::Xz => Some("xz"),
-            _ => None,
-        }
+    /// For the formats `pkgfs pack` does not decompress itself (it reads plain, gzip and
+    /// zstd tar streams): the pipe that packs `file` (standard input if `None`) into
+    /// `package`, e.g. `xz -dc FILE | pkgfs pack - -o PACKAGE`.
+    pub fn pipe(self, file: Option<&str>, package: &str) -> Option<String> {
+        let tool = match self {
+            Foreign::Bzip2 => "bzip2",
+            Foreign::Xz => "xz",
+            _ => return None,
+        };
+        let file = file.map(|f| format!(" {f}")).unwrap_or_default();
+        Some(format!("{tool} -dc{file} | pkgfs pack - -o {package}"))
     }
 
     /// The fix, for messages.
     pub fn fix(self) -> String {
-        match self.decompressor() {
-            Some(tool) => format!(
-                "convert it through a pipe with `{tool} -dc FILE | pkgfs pack - -o PACKAGE`"
-            ),
+        match self.pipe(Some("FILE"), "PACKAGE") {
+            Some(pipe) => format!("convert it through a pipe with `{pipe}`"),
             None => "convert it with `pkgfs pack FILE -o PACKAGE`".into(),
         }
     }
