@@ -421,6 +421,26 @@ fn status_reports_packages_conflicts_cache_and_requests() {
     assert_eq!(line("a.zip"), [2, 0, 1], "entries, wins, loses");
     assert_eq!(line("b.zip"), [2, 1, 0]);
     assert!(text.contains("skipped") && text.contains("c.zip"), "{text}");
+    // The summary first, the table last; --packages asks the daemon for every package
+    // (a request of its own on the channel), which for two is the same table.
+    assert!(
+        text.find("errors: ").unwrap() < text.find("a.zip").unwrap(),
+        "{text}"
+    );
+    let all = String::from_utf8(run(pkgfs().args(["status", "--packages"]).arg(m.path())).stdout)
+        .unwrap();
+    let table = |t: &str| t[t.find("    entries").unwrap()..].to_string();
+    assert_eq!(table(&all), table(&text));
+    let both = pkgfs()
+        .args(["status", "--packages", "--json"])
+        .arg(m.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        both.status.code(),
+        Some(2),
+        "--json lists every package already"
+    );
     let json = run(pkgfs().arg("status").arg("--json").arg(m.path())).stdout;
     let out = Command::new("python3")
         .args([

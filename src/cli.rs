@@ -163,9 +163,13 @@ struct MountArgs {
 struct StatusArgs {
     /// The mountpoint.
     mountpoint: PathBuf,
-    /// Print JSON (one object) instead of text.
-    #[arg(long)]
+    /// Print JSON (one object, every package) instead of text.
+    #[arg(long, conflicts_with = "packages")]
     json: bool,
+    /// List every package and skipped archive (without it, text lists at most 20 of each:
+    /// all of them, or those with the most path conflicts).
+    #[arg(long)]
+    packages: bool,
 }
 
 #[derive(Debug, Args)]
@@ -267,8 +271,8 @@ pub enum Command {
     Status {
         /// The mountpoint.
         mountpoint: PathBuf,
-        /// JSON output.
-        json: bool,
+        /// Text, text with every package, or JSON.
+        style: crate::status::Style,
     },
     /// Unmount.
     Umount {
@@ -448,7 +452,11 @@ impl Cli {
             },
             CliCommand::Status(s) => Command::Status {
                 mountpoint: s.mountpoint,
-                json: s.json,
+                style: match (s.json, s.packages) {
+                    (true, _) => crate::status::Style::Json,
+                    (false, true) => crate::status::Style::All,
+                    (false, false) => crate::status::Style::Summary,
+                },
             },
             CliCommand::Pack(p) => Command::Pack(pack_config(p)?),
         })

@@ -54,7 +54,7 @@ fn main() -> ExitCode {
     let result = match command {
         Command::Mount(cfg) => daemon::mount(&cfg, &args).map(|()| true),
         Command::Umount { mountpoint, lazy } => daemon::unmount(&mountpoint, lazy).map(|()| true),
-        Command::Status { mountpoint, json } => pkgfs::status::query(&mountpoint, json)
+        Command::Status { mountpoint, style } => pkgfs::status::query(&mountpoint, style)
             .and_then(|s| out.write_all(s.as_bytes()).map_err(|e| e.to_string()))
             .map(|()| true),
         Command::Ls {

@@ -4,14 +4,16 @@
 //! device number (`pkgfs-status-<st_dev>`): nothing appears in the tree or on disk,
 //! nothing is left behind when the daemon dies, and `stat MOUNTPOINT` is all a client
 //! needs to find it. The daemon answers only its own user and root (checked with
-//! `SO_PEERCRED`). A client sends one line, `status` or `status json`, and reads the
-//! report until the daemon closes the connection.
+//! `SO_PEERCRED`). A client sends one line, `status`, `status all` or `status json`, and
+//! reads the report until the daemon closes the connection.
 //!
 //! The report: the mount and its sources, the generation (how many activations), each
 //! active package with its entry count and how many path conflicts it wins and loses,
 //! skipped archives with the reason, the block cache (size, budget, hit rate, blocks
 //! dropped once the kernel held them), bytes read from archives and produced by
-//! decompression, request counts, and data errors.
+//! decompression, request counts, and data errors. As text, that summary comes first and
+//! the packages last, at most [`LISTED`] of them unless all are asked for (`status all`):
+//! a mount of 10,000 packages still gives a report that fits a screen.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -89,8 +91,30 @@ struct PackageRow {
     loses: usize,
 }
 
-/// The status report of `fs`, as text for people or JSON for scripts.
-pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> String {
+/// The forms of the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// Text: the summary, then at most [`LISTED`] packages and skipped archives.
+    Summary,
+    /// Text listing every package and skipped archive (`--packages`).
+    All,
+    /// One JSON object with everything, for scripts (`--json`).
+    Json,
+}
+
+impl Style {
+    /// The request line that asks the daemon for this form.
+    fn request(self) -> &'static [u8] {
+        match self {
+            Style::Summary => b"status\n",
+            Style::All => b"status all\n",
+            Style::Json => b"status json\n",
+        }
+    }
+}
+
+/// The status report of `fs`, in `style`.
+pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -> String {
     let view = fs.view();
     let mut rows: Vec<PackageRow> = view
         .layers
@@ -131,7 +155,7 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
     ];
     let uptime = info.started.elapsed().unwrap_or(Duration::ZERO).as_secs();
     let pid = std::process::id();
-    if json {
+    if style == Style::Json {
         let mut o = String::from("{");
         let _ = write!(
             o,
@@ -261,21 +285,6 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
         view.tree.len(),
         fs.retired_count()
     );
-    let _ = writeln!(
-        o,
-        "  {:>9} {:>6} {:>6}  {:<13} package",
-        "entries", "wins", "loses", "format"
-    );
-    for r in &rows {
-        let _ = writeln!(
-            o,
-            "  {:>9} {:>6} {:>6}  {:<13} {}",
-            r.entries, r.wins, r.loses, r.format, r.path
-        );
-    }
-    for (p, why) in &activity.skipped {
-        let _ = writeln!(o, "  skipped {}: {why}", p.display());
-    }
     let rate = if hits + misses > 0 {
         100.0 * hits as f64 / (hits + misses) as f64
     } else {
@@ -313,7 +322,66 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, json: bool) -> 
         ops.prefetch_failed.load(Relaxed)
     );
     let _ = writeln!(o, "errors: {}", ops.errors.load(Relaxed));
+    package_table(&mut o, &rows, &activity.skipped, style == Style::All);
     o
+}
+
+/// How many packages, and how many skipped archives, the text report lists without
+/// `--packages`: a mount of thousands of packages keeps a report that fits a screen.
+pub const LISTED: usize = 20;
+
+/// Which packages the text report lists: all of them when there are at most [`LISTED`]
+/// (or `all`), otherwise the [`LISTED`] with the most path conflicts (won and lost; the
+/// earlier package first on a tie), in mount order, which is the order of precedence.
+fn listed_rows(rows: &[PackageRow], all: bool) -> Vec<usize> {
+    if all || rows.len() <= LISTED {
+        return (0..rows.len()).collect();
+    }
+    let mut by_conflicts: Vec<usize> = (0..rows.len()).collect();
+    by_conflicts.sort_by_key(|&i| (std::cmp::Reverse(rows[i].wins + rows[i].loses), i));
+    by_conflicts.truncate(LISTED);
+    by_conflicts.sort_unstable();
+    by_conflicts
+}
+
+/// The table of packages and the skipped archives, after the summary.
+fn package_table(o: &mut String, rows: &[PackageRow], skipped: &[(PathBuf, String)], all: bool) {
+    let listed = listed_rows(rows, all);
+    let _ = writeln!(
+        o,
+        "  {:>9} {:>6} {:>6}  {:<13} package",
+        "entries", "wins", "loses", "format"
+    );
+    for r in listed.iter().map(|&i| &rows[i]) {
+        let _ = writeln!(
+            o,
+            "  {:>9} {:>6} {:>6}  {:<13} {}",
+            r.entries, r.wins, r.loses, r.format, r.path
+        );
+    }
+    if listed.len() < rows.len() {
+        let _ = writeln!(
+            o,
+            "  ({} of {} packages listed, those with the most path conflicts; --packages lists all)",
+            listed.len(),
+            rows.len()
+        );
+    }
+    let shown = if all {
+        skipped.len()
+    } else {
+        skipped.len().min(LISTED)
+    };
+    for (p, why) in &skipped[..shown] {
+        let _ = writeln!(o, "  skipped {}: {why}", p.display());
+    }
+    if shown < skipped.len() {
+        let _ = writeln!(
+            o,
+            "  ({shown} of {} skipped archives listed; --packages lists all)",
+            skipped.len()
+        );
+    }
 }
 
 /// The socket address of the status channel of the mount with device number `dev`.
@@ -402,9 +470,10 @@ pub fn serve(
                 {
                     continue;
                 }
-                let json = match line.trim() {
-                    "status" => false,
-                    "status json" => true,
+                let style = match line.trim() {
+                    "status" => Style::Summary,
+                    "status all" => Style::All,
+                    "status json" => Style::Json,
                     other => {
                         let _ = writeln!(conn, "error: unknown request {other:?}");
                         continue;
@@ -412,7 +481,7 @@ pub fn serve(
                 };
                 let act = activity.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let text = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    report(&fs, &info, &act, json)
+                    report(&fs, &info, &act, style)
                 }))
                 .unwrap_or_else(|_| "error: the report failed\n".into());
                 if let Err(e) = conn.write_all(text.as_bytes()) {
@@ -424,7 +493,7 @@ pub fn serve(
 }
 
 /// Ask the daemon of the mount at `mountpoint` for its status.
-pub fn query(mountpoint: &Path, json: bool) -> Result<String, String> {
+pub fn query(mountpoint: &Path, style: Style) -> Result<String, String> {
     let meta =
         std::fs::metadata(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let addr = address(meta.dev()).map_err(|e| e.to_string())?;
@@ -436,8 +505,7 @@ pub fn query(mountpoint: &Path, json: bool) -> Result<String, String> {
     })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
-    s.write_all(if json { b"status json\n" } else { b"status\n" })
-        .map_err(|e| e.to_string())?;
+    s.write_all(style.request()).map_err(|e| e.to_string())?;
     let mut out = String::new();
     s.read_to_string(&mut out).map_err(|e| e.to_string())?;
     if out.is_empty() {
@@ -454,6 +522,138 @@ pub fn query(mountpoint: &Path, json: bool) -> Result<String, String> {
 mod tests {
     use super::*;
     use crate::tree::{Ownership, TreeBuilder};
+
+    /// A mount (no FUSE) of `n` ZIP packages `p00.zip`...: each holds its own file, and
+    /// the packages in `shared` also hold `shared`, so the later ones win it.
+    fn packages(dir: &Path, n: usize, shared: &[usize]) -> PkgFs {
+        let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
+        let mut layers = Vec::new();
+        for i in 0..n {
+            let path = dir.join(format!("p{i:02}.zip"));
+            let mut w = ::zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+            let opts = ::zip::write::SimpleFileOptions::default();
+            w.start_file(format!("own{i}"), opts).unwrap();
+            if shared.contains(&i) {
+                w.start_file("shared", opts).unwrap();
+            }
+            w.finish().unwrap();
+            let idx = crate::archive::open(&path, None).unwrap();
+            b.add_layer(i as u32, 0, &idx.entries);
+            layers.push(crate::view::Layer {
+                archive: Arc::new(idx.archive),
+                entries: idx.entries.len(),
+            });
+        }
+        PkgFs::with_layers(b.finish(), layers, 1 << 20, false)
+    }
+
+    fn info() -> MountInfo {
+        MountInfo {
+            mountpoint: PathBuf::from("/m"),
+            sources: Vec::new(),
+            watching: false,
+            whiteouts: false,
+            started: SystemTime::now(),
+        }
+    }
+
+    /// The package lines of a text report: (entries, wins, loses, file name).
+    fn package_lines(text: &str) -> Vec<(u64, u64, u64, String)> {
+        text.lines()
+            .filter(|l| l.ends_with(".zip") && !l.trim_start().starts_with("skipped"))
+            .map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                let name = Path::new(w[4])
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into();
+                (
+                    w[0].parse().unwrap(),
+                    w[1].parse().unwrap(),
+                    w[2].parse().unwrap(),
+                    name,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_few_packages_are_all_listed_after_the_summary() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = packages(dir.path(), 3, &[0, 2]);
+        let text = report(&fs, &info(), &Activity::default(), Style::Summary);
+        let lines = package_lines(&text);
+        assert_eq!(
+            lines,
+            [
+                (2, 0, 1, "p00.zip".to_string()),
+                (1, 0, 0, "p01.zip".into()),
+                (2, 1, 0, "p02.zip".into())
+            ],
+            "{text}"
+        );
+        // The summary comes first: the table ends the report.
+        let errors = text.find("errors: 0").unwrap();
+        assert!(text.find("p00.zip").unwrap() > errors, "{text}");
+        assert!(!text.contains("listed"), "{text}");
+    }
+
+    #[test]
+    fn many_packages_list_those_in_conflict_unless_all_are_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        // 30 packages; four share a path, each overriding the one before: 5 loses it to
+        // 12, 12 to 25, 25 to 29.
+        let n = LISTED + 10;
+        let shared = [5, 12, 25, n - 1];
+        let fs = packages(dir.path(), n, &shared);
+        let activity = Activity {
+            skipped: (0..LISTED + 3)
+                .map(|i| {
+                    (
+                        PathBuf::from(format!("/bad/b{i:02}.zip")),
+                        "truncated".into(),
+                    )
+                })
+                .collect(),
+            ..Activity::default()
+        };
+        let text = report(&fs, &info(), &activity, Style::Summary);
+        let lines = package_lines(&text);
+        assert_eq!(lines.len(), LISTED, "{text}");
+        // Those in conflict are among them, in mount order, with their counts.
+        let names: Vec<&str> = lines.iter().map(|l| l.3.as_str()).collect();
+        for i in shared {
+            assert!(names.contains(&format!("p{i:02}.zip").as_str()), "{text}");
+        }
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted, "mount order");
+        assert!(
+            lines.contains(&(2, 1, 0, format!("p{:02}.zip", n - 1))),
+            "{text}"
+        );
+        assert!(lines.contains(&(2, 1, 1, "p12.zip".into())), "{text}");
+        assert!(lines.contains(&(2, 0, 1, "p05.zip".into())), "{text}");
+        assert!(
+            text.contains(&format!("({LISTED} of {n} packages listed")),
+            "{text}"
+        );
+        assert_eq!(text.matches("  skipped ").count(), LISTED, "{text}");
+        assert!(
+            text.contains(&format!(
+                "({LISTED} of {} skipped archives listed",
+                LISTED + 3
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("packages: {n} active, {} skipped", LISTED + 3)));
+
+        let all = report(&fs, &info(), &activity, Style::All);
+        assert_eq!(package_lines(&all).len(), n, "{all}");
+        assert_eq!(all.matches("  skipped ").count(), LISTED + 3, "{all}");
+        assert!(!all.contains(" listed"), "{all}");
+    }
 
     #[test]
     fn a_name_a_departing_daemon_still_holds_is_taken_once_released() {
