@@ -103,13 +103,21 @@ pub enum Style {
 }
 
 impl Style {
-    /// The request line that asks the daemon for this form.
-    fn request(self) -> &'static [u8] {
+    /// Every form, for reading requests.
+    const ALL: [Style; 3] = [Style::Summary, Style::All, Style::Json];
+
+    /// The request line (without its newline) that asks the daemon for this form.
+    fn request(self) -> &'static str {
         match self {
-            Style::Summary => b"status\n",
-            Style::All => b"status all\n",
-            Style::Json => b"status json\n",
+            Style::Summary => "status",
+            Style::All => "status all",
+            Style::Json => "status json",
         }
+    }
+
+    /// The form a request line asks for.
+    fn of_request(line: &str) -> Option<Style> {
+        Style::ALL.into_iter().find(|s| s.request() == line.trim())
     }
 }
 
@@ -470,14 +478,9 @@ pub fn serve(
                 {
                     continue;
                 }
-                let style = match line.trim() {
-                    "status" => Style::Summary,
-                    "status all" => Style::All,
-                    "status json" => Style::Json,
-                    other => {
-                        let _ = writeln!(conn, "error: unknown request {other:?}");
-                        continue;
-                    }
+                let Some(style) = Style::of_request(&line) else {
+                    let _ = writeln!(conn, "error: unknown request {:?}", line.trim());
+                    continue;
                 };
                 let act = activity.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let text = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -505,7 +508,7 @@ pub fn query(mountpoint: &Path, style: Style) -> Result<String, String> {
     })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
-    s.write_all(style.request()).map_err(|e| e.to_string())?;
+    writeln!(s, "{}", style.request()).map_err(|e| e.to_string())?;
     let mut out = String::new();
     s.read_to_string(&mut out).map_err(|e| e.to_string())?;
     if out.is_empty() {
