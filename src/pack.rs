@@ -346,16 +346,14 @@ fn tarball<'r>(
     let found = Foreign::detect(head);
     let source = source.map(shell_word);
     if let Some(pipe) = found.and_then(|f| f.pipe(source.as_deref(), &shell_word(output))) {
-        return Err(match source {
-            Some(_) => format!(
-                "{shown}: compressed with bzip2 or xz; pack reads plain, gzip and zstd tar \
-                 streams: pipe it in with `{pipe}`"
-            ),
-            None => format!(
-                "{shown}: compressed with bzip2 or xz; pack reads plain, gzip and zstd tar \
-                 streams: decompress it in the pipe (`… | {pipe}`)"
-            ),
-        });
+        let how = match source {
+            Some(_) => format!("pipe it in with `{pipe}`"),
+            None => format!("decompress it in the pipe (`… | {pipe}`)"),
+        };
+        return Err(format!(
+            "{shown}: compressed with bzip2 or xz; pack reads plain, gzip and zstd tar \
+             streams: {how}"
+        ));
     }
     match found {
         Some(Foreign::Gzip) => Ok(Box::new(flate2::read::MultiGzDecoder::new(rest))),
