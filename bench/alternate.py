@@ -66,8 +66,9 @@ def thread_cpu(pid):
 
 
 def walk_thread(name):
-    """A thread of the walk: the reader, the warmer, the pusher or a FUSE worker."""
-    return name in ("tar", "pkgfs-warm", "pkgfs-prefetch") or (
+    """A thread of the walk: the reader, the warmer, the pusher or a FUSE worker (of
+    fuser's `/dev/fuse` loop or an io_uring queue)."""
+    return name in ("tar", "pkgfs-warm", "pkgfs-prefetch") or name.startswith("pkgfs-ring") or (
         name.startswith("fuser-") and name[len("fuser-"):].isdigit())
 
 

@@ -157,6 +157,11 @@ struct MountArgs {
     /// `.wh..wh..opq` entry everything they put in its directory (whiteouts are not shown).
     #[arg(long)]
     whiteouts: bool,
+    /// Take requests through FUSE over io_uring when the kernel offers it (Linux 6.14+
+    /// with the fuse module parameter enable_uring=1; otherwise /dev/fuse is used), or
+    /// never (off).
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "off"])]
+    io_uring: String,
 }
 
 #[derive(Debug, Args)]
@@ -260,6 +265,8 @@ pub struct MountConfig {
     pub watch: bool,
     /// Treat `.wh.` entries as OCI whiteouts.
     pub whiteouts: bool,
+    /// Use FUSE over io_uring if the kernel offers it.
+    pub io_uring: bool,
 }
 
 /// A validated command.
@@ -536,6 +543,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
         },
         watch: !m.no_watch,
         whiteouts: m.whiteouts,
+        io_uring: m.io_uring == "auto",
     };
     for opt in m
         .options

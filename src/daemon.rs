@@ -18,8 +18,9 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicU64;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -28,7 +29,8 @@ use log::{debug, error, info, warn};
 use crate::archive::seekable::IndexCache;
 use crate::cli::{Access, MountConfig};
 use crate::fs::PkgFs;
-use crate::fuse::Fuse;
+use crate::fuse::{Fuse, Handler};
+use crate::uring::{AccessRule, RingStats};
 use crate::prefetch::{Hint, Prefetcher, WARM_WINDOWS, Warmer};
 use crate::source::{self, LoadOptions, Packages};
 use crate::status::{self, Activity, MountInfo};
@@ -196,8 +198,14 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
     config.clone_fd = true;
     let (hints_tx, hints) = mpsc::sync_channel(PREFETCH_QUEUE);
     let hints_tx = (cfg.prefetch_bytes > 0).then_some(hints_tx);
-    let session = spawn_session(Fuse::new(fs.clone(), hints_tx), cfg, config)
+    let handler = Arc::new(Handler::new(fs.clone(), hints_tx));
+    let rings = Arc::new(RingStats::default());
+    let fuse = Fuse::new(handler.clone(), cfg.io_uring.then(|| rings.clone()));
+    let (session, dev_fd) = spawn_session(fuse, cfg, config)
         .map_err(|e| format!("cannot mount at {}: {e}", cfg.mountpoint.display()))?;
+    if rings.agreed.load(Ordering::Acquire) {
+        start_rings(dev_fd, handler, cfg, &rings);
+    }
     if cfg.prefetch_bytes > 0 {
         let notifier = session.notifier();
         let prefetcher = Prefetcher::new(fs.clone(), cfg.prefetch_bytes);
@@ -221,6 +229,7 @@ fn run_foreground(cfg: &MountConfig) -> Result<(), String> {
         watching: watcher.is_some(),
         whiteouts: cfg.whiteouts,
         started: SystemTime::now(),
+        rings,
     };
     match dev {
         Some(dev) => {
@@ -286,6 +295,29 @@ fn as_batch() {
             "cannot run the warmer as SCHED_BATCH: {}",
             std::io::Error::last_os_error()
         );
+    }
+}
+
+/// Start the FUSE-over-io_uring queues (INIT agreed to them). A failure leaves the
+/// mount on `/dev/fuse`, which keeps working: logged, not fatal.
+fn start_rings(dev: Option<OwnedFd>, handler: Arc<Handler>, cfg: &MountConfig, stats: &Arc<RingStats>) {
+    let Some(dev) = dev else {
+        warn!("no second /dev/fuse descriptor: not using io_uring");
+        return;
+    };
+    // SAFETY: geteuid cannot fail.
+    let owner = unsafe { libc::geteuid() };
+    let rule = AccessRule {
+        owner,
+        root: cfg.access == Access::RootAndOwner,
+        all: cfg.access == Access::All,
+    };
+    // As many threads as --threads asks for, spread over the queues (one per CPU).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_queue = cfg.threads.div_ceil(cpus).max(1);
+    match crate::uring::start(dev, handler, rule, per_queue, stats.clone()) {
+        Ok(()) => info!("serving requests through FUSE over io_uring"),
+        Err(e) => warn!("cannot start the io_uring queues: {e}; using /dev/fuse"),
     }
 }
 
@@ -477,14 +509,18 @@ fn invalidate(notifier: &fuser::Notifier, list: &[Invalidation]) -> usize {
 /// Mount and start serving. As root pkgfs calls mount(2) itself, with the filesystem
 /// type `fuse.pkgfs` (what fstab lines and `findmnt -t` use; fuser's own mount records
 /// plain `fuse`); otherwise fuser mounts through `fusermount3`.
+/// Also returns a second descriptor of the session's `/dev/fuse` connection, for the
+/// io_uring queues.
 fn spawn_session(
     fs: Fuse,
     cfg: &MountConfig,
     config: fuser::Config,
-) -> std::io::Result<fuser::BackgroundSession> {
+) -> std::io::Result<(fuser::BackgroundSession, Option<OwnedFd>)> {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        return fuser::spawn_mount(fs, &cfg.mountpoint, &config);
+        let session = fuser::Session::new(fs, &cfg.mountpoint, &config)?;
+        let dev = session.as_fd().try_clone_to_owned().ok();
+        return Ok((session.spawn()?, dev));
     }
     let dev = std::fs::OpenOptions::new()
         .read(true)
@@ -530,8 +566,9 @@ fn spawn_session(
         return Err(std::io::Error::last_os_error());
     }
     let acl = config.acl;
+    let dup = dev.try_clone().ok().map(OwnedFd::from);
     match fuser::Session::from_fd(fs, dev.into(), acl, config).and_then(|s| s.spawn()) {
-        Ok(s) => Ok(s),
+        Ok(s) => Ok((s, dup)),
         Err(e) => {
             // SAFETY: a valid C string; detach what we just mounted.
             unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };

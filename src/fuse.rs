@@ -19,6 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -31,9 +32,10 @@ use fuser::{
 use log::{debug, error};
 
 use crate::error::Error;
-use crate::fs::{Attr, BLKSIZE, PkgFs};
+use crate::fs::{Attr, BLKSIZE, DirEntry, PkgFs, StatFs};
 use crate::prefetch::Hint;
 use crate::tree::Kind;
+use crate::uring::RingStats;
 
 /// How long the kernel may cache entries and attributes. The tree is immutable for the
 /// life of the mount, so this is as long as the kernel will usefully keep anything.
@@ -43,23 +45,131 @@ pub const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 /// prove that a panic becomes EIO and the mount keeps working.
 pub const PANIC_ENV: &str = "PKGFS_FAULT_PANIC_ON_LOOKUP";
 
-/// The FUSE filesystem: a [`PkgFs`] behind the `fuser` trait.
-pub struct Fuse {
+/// What pkgfs does with each request, whichever transport brought it: `fuser`'s
+/// `/dev/fuse` loop ([`Fuse`]) or the io_uring queues ([`crate::uring`]). Every call
+/// runs under `catch_unwind` and answers an errno, never a panic.
+pub struct Handler {
     fs: Arc<PkgFs>,
     panic_on: Option<Vec<u8>>,
     hints: Option<SyncSender<Hint>>,
 }
 
-impl Fuse {
+impl Handler {
     /// Wrap a filesystem. Reads at offset 0 and directory listings are sent to `hints`
     /// (if any) without waiting: when the channel is full, the hint is dropped.
     pub fn new(fs: Arc<PkgFs>, hints: Option<SyncSender<Hint>>) -> Self {
         let panic_on = std::env::var_os(PANIC_ENV).map(|v| v.as_bytes().to_vec());
-        Fuse {
+        Handler {
             fs,
             panic_on,
             hints,
         }
+    }
+
+    /// LOOKUP. A missing name is an entry too: [`NEGATIVE`], which the kernel caches.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno> {
+        let r = guarded("lookup", || {
+            if self.panic_on.as_deref() == Some(name) {
+                panic!("fault injected by {PANIC_ENV}");
+            }
+            self.fs.lookup(parent, name)
+        });
+        match r {
+            Err(e) if e == Errno::ENOENT => Ok(NEGATIVE),
+            r => r,
+        }
+    }
+
+    /// FORGET and BATCH_FORGET.
+    pub fn forget(&self, ino: u64, nlookup: u64) {
+        log::trace!("forget {ino} {nlookup}");
+        let _ = catch_unwind(AssertUnwindSafe(|| self.fs.forget(ino, nlookup)));
+    }
+
+    /// GETATTR.
+    pub fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        guarded("getattr", || self.fs.getattr(ino))
+    }
+
+    /// READLINK.
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        guarded("readlink", || self.fs.readlink(ino))
+    }
+
+    /// READ: `reply` gets the bytes (or the error) and sends them; what happens before
+    /// and after sending is the same for both transports.
+    pub fn read(&self, ino: u64, offset: u64, size: u32, reply: impl FnOnce(Result<&[u8], Errno>)) {
+        // Before decoding: the read-ahead thread starts on the files after this one
+        // while this one is decoded and travels (it never pushes the missed file).
+        if offset == 0
+            && let Some(tx) = &self.hints
+        {
+            let _ = tx.try_send(Hint::Missed(ino));
+        }
+        match guarded("read", || self.fs.read_shared(ino, offset, size)) {
+            Ok(data) => {
+                reply(Ok(&data));
+                // The page cache keeps what a READ returns (no direct I/O): the block
+                // cache need not.
+                let _ = guarded("read", || {
+                    self.fs.delivered(ino, offset, data.len() as u64);
+                    Ok(())
+                });
+            }
+            Err(e) => reply(Err(e)),
+        }
+    }
+
+    /// READDIR and READDIRPLUS: `add` takes entries until it answers "full". Returns
+    /// how many it was offered, for [`Handler::listed`].
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        plus: bool,
+        mut add: impl FnMut(&DirEntry<'_>) -> bool,
+    ) -> Result<usize, Errno> {
+        let mut offered = 0usize;
+        let op = if plus { "readdirplus" } else { "readdir" };
+        guarded(op, || {
+            self.fs.readdir(ino, offset, plus, |e| {
+                offered += 1;
+                add(&e)
+            })
+        })?;
+        Ok(offered)
+    }
+
+    /// After a READDIRPLUS reply was sent. An empty batch past offset 0 is the end of
+    /// a listing: the reader has taken in every earlier batch, so the kernel holds the
+    /// entries' inodes and data can be pushed to them.
+    pub fn listed(&self, ino: u64, offset: u64, offered: usize) {
+        if offset > 0
+            && offered == 0
+            && let Some(tx) = &self.hints
+        {
+            let _ = tx.try_send(Hint::Listed(ino));
+        }
+    }
+
+    /// STATFS.
+    pub fn statfs(&self) -> Result<StatFs, Errno> {
+        guarded("statfs", || Ok(self.fs.statfs()))
+    }
+}
+
+/// The FUSE filesystem: a [`Handler`] behind the `fuser` trait.
+pub struct Fuse {
+    h: Arc<Handler>,
+    /// Ask the kernel for FUSE over io_uring; `agreed` records whether it did.
+    uring: Option<Arc<RingStats>>,
+}
+
+impl Fuse {
+    /// Serve `h` through fuser. With `uring`, INIT asks for FUSE over io_uring and
+    /// records in it whether the kernel agreed (the caller then starts the queues).
+    pub fn new(h: Arc<Handler>, uring: Option<Arc<RingStats>>) -> Self {
+        Fuse { h, uring }
     }
 }
 
@@ -122,21 +232,22 @@ fn file_attr(a: &Attr) -> FileAttr {
 }
 
 /// The attributes of a negative entry: inode 0 tells the kernel to cache the miss.
-fn negative_attr() -> FileAttr {
-    file_attr(&Attr {
-        ino: 0,
-        kind: Kind::File,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        blocks: 0,
-        mtime: 0,
-    })
-}
+pub const NEGATIVE: Attr = Attr {
+    ino: 0,
+    kind: Kind::File,
+    perm: 0,
+    nlink: 0,
+    uid: 0,
+    gid: 0,
+    size: 0,
+    blocks: 0,
+    mtime: 0,
+};
 
 const GEN: Generation = Generation(0);
+
+/// The largest WRITE the kernel may send (none ever comes: the mount is read-only).
+pub const MAX_WRITE: u32 = 1 << 20;
 
 impl Filesystem for Fuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -151,6 +262,18 @@ impl Filesystem for Fuse {
                 debug!("kernel lacks capability {missing:?}");
             }
         }
+        if let Some(rings) = &self.uring {
+            let ok = config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok();
+            if !ok {
+                debug!("kernel does not offer FUSE over io_uring");
+            }
+            rings.agreed.store(ok, Ordering::Release);
+        }
+        // Nothing is ever written; the default (16 MiB) would only size the buffers the
+        // io_uring queues register. Reads stay as large as read-ahead asks (max_pages).
+        let _ = config.set_max_write(MAX_WRITE);
         // Let the kernel read ahead as far as it will: members are immutable.
         let mut readahead = 1024 * 1024;
         while let Err(nearest) = config.set_max_readahead(readahead) {
@@ -163,34 +286,26 @@ impl Filesystem for Fuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = guarded("lookup", || {
-            if self.panic_on.as_deref() == Some(name.as_bytes()) {
-                panic!("fault injected by {PANIC_ENV}");
-            }
-            self.fs.lookup(parent.0, name.as_bytes())
-        });
-        match r {
+        match self.h.lookup(parent.0, name.as_bytes()) {
             Ok(a) => reply.entry(&TTL, &file_attr(&a), GEN),
-            Err(e) if e == Errno::ENOENT => reply.entry(&TTL, &negative_attr(), GEN),
             Err(e) => reply.error(e),
         }
     }
 
     // BATCH_FORGET arrives here too (fuser's default `batch_forget` calls `forget`).
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        log::trace!("forget {} {nlookup}", ino.0);
-        let _ = catch_unwind(AssertUnwindSafe(|| self.fs.forget(ino.0, nlookup)));
+        self.h.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match guarded("getattr", || self.fs.getattr(ino.0)) {
+        match self.h.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(e),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match guarded("readlink", || self.fs.readlink(ino.0)) {
+        match self.h.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(e),
         }
@@ -217,25 +332,10 @@ impl Filesystem for Fuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        // Before decoding: the read-ahead thread starts on the files after this one
-        // while this one is decoded and travels (it never pushes the missed file).
-        if offset == 0
-            && let Some(tx) = &self.hints
-        {
-            let _ = tx.try_send(Hint::Missed(ino.0));
-        }
-        match guarded("read", || self.fs.read_shared(ino.0, offset, size)) {
-            Ok(data) => {
-                reply.data(&data);
-                // The page cache keeps what a READ returns (no direct I/O): the block
-                // cache need not.
-                let _ = guarded("read", || {
-                    self.fs.delivered(ino.0, offset, data.len() as u64);
-                    Ok(())
-                });
-            }
+        self.h.read(ino.0, offset, size, |r| match r {
+            Ok(data) => reply.data(data),
             Err(e) => reply.error(e),
-        }
+        });
     }
 
     fn readdir(
@@ -246,18 +346,16 @@ impl Filesystem for Fuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = guarded("readdir", || {
-            self.fs.readdir(ino.0, offset, false, |e| {
-                reply.add(
-                    INodeNo(e.ino),
-                    e.next_offset,
-                    file_type(e.attr.kind),
-                    OsStr::from_bytes(e.name),
-                )
-            })
+        let r = self.h.readdir(ino.0, offset, false, |e| {
+            reply.add(
+                INodeNo(e.ino),
+                e.next_offset,
+                file_type(e.attr.kind),
+                OsStr::from_bytes(e.name),
+            )
         });
         match r {
-            Ok(()) => reply.ok(),
+            Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
@@ -270,38 +368,27 @@ impl Filesystem for Fuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let mut taken = 0usize;
-        let r = guarded("readdirplus", || {
-            self.fs.readdir(ino.0, offset, true, |e| {
-                taken += 1;
-                reply.add(
-                    INodeNo(e.ino),
-                    e.next_offset,
-                    OsStr::from_bytes(e.name),
-                    &TTL,
-                    &file_attr(&e.attr),
-                    GEN,
-                )
-            })
+        let r = self.h.readdir(ino.0, offset, true, |e| {
+            reply.add(
+                INodeNo(e.ino),
+                e.next_offset,
+                OsStr::from_bytes(e.name),
+                &TTL,
+                &file_attr(&e.attr),
+                GEN,
+            )
         });
         match r {
-            Ok(()) => {
+            Ok(offered) => {
                 reply.ok();
-                // The end of a listing: the reader has taken in every earlier batch, so
-                // the kernel holds the entries' inodes and data can be pushed to them.
-                if offset > 0
-                    && taken == 0
-                    && let Some(tx) = &self.hints
-                {
-                    let _ = tx.try_send(Hint::Listed(ino.0));
-                }
+                self.h.listed(ino.0, offset, offered);
             }
             Err(e) => reply.error(e),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match guarded("statfs", || Ok(self.fs.statfs())) {
+        match self.h.statfs() {
             Ok(s) => reply.statfs(s.blocks, 0, 0, s.files, 0, s.bsize, s.namelen, s.bsize),
             Err(e) => reply.error(e),
         }

@@ -30,5 +30,6 @@ pub mod source;
 pub mod status;
 pub mod tools;
 pub mod tree;
+pub mod uring;
 pub mod view;
 pub mod watch;

@@ -42,6 +42,8 @@ pub struct MountInfo {
     pub whiteouts: bool,
     /// When the mount started.
     pub started: SystemTime,
+    /// The io_uring transport's state.
+    pub rings: Arc<crate::uring::RingStats>,
 }
 
 /// What happened since the mount: kept by the daemon, shown by `status`.
@@ -232,7 +234,7 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -
         );
         let _ = write!(
             o,
-            "\"archive_bytes_read\":{},\"bytes_decompressed\":{},\"streams_started\":{},\"checkpoint_resumes\":{},\"read_bytes\":{},\"prefetched_files\":{},\"prefetched_bytes\":{},\"prefetch_failed\":{},\"errors\":{},\"requests\":{{{}}}}}",
+            "\"archive_bytes_read\":{},\"bytes_decompressed\":{},\"streams_started\":{},\"checkpoint_resumes\":{},\"read_bytes\":{},\"prefetched_files\":{},\"prefetched_bytes\":{},\"prefetch_failed\":{},\"errors\":{},\"transport\":\"{}\",\"io_uring_requests\":{},\"requests\":{{{}}}}}",
             rs.archive_bytes.load(Relaxed),
             rs.decompressed_bytes.load(Relaxed),
             rs.streams_started.load(Relaxed),
@@ -242,6 +244,8 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -
             ops.prefetched_bytes.load(Relaxed),
             ops.prefetch_failed.load(Relaxed),
             ops.errors.load(Relaxed),
+            info.rings.transport(),
+            info.rings.requests.load(Relaxed),
             counters
                 .iter()
                 .map(|(k, v)| format!("\"{k}\":{v}"))
@@ -311,6 +315,12 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -
         mib(rs.decompressed_bytes.load(Relaxed)),
         rs.streams_started.load(Relaxed),
         rs.checkpoint_resumes.load(Relaxed)
+    );
+    let _ = writeln!(
+        o,
+        "transport: {}; {} requests through io_uring",
+        info.rings.transport(),
+        info.rings.requests.load(Relaxed)
     );
     let _ = writeln!(
         o,
@@ -557,6 +567,7 @@ mod tests {
             watching: false,
             whiteouts: false,
             started: SystemTime::now(),
+            rings: Default::default(),
         }
     }
 
@@ -675,6 +686,7 @@ mod tests {
             watching: false,
             whiteouts: false,
             started: SystemTime::now(),
+            rings: Default::default(),
         };
         serve(dev, fs, info, Arc::new(Mutex::new(Activity::default()))).unwrap();
         std::thread::sleep(Duration::from_millis(200));

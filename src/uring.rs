@@ -1,0 +1,539 @@
+//! FUSE over io_uring: the second transport, used when the kernel offers it.
+//!
+//! With `/dev/fuse`, every request costs a `read(2)` by a worker that the kernel must
+//! wake, and a `writev(2)` for the reply. With FUSE over io_uring (Linux 6.14+, module
+//! parameter `fuse.enable_uring`), the daemon hands the kernel ring entries, a header and
+//! a payload buffer each, per CPU queue; the kernel copies a request straight into an
+//! entry and completes it, and the reply goes back in place with the command that also
+//! fetches the next request (`COMMIT_AND_FETCH`). A request made on CPU *n* goes to queue
+//! *n*, so the server thread that answers it is woken where the caller runs.
+//!
+//! Only requests travel this way. `fuser` still does INIT on `/dev/fuse` (and asks for
+//! `FUSE_OVER_IO_URING` there), and its workers keep reading `/dev/fuse` for FORGET and
+//! INTERRUPT, which the kernel never puts on a ring; the read-ahead's pushes
+//! (NOTIFY_STORE) are writes to `/dev/fuse` as before. The kernel switches to the rings
+//! once every queue has an entry; until then (or if registering fails) requests keep
+//! coming through `/dev/fuse`, so a failure here costs speed, never service.
+//!
+//! What each request does is [`Handler`]'s, shared with the `fuser` adapter; this module
+//! only decodes the requests and encodes the replies (the layouts of `linux/fuse.h`,
+//! protocol 7.42), and applies the same access rule as `fuser`.
+
+use std::alloc::Layout;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use io_uring::{IoUring, cqueue, opcode, squeue, types};
+use log::{debug, error, warn};
+
+use crate::fs::{Attr, BLKSIZE, DirEntry};
+use crate::fuse::{Handler, TTL};
+use crate::tree::Kind;
+
+// The request header an entry receives: `struct fuse_uring_req_header`.
+const IN_OUT: usize = 0; // struct fuse_in_header / fuse_out_header
+const OP_IN: usize = 128; // the operation's fixed-size argument
+const ENT_IN_OUT: usize = 256; // struct fuse_uring_ent_in_out
+const HEADER_LEN: usize = 288;
+
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+
+// Operations (`enum fuse_opcode`).
+const LOOKUP: u32 = 1;
+const GETATTR: u32 = 3;
+const SETATTR: u32 = 4;
+const READLINK: u32 = 5;
+const SYMLINK: u32 = 6;
+const MKNOD: u32 = 8;
+const MKDIR: u32 = 9;
+const UNLINK: u32 = 10;
+const RMDIR: u32 = 11;
+const RENAME: u32 = 12;
+const LINK: u32 = 13;
+const READ: u32 = 15;
+const WRITE: u32 = 16;
+const STATFS: u32 = 17;
+const RELEASE: u32 = 18;
+const FSYNC: u32 = 20;
+const SETXATTR: u32 = 21;
+const REMOVEXATTR: u32 = 24;
+const RELEASEDIR: u32 = 29;
+const FSYNCDIR: u32 = 30;
+const CREATE: u32 = 35;
+const DESTROY: u32 = 38;
+const IOCTL: u32 = 39;
+const FALLOCATE: u32 = 43;
+const READDIRPLUS: u32 = 44;
+const RENAME2: u32 = 45;
+const COPY_FILE_RANGE: u32 = 47;
+const TMPFILE: u32 = 51;
+const READDIR: u32 = 28;
+
+/// Who may use the mount, as `fuser` enforces it on its transport.
+#[derive(Clone, Copy, Debug)]
+pub struct AccessRule {
+    /// Requests by this user are served.
+    pub owner: u32,
+    /// Requests by root are served too.
+    pub root: bool,
+    /// Requests by anyone are served.
+    pub all: bool,
+}
+
+impl AccessRule {
+    /// `fuser`'s rule: others may only do what the kernel sends without a caller's uid
+    /// (reads and listings of something already open, and the write-type operations a
+    /// read-only mount refuses anyway).
+    fn allows(&self, uid: u32, opcode: u32) -> bool {
+        self.all
+            || uid == self.owner
+            || (self.root && uid == 0)
+            || matches!(
+                opcode,
+                DESTROY
+                    | READ
+                    | READDIR
+                    | READDIRPLUS
+                    | WRITE
+                    | FSYNC
+                    | FSYNCDIR
+                    | RELEASE
+                    | RELEASEDIR
+            )
+    }
+}
+
+/// Whether the rings are in use and what they served, for `pkgfs status`.
+#[derive(Debug, Default)]
+pub struct RingStats {
+    /// INIT agreed to FUSE over io_uring.
+    pub agreed: AtomicBool,
+    /// Queues the kernel has (one per possible CPU).
+    pub cpus: AtomicU64,
+    /// Ring entries registered (the kernel switches once every queue has one).
+    pub entries: AtomicU64,
+    /// Requests answered through a ring.
+    pub requests: AtomicU64,
+}
+
+impl RingStats {
+    /// Which transport carries requests: `io_uring` once every queue has an entry.
+    pub fn transport(&self) -> &'static str {
+        let cpus = self.cpus.load(Relaxed);
+        if self.agreed.load(Relaxed) && cpus > 0 && self.entries.load(Relaxed) >= cpus {
+            "io_uring"
+        } else {
+            "/dev/fuse"
+        }
+    }
+}
+
+/// Start the ring threads: `per_queue` threads (each with its own ring and one entry)
+/// for every possible CPU. `dev` is a descriptor of the mount's `/dev/fuse` connection,
+/// after INIT agreed to FUSE over io_uring. Threads that fail to register log why and
+/// end; the kernel then keeps using `/dev/fuse`.
+pub fn start(
+    dev: OwnedFd,
+    handler: Arc<Handler>,
+    rule: AccessRule,
+    per_queue: usize,
+    stats: Arc<RingStats>,
+) -> std::io::Result<()> {
+    // The kernel has a queue per possible CPU and switches only when all have entries.
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u16;
+    stats.cpus.store(u64::from(cpus), Relaxed);
+    let dev = Arc::new(dev);
+    let payload = payload_len();
+    for qid in 0..cpus {
+        for slot in 0..per_queue.max(1) {
+            let q = Queue {
+                dev: dev.clone(),
+                qid,
+                handler: handler.clone(),
+                rule,
+                payload,
+                stats: stats.clone(),
+            };
+            std::thread::Builder::new()
+                .name(format!("pkgfs-ring{qid}.{slot}"))
+                .spawn(move || q.run())?;
+        }
+    }
+    Ok(())
+}
+
+/// The payload buffer of an entry must hold the largest request or reply the kernel
+/// allows: `max(8 KiB, max_write, max_pages × page size)`. pkgfs sets max_write to
+/// [`crate::fuse::MAX_WRITE`]; fuser derives max_pages from it and the read-ahead, which
+/// the kernel caps at `fs.fuse.max_pages_limit` pages.
+fn payload_len() -> usize {
+    let limit = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(256);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let pages = (crate::fuse::MAX_WRITE as usize).div_ceil(page).min(limit);
+    (pages * page).max(crate::fuse::MAX_WRITE as usize).max(8192)
+}
+
+struct Queue {
+    dev: Arc<OwnedFd>,
+    qid: u16,
+    handler: Arc<Handler>,
+    rule: AccessRule,
+    payload: usize,
+    stats: Arc<RingStats>,
+}
+
+/// A page-aligned buffer the kernel writes requests into (hence raw: it is written
+/// behind Rust's back, but only while this thread is inside `io_uring_enter`).
+struct Buf {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Buf {
+    fn new(len: usize) -> std::io::Result<Buf> {
+        let layout = Layout::from_size_align(len.max(1), 4096)
+            .map_err(|_| std::io::Error::other("buffer layout"))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory));
+        }
+        Ok(Buf { ptr, layout })
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn bytes(&self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `layout.size()` bytes, used only by the
+        // thread that owns this buffer, and the kernel writes it only during
+        // `io_uring_enter`, when no slice from here is alive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Buf::new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// The command area of the SQE (`struct fuse_uring_cmd_req`, in the 80 bytes of a
+/// 128-byte SQE).
+fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
+    let mut c = [0u8; 80];
+    c[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    c[16..18].copy_from_slice(&qid.to_ne_bytes());
+    c
+}
+
+impl Queue {
+    fn run(self) {
+        let name = format!("io_uring queue {}", self.qid);
+        match self.serve() {
+            Ok(()) => debug!("{name}: connection closed"),
+            Err(e) => warn!("{name}: {e}; requests on this CPU use /dev/fuse"),
+        }
+    }
+
+    fn serve(&self) -> std::io::Result<()> {
+        let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
+            IoUring::builder().setup_cqsize(4).build(2)?;
+        let header = Buf::new(HEADER_LEN)?;
+        let payload = Buf::new(self.payload)?;
+        let iov = [
+            libc::iovec {
+                iov_base: header.ptr.cast(),
+                iov_len: HEADER_LEN,
+            },
+            libc::iovec {
+                iov_base: payload.ptr.cast(),
+                iov_len: self.payload,
+            },
+        ];
+        let fd = types::Fd(self.dev.as_raw_fd());
+        let register = {
+            let sqe = opcode::UringCmd80::new(fd, CMD_REGISTER)
+                .cmd(cmd_req(0, self.qid))
+                .addr(Some(iov.as_ptr() as u64))
+                .build();
+            // The iovec count lives in the SQE's `len`, which the builder does not set.
+            // SAFETY: `Entry128` is a `repr(C)` pair of plain integer structs, 128 bytes,
+            // valid for any bit pattern; `len` is the u32 at offset 24 of the SQE.
+            let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+            raw[24..28].copy_from_slice(&2u32.to_ne_bytes());
+            unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+        };
+        let mut next = register;
+        let mut registered = false;
+        loop {
+            // SAFETY: the iovec and both buffers outlive the ring (dropped after it
+            // is, at the end of this function), and the SQE points at nothing else.
+            unsafe { ring.submission().push(&next) }
+                .map_err(|_| std::io::Error::other("submission queue full"))?;
+            let cqe = loop {
+                match ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    // Once registered, an entry must never be abandoned: a request the
+                    // kernel gives it would wait forever. Keep trying.
+                    Err(e) if registered => {
+                        error!("io_uring queue {}: {e}; retrying", self.qid);
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+                if let Some(c) = ring.completion().next() {
+                    break c;
+                }
+            };
+            let res = cqe.result();
+            if res < 0 {
+                match -res {
+                    libc::EINTR | libc::EAGAIN => continue, // `next` again
+                    // The connection is gone (unmounted or aborted).
+                    libc::ENOTCONN | libc::ENODEV | libc::ECONNABORTED | libc::ECANCELED
+                        if registered =>
+                    {
+                        return Ok(());
+                    }
+                    e => {
+                        return Err(std::io::Error::other(format!(
+                            "{} failed: {}",
+                            if registered { "commit" } else { "register" },
+                            std::io::Error::from_raw_os_error(e)
+                        )));
+                    }
+                }
+            }
+            if !registered {
+                registered = true;
+                self.stats.entries.fetch_add(1, Relaxed);
+            }
+            let commit_id = self.answer(header.bytes(), payload.bytes());
+            self.stats.requests.fetch_add(1, Relaxed);
+            next = opcode::UringCmd80::new(fd, CMD_COMMIT_AND_FETCH)
+                .cmd(cmd_req(commit_id, self.qid))
+                .build();
+        }
+    }
+
+    /// Decode the request in `header`/`payload`, serve it, and write the reply in
+    /// place. Returns the commit id the reply goes back with.
+    fn answer(&self, header: &mut [u8], payload: &mut [u8]) -> u64 {
+        let opcode = u32_at(header, IN_OUT + 4);
+        let unique = u64_at(header, IN_OUT + 8);
+        let nodeid = u64_at(header, IN_OUT + 16);
+        let uid = u32_at(header, IN_OUT + 24);
+        let commit_id = u64_at(header, ENT_IN_OUT + 8);
+        let in_len = (u32_at(header, ENT_IN_OUT + 16) as usize).min(payload.len());
+        let r = if self.rule.allows(uid, opcode) {
+            let op_in: [u8; 128] = header[OP_IN..OP_IN + 128].try_into().unwrap_or([0; 128]);
+            // The handlers catch their own panics; this catches the encoding's, so
+            // that every request is answered (an unanswered one hangs its reader).
+            catch_unwind(AssertUnwindSafe(|| {
+                self.dispatch(opcode, nodeid, &op_in, payload, in_len)
+            }))
+            .unwrap_or_else(|_| {
+                error!("opcode {opcode}: reply encoding panicked; replying EIO");
+                Err(libc::EIO)
+            })
+        } else {
+            Err(libc::EACCES)
+        };
+        let (error, len) = match r {
+            Ok(n) => (0i32, n),
+            Err(e) => (-e, 0),
+        };
+        header[IN_OUT..IN_OUT + 4].copy_from_slice(&((16 + len) as u32).to_ne_bytes());
+        header[IN_OUT + 4..IN_OUT + 8].copy_from_slice(&error.to_ne_bytes());
+        header[IN_OUT + 8..IN_OUT + 16].copy_from_slice(&unique.to_ne_bytes());
+        header[ENT_IN_OUT + 16..ENT_IN_OUT + 20].copy_from_slice(&(len as u32).to_ne_bytes());
+        commit_id
+    }
+
+    /// Serve one request; the reply's payload is written to `payload`, its length
+    /// returned. Errors are positive errno values.
+    fn dispatch(
+        &self,
+        opcode: u32,
+        nodeid: u64,
+        op_in: &[u8; 128],
+        payload: &mut [u8],
+        in_len: usize,
+    ) -> Result<usize, i32> {
+        let h = &self.handler;
+        match opcode {
+            LOOKUP => {
+                // The name, NUL-terminated, is the payload (arg 0 is empty for LOOKUP).
+                let name = &payload[..in_len];
+                let name = name.strip_suffix(&[0]).unwrap_or(name);
+                let a = h.lookup(nodeid, name).map_err(|e| e.code())?;
+                Ok(put(payload, 0, &entry_out(&a)))
+            }
+            GETATTR => {
+                let a = h.getattr(nodeid).map_err(|e| e.code())?;
+                let mut out = [0u8; 104];
+                out[0..8].copy_from_slice(&TTL.as_secs().to_ne_bytes());
+                out[8..12].copy_from_slice(&TTL.subsec_nanos().to_ne_bytes());
+                out[16..104].copy_from_slice(&fuse_attr(&a));
+                Ok(put(payload, 0, &out))
+            }
+            READLINK => {
+                let t = h.readlink(nodeid).map_err(|e| e.code())?;
+                if t.len() > payload.len() {
+                    return Err(libc::ENAMETOOLONG);
+                }
+                Ok(put(payload, 0, &t))
+            }
+            READ => {
+                let offset = u64_at(op_in, 8);
+                let size = u32_at(op_in, 16);
+                let mut r = Err(libc::EIO);
+                h.read(nodeid, offset, size, |data| {
+                    r = match data {
+                        Ok(d) if d.len() <= payload.len() => Ok(put(payload, 0, d)),
+                        Ok(d) => {
+                            error!("read of {} bytes exceeds the ring buffer", d.len());
+                            Err(libc::EIO)
+                        }
+                        Err(e) => Err(e.code()),
+                    };
+                });
+                r
+            }
+            READDIR | READDIRPLUS => {
+                let plus = opcode == READDIRPLUS;
+                let offset = u64_at(op_in, 8);
+                let size = (u32_at(op_in, 16) as usize).min(payload.len());
+                let mut used = 0usize;
+                let offered = h
+                    .readdir(nodeid, offset, plus, |e| {
+                        match dirent(&mut payload[used..size], e, plus) {
+                            Some(n) => {
+                                used += n;
+                                false
+                            }
+                            None => true,
+                        }
+                    })
+                    .map_err(|e| e.code())?;
+                if plus {
+                    // Sent after this returns, but the hint only needs the kernel to
+                    // have asked for the end of the listing; it may race the reply as
+                    // on `/dev/fuse` it follows it.
+                    h.listed(nodeid, offset, offered);
+                }
+                Ok(used)
+            }
+            STATFS => {
+                let s = h.statfs().map_err(|e| e.code())?;
+                let mut out = [0u8; 80];
+                out[0..8].copy_from_slice(&s.blocks.to_ne_bytes());
+                out[24..32].copy_from_slice(&s.files.to_ne_bytes());
+                out[40..44].copy_from_slice(&s.bsize.to_ne_bytes());
+                out[44..48].copy_from_slice(&s.namelen.to_ne_bytes());
+                out[48..52].copy_from_slice(&s.bsize.to_ne_bytes());
+                Ok(put(payload, 0, &out))
+            }
+            DESTROY => Ok(0),
+            IOCTL => Err(libc::ENOTTY),
+            SETATTR | SYMLINK | MKNOD | MKDIR | UNLINK | RMDIR | RENAME | LINK | WRITE
+            | SETXATTR | REMOVEXATTR | CREATE | FALLOCATE | RENAME2 | COPY_FILE_RANGE
+            | TMPFILE => Err(libc::EROFS),
+            // OPEN, OPENDIR, FLUSH, FSYNC, xattrs, ACCESS, locks, LSEEK, …: ENOSYS, which
+            // for most of them makes the kernel stop asking (as the fuser adapter does).
+            _ => Err(libc::ENOSYS),
+        }
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_ne_bytes)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_ne_bytes)
+}
+
+/// Copy `bytes` to `buf[at..]`; returns the end.
+fn put(buf: &mut [u8], at: usize, bytes: &[u8]) -> usize {
+    buf[at..at + bytes.len()].copy_from_slice(bytes);
+    at + bytes.len()
+}
+
+fn mode(a: &Attr) -> u32 {
+    let t = match a.kind {
+        Kind::File => libc::S_IFREG,
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+    };
+    t | u32::from(a.perm)
+}
+
+/// `struct fuse_attr`, as `fuser` fills it (times in whole seconds).
+fn fuse_attr(a: &Attr) -> [u8; 88] {
+    let mut o = [0u8; 88];
+    let t = a.mtime as u64;
+    for (at, v) in [(0, a.ino), (8, a.size), (16, a.blocks), (24, t), (32, t), (40, t)] {
+        o[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    // atimensec, mtimensec, ctimensec (60..) stay 0; then mode, nlink, uid, gid, rdev,
+    // blksize, flags.
+    for (at, v) in [
+        (60, mode(a)),
+        (64, a.nlink),
+        (68, a.uid),
+        (72, a.gid),
+        (80, BLKSIZE),
+    ] {
+        o[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    o
+}
+
+/// `struct fuse_entry_out` for an entry (inode 0: a negative entry the kernel caches).
+fn entry_out(a: &Attr) -> [u8; 128] {
+    let mut o = [0u8; 128];
+    o[0..8].copy_from_slice(&a.ino.to_ne_bytes());
+    // generation (8..16) is 0
+    o[16..24].copy_from_slice(&TTL.as_secs().to_ne_bytes());
+    o[24..32].copy_from_slice(&TTL.as_secs().to_ne_bytes());
+    o[32..36].copy_from_slice(&TTL.subsec_nanos().to_ne_bytes());
+    o[36..40].copy_from_slice(&TTL.subsec_nanos().to_ne_bytes());
+    o[40..128].copy_from_slice(&fuse_attr(a));
+    o
+}
+
+/// Append one `fuse_dirent` (or `fuse_direntplus`) to `buf`; `None` if it does not fit.
+fn dirent(buf: &mut [u8], e: &DirEntry<'_>, plus: bool) -> Option<usize> {
+    let head = if plus { 128 } else { 0 };
+    let len = (head + 24 + e.name.len()).next_multiple_of(8);
+    if len > buf.len() {
+        return None;
+    }
+    let buf = &mut buf[..len];
+    if plus {
+        buf[..128].copy_from_slice(&entry_out(&e.attr));
+    }
+    let d = &mut buf[head..];
+    d[0..8].copy_from_slice(&e.attr.ino.to_ne_bytes());
+    d[8..16].copy_from_slice(&e.next_offset.to_ne_bytes());
+    d[16..20].copy_from_slice(&(e.name.len() as u32).to_ne_bytes());
+    d[20..24].copy_from_slice(&(mode(&e.attr) >> 12).to_ne_bytes());
+    d[24..24 + e.name.len()].copy_from_slice(e.name);
+    d[24 + e.name.len()..].fill(0);
+    Some(len)
+}
