@@ -24,52 +24,55 @@ fn set(name: &str) -> PathBuf {
     fixtures().join(name)
 }
 
-#[test]
-fn basic_archives_from_zip_and_python_match_the_model() {
-    if !require_fuse() {
-        return;
-    }
-    let src = set("basic");
-    let m = Mount::new(&[&src], &[]);
-    expect_matches(&m.path(), &[&src], &[]);
-    expect_matches(&m.path(), &[&src], &["--unzip-check"]);
-    // README.txt in the package directory is not an archive: ignored, not mounted.
-    assert!(src.join("README.txt").exists());
-    assert!(!m.log_text().contains("README.txt") || !m.path().join("README.txt").exists());
-}
-
-#[test]
-fn empty_archive_and_zip64_with_70000_entries() {
-    if !require_fuse() {
-        return;
-    }
-    for name in ["empty", "zip64-many"] {
-        let src = set(name);
+on_both_transports! {
+    fn basic_archives_from_zip_and_python_match_the_model() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("basic");
         let m = Mount::new(&[&src], &[]);
         expect_matches(&m.path(), &[&src], &[]);
+        expect_matches(&m.path(), &[&src], &["--unzip-check"]);
+        // README.txt in the package directory is not an archive: ignored, not mounted.
+        assert!(src.join("README.txt").exists());
+        assert!(!m.log_text().contains("README.txt") || !m.path().join("README.txt").exists());
     }
 }
 
-#[test]
-fn merge_conflicts_follow_the_documented_rule() {
-    if !require_fuse() {
-        return;
+on_both_transports! {
+    fn empty_archive_and_zip64_with_70000_entries() {
+        if !require_fuse() {
+            return;
+        }
+        for name in ["empty", "zip64-many"] {
+            let src = set(name);
+            let m = Mount::new(&[&src], &[]);
+            expect_matches(&m.path(), &[&src], &[]);
+        }
     }
-    let src = set("conflicts");
-    let m = Mount::new(&[&src], &[]);
-    expect_matches(&m.path(), &[&src], &[]);
-    assert!(
-        m.stderr.contains("path conflicts"),
-        "conflicts are logged once at mount: {}",
-        m.stderr
-    );
-    // `pkgfs check` lists each conflict.
-    let out = pkgfs().arg("check").arg(&src).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.lines().filter(|l| l.starts_with("conflict: ")).count() >= 3,
-        "{text}"
-    );
+}
+
+on_both_transports! {
+    fn merge_conflicts_follow_the_documented_rule() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("conflicts");
+        let m = Mount::new(&[&src], &[]);
+        expect_matches(&m.path(), &[&src], &[]);
+        assert!(
+            m.stderr.contains("path conflicts"),
+            "conflicts are logged once at mount: {}",
+            m.stderr
+        );
+        // `pkgfs check` lists each conflict.
+        let out = pkgfs().arg("check").arg(&src).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.lines().filter(|l| l.starts_with("conflict: ")).count() >= 3,
+            "{text}"
+        );
+    }
 }
 
 #[test]
@@ -89,57 +92,59 @@ fn sources_given_as_files_layer_in_command_line_order() {
     expect_matches(&m.path(), &refs, &[]);
 }
 
-#[test]
-fn corrupt_members_read_as_eio_and_bad_archives_are_skipped() {
-    if !require_fuse() {
-        return;
-    }
-    let src = set("corrupt");
-    let m = Mount::new(&[&src], &[]);
-    expect_matches(&m.path(), &[&src], &[]);
-    for bad in ["truncated.zip", "garbage.zip"] {
+on_both_transports! {
+    fn corrupt_members_read_as_eio_and_bad_archives_are_skipped() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("corrupt");
+        let m = Mount::new(&[&src], &[]);
+        expect_matches(&m.path(), &[&src], &[]);
+        for bad in ["truncated.zip", "garbage.zip"] {
+            assert!(
+                m.stderr.contains(bad),
+                "a skipped archive is named in a warning: {bad}\n{}",
+                m.stderr
+            );
+        }
+        // The daemon logged why reads failed, naming the archive.
+        let log = m.log_text();
         assert!(
-            m.stderr.contains(bad),
-            "a skipped archive is named in a warning: {bad}\n{}",
-            m.stderr
+            log.contains("badcrc.zip") && log.contains("CRC"),
+            "log:\n{log}"
+        );
+        // `pkgfs check` finds the same problems and fails.
+        let out = pkgfs().arg("check").arg(&src).output().unwrap();
+        assert!(!out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("truncated.zip") && text.contains("CRC"),
+            "{text}"
         );
     }
-    // The daemon logged why reads failed, naming the archive.
-    let log = m.log_text();
-    assert!(
-        log.contains("badcrc.zip") && log.contains("CRC"),
-        "log:\n{log}"
-    );
-    // `pkgfs check` finds the same problems and fails.
-    let out = pkgfs().arg("check").arg(&src).output().unwrap();
-    assert!(!out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("truncated.zip") && text.contains("CRC"),
-        "{text}"
-    );
 }
 
-#[test]
-fn hostile_paths_never_escape_the_mount() {
-    if !require_fuse() {
-        return;
+on_both_transports! {
+    fn hostile_paths_never_escape_the_mount() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("unsafe");
+        let m = Mount::new(&[&src], &[]);
+        expect_matches(&m.path(), &[&src], &[]);
+        let top = m.path().parent().unwrap().to_path_buf();
+        for name in ["escape.txt", "escape2.txt", "abs", "drive.txt", "nul"] {
+            assert!(
+                !top.join(name).exists(),
+                "{name} appeared outside the mount"
+            );
+            assert!(
+                !m.path().join(name).exists(),
+                "{name} must be skipped, not confined"
+            );
+        }
+        assert!(m.stderr.contains("skipping entry"), "{}", m.stderr);
     }
-    let src = set("unsafe");
-    let m = Mount::new(&[&src], &[]);
-    expect_matches(&m.path(), &[&src], &[]);
-    let top = m.path().parent().unwrap().to_path_buf();
-    for name in ["escape.txt", "escape2.txt", "abs", "drive.txt", "nul"] {
-        assert!(
-            !top.join(name).exists(),
-            "{name} appeared outside the mount"
-        );
-        assert!(
-            !m.path().join(name).exists(),
-            "{name} must be skipped, not confined"
-        );
-    }
-    assert!(m.stderr.contains("skipping entry"), "{}", m.stderr);
 }
 
 #[test]
@@ -179,152 +184,155 @@ fn unzip_layers(src: &Path, out: &Path) {
     }
 }
 
-#[test]
-fn concurrent_random_reads_return_the_right_bytes() {
-    if !require_fuse() {
-        return;
-    }
-    let src = set("basic");
-    let m = Mount::new(&[&src], &["--threads", "4", "--cache-size", "2M"]);
-    let ref_dir = tempfile::tempdir().unwrap();
-    unzip_layers(&src, ref_dir.path());
-    let mut files = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for e in fs::read_dir(ref_dir.path().join(&rel)).unwrap() {
-            let e = e.unwrap();
-            let t = e.file_type().unwrap();
-            let r = rel.join(e.file_name());
-            if t.is_dir() {
-                stack.push(r);
-            } else if t.is_file() {
-                files.push(r);
+on_both_transports! {
+    fn concurrent_random_reads_return_the_right_bytes() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("basic");
+        let m = Mount::new(&[&src], &["--threads", "4", "--cache-size", "2M"]);
+        let ref_dir = tempfile::tempdir().unwrap();
+        unzip_layers(&src, ref_dir.path());
+        let mut files = Vec::new();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            for e in fs::read_dir(ref_dir.path().join(&rel)).unwrap() {
+                let e = e.unwrap();
+                let t = e.file_type().unwrap();
+                let r = rel.join(e.file_name());
+                if t.is_dir() {
+                    stack.push(r);
+                } else if t.is_file() {
+                    files.push(r);
+                }
             }
         }
-    }
-    assert!(files.len() > 20);
-    let expected: Arc<HashMap<PathBuf, Vec<u8>>> = Arc::new(
-        files
-            .iter()
-            .map(|f| (f.clone(), fs::read(ref_dir.path().join(f)).unwrap()))
-            .collect(),
-    );
-    let files = Arc::new(files);
-    let mp = m.path();
-    let threads: Vec<_> = (0..12u64)
-        .map(|t| {
-            let (files, expected, mp) = (files.clone(), expected.clone(), mp.clone());
-            std::thread::spawn(move || {
-                let mut rng = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                let mut next = move || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
-                let mut checked = 0u64;
-                for _ in 0..400 {
-                    let f = &files[(next() % files.len() as u64) as usize];
-                    let want = &expected[f];
-                    let file = fs::File::open(mp.join(f)).unwrap();
-                    let off = if want.is_empty() {
-                        0
-                    } else {
-                        next() % want.len() as u64
+        assert!(files.len() > 20);
+        let expected: Arc<HashMap<PathBuf, Vec<u8>>> = Arc::new(
+            files
+                .iter()
+                .map(|f| (f.clone(), fs::read(ref_dir.path().join(f)).unwrap()))
+                .collect(),
+        );
+        let files = Arc::new(files);
+        let mp = m.path();
+        let threads: Vec<_> = (0..12u64)
+            .map(|t| {
+                let (files, expected, mp) = (files.clone(), expected.clone(), mp.clone());
+                std::thread::spawn(move || {
+                    let mut rng = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                    let mut next = move || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
                     };
-                    let len = (next() % 300_000) as usize;
-                    let mut buf = vec![0u8; len];
-                    let mut got = 0;
-                    while got < len {
-                        let n = file.read_at(&mut buf[got..], off + got as u64).unwrap();
-                        if n == 0 {
-                            break;
+                    let mut checked = 0u64;
+                    for _ in 0..400 {
+                        let f = &files[(next() % files.len() as u64) as usize];
+                        let want = &expected[f];
+                        let file = fs::File::open(mp.join(f)).unwrap();
+                        let off = if want.is_empty() {
+                            0
+                        } else {
+                            next() % want.len() as u64
+                        };
+                        let len = (next() % 300_000) as usize;
+                        let mut buf = vec![0u8; len];
+                        let mut got = 0;
+                        while got < len {
+                            let n = file.read_at(&mut buf[got..], off + got as u64).unwrap();
+                            if n == 0 {
+                                break;
+                            }
+                            got += n;
                         }
-                        got += n;
+                        let end = (off as usize + len).min(want.len());
+                        assert_eq!(
+                            &buf[..got],
+                            &want[off as usize..end],
+                            "{f:?} at {off}+{len}"
+                        );
+                        checked += got as u64;
                     }
-                    let end = (off as usize + len).min(want.len());
-                    assert_eq!(
-                        &buf[..got],
-                        &want[off as usize..end],
-                        "{f:?} at {off}+{len}"
-                    );
-                    checked += got as u64;
-                }
-                checked
+                    checked
+                })
             })
-        })
-        .collect();
-    let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-    assert!(total > 10 << 20, "read {total} bytes");
+            .collect();
+        let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(total > 10 << 20, "read {total} bytes");
+    }
 }
 
-#[test]
-fn zstd_members_written_by_the_zip_crate() {
-    if !require_fuse() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("zstd.zip");
-    let mut contents = Vec::new();
-    {
-        let mut w = zip::ZipWriter::new(fs::File::create(&path).unwrap());
-        let zstd = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Zstd)
-            .unix_permissions(0o640);
-        for (i, size) in [0usize, 1, 1000, 262_144, 262_145, 3_000_000]
-            .into_iter()
-            .enumerate()
-        {
-            let data: Vec<u8> = (0..size).map(|j| ((j * 7 + i) % 251) as u8).collect();
-            let name = format!("z/{i}.bin");
-            w.start_file(&name, zstd).unwrap();
-            std::io::Write::write_all(&mut w, &data).unwrap();
-            contents.push((name, data));
+on_both_transports! {
+    fn zstd_members_written_by_the_zip_crate() {
+        if !require_fuse() {
+            return;
         }
-        w.finish().unwrap();
-    }
-    let m = Mount::new(&[&path], &[]);
-    for (name, data) in &contents {
-        let p = m.path().join(name);
-        assert_eq!(&fs::read(&p).unwrap(), data, "{name}");
-        assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o640);
-    }
-    // Backwards seeks inside a multi-block member restart cleanly.
-    let mut f = fs::File::open(m.path().join("z/5.bin")).unwrap();
-    let mut buf = [0u8; 100];
-    for off in [2_900_000u64, 10, 1_000_000, 262_100] {
-        f.seek(SeekFrom::Start(off)).unwrap();
-        f.read_exact(&mut buf).unwrap();
-        assert_eq!(&buf[..], &contents[5].1[off as usize..off as usize + 100]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("zstd.zip");
+        let mut contents = Vec::new();
+        {
+            let mut w = zip::ZipWriter::new(fs::File::create(&path).unwrap());
+            let zstd = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Zstd)
+                .unix_permissions(0o640);
+            for (i, size) in [0usize, 1, 1000, 262_144, 262_145, 3_000_000]
+                .into_iter()
+                .enumerate()
+            {
+                let data: Vec<u8> = (0..size).map(|j| ((j * 7 + i) % 251) as u8).collect();
+                let name = format!("z/{i}.bin");
+                w.start_file(&name, zstd).unwrap();
+                std::io::Write::write_all(&mut w, &data).unwrap();
+                contents.push((name, data));
+            }
+            w.finish().unwrap();
+        }
+        let m = Mount::new(&[&path], &[]);
+        for (name, data) in &contents {
+            let p = m.path().join(name);
+            assert_eq!(&fs::read(&p).unwrap(), data, "{name}");
+            assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o640);
+        }
+        // Backwards seeks inside a multi-block member restart cleanly.
+        let mut f = fs::File::open(m.path().join("z/5.bin")).unwrap();
+        let mut buf = [0u8; 100];
+        for off in [2_900_000u64, 10, 1_000_000, 262_100] {
+            f.seek(SeekFrom::Start(off)).unwrap();
+            f.read_exact(&mut buf).unwrap();
+            assert_eq!(&buf[..], &contents[5].1[off as usize..off as usize + 100]);
+        }
     }
 }
 
-#[test]
-fn every_write_is_refused_with_erofs() {
-    if !require_fuse() {
-        return;
+on_both_transports! {
+    fn every_write_is_refused_with_erofs() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("basic");
+        let m = Mount::new(&[&src], &[]);
+        let mp = m.path();
+        let a_file = walk_first_file(&mp);
+        let erofs = |r: std::io::Result<()>, what: &str| {
+            let e = r.expect_err(what);
+            assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{what}: {e}");
+        };
+        erofs(fs::write(mp.join("new.txt"), b"x"), "create");
+        erofs(fs::create_dir(mp.join("newdir")), "mkdir");
+        erofs(fs::remove_file(&a_file), "unlink");
+        erofs(fs::rename(&a_file, mp.join("moved")), "rename");
+        erofs(
+            fs::OpenOptions::new().write(true).open(&a_file).map(|_| ()),
+            "open for writing",
+        );
+        erofs(
+            fs::set_permissions(&a_file, std::os::unix::fs::PermissionsExt::from_mode(0o777)),
+            "chmod",
+        );
+        erofs(std::os::unix::fs::symlink("x", mp.join("sym")), "symlink");
     }
-    let src = set("basic");
-    let m = Mount::new(&[&src], &[]);
-    let mp = m.path();
-    let a_file = walk_first_file(&mp);
-    let erofs = |r: std::io::Result<()>, what: &str| {
-        let e = r.expect_err(what);
-        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{what}: {e}");
-    };
-    erofs(fs::write(mp.join("new.txt"), b"x"), "create");
-    erofs(fs::create_dir(mp.join("newdir")), "mkdir");
-    erofs(fs::remove_file(&a_file), "unlink");
-    erofs(fs::rename(&a_file, mp.join("moved")), "rename");
-    erofs(
-        fs::OpenOptions::new().write(true).open(&a_file).map(|_| ()),
-        "open for writing",
-    );
-    erofs(
-        fs::set_permissions(&a_file, std::os::unix::fs::PermissionsExt::from_mode(0o777)),
-        "chmod",
-    );
-    erofs(std::os::unix::fs::symlink("x", mp.join("sym")), "symlink");
 }
 
 fn walk_first_file(dir: &Path) -> PathBuf {
@@ -344,55 +352,59 @@ fn walk_first_file(dir: &Path) -> PathBuf {
     panic!("no file under {}", dir.display())
 }
 
-#[test]
-fn a_panicking_handler_answers_eio_and_the_mount_lives_on() {
-    if !require_fuse() {
-        return;
+on_both_transports! {
+    fn a_panicking_handler_answers_eio_and_the_mount_lives_on() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("basic");
+        // One worker thread: if the panic killed it, every later request would hang.
+        let dir = tempfile::tempdir().unwrap();
+        let mp = dir.path().join("mnt");
+        fs::create_dir(&mp).unwrap();
+        let mut child = pkgfs()
+            .args(["mount", "-f", "--threads", "1"])
+            .arg(&src)
+            .arg(&mp)
+            .args(common::transport_args())
+            .env(pkgfs::fuse::PANIC_ENV, "boom")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let _g = crate::common::UmountGuard(&mp);
+        let start = std::time::Instant::now();
+        while fs::read_dir(&mp).map(|d| d.count()).unwrap_or(0) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(20));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        common::expect_transport(&mp);
+        for _ in 0..3 {
+            let e = fs::metadata(mp.join("boom")).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        }
+        assert!(
+            fs::read_dir(&mp).unwrap().count() > 0,
+            "the mount still answers"
+        );
+        run(pkgfs().arg("umount").arg(&mp));
+        assert!(child.wait().unwrap().success());
     }
-    let src = set("basic");
-    // One worker thread: if the panic killed it, every later request would hang.
-    let dir = tempfile::tempdir().unwrap();
-    let mp = dir.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    let mut child = pkgfs()
-        .args(["mount", "-f", "--threads", "1"])
-        .arg(&src)
-        .arg(&mp)
-        .env(pkgfs::fuse::PANIC_ENV, "boom")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let _g = crate::common::UmountGuard(&mp);
-    let start = std::time::Instant::now();
-    while fs::read_dir(&mp).map(|d| d.count()).unwrap_or(0) == 0 {
-        assert!(start.elapsed() < Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for _ in 0..3 {
-        let e = fs::metadata(mp.join("boom")).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EIO));
-    }
-    assert!(
-        fs::read_dir(&mp).unwrap().count() > 0,
-        "the mount still answers"
-    );
-    run(pkgfs().arg("umount").arg(&mp));
-    assert!(child.wait().unwrap().success());
 }
 
-#[test]
-fn sigterm_unmounts_a_foreground_mount_cleanly() {
-    if !require_fuse() {
-        return;
+on_both_transports! {
+    fn sigterm_unmounts_a_foreground_mount_cleanly() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("basic");
+        let mut m = Mount::foreground(&[&src], &[]);
+        let child = m.child.as_mut().unwrap();
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().unwrap();
+        m.child = None;
+        assert!(status.success(), "{status}");
+        assert!(!m.is_mounted(), "SIGTERM must unmount");
     }
-    let src = set("basic");
-    let mut m = Mount::foreground(&[&src], &[]);
-    let child = m.child.as_mut().unwrap();
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().unwrap();
-    m.child = None;
-    assert!(status.success(), "{status}");
-    assert!(!m.is_mounted(), "SIGTERM must unmount");
 }
 
 #[test]
@@ -492,48 +504,49 @@ fn mount_refuses_to_hide_its_own_sources() {
     }
 }
 
-#[test]
-fn statfs_and_negative_lookups() {
-    if !require_fuse() {
-        return;
+on_both_transports! {
+    fn statfs_and_negative_lookups() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("basic");
+        let m = Mount::new(&[&src], &[]);
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(m.path().to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        let listing = pkgfs().arg("ls").arg(&src).output().unwrap();
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        let entries = listing.lines().count() as u64;
+        let bytes: u64 = listing
+            .lines()
+            .filter(|l| l.starts_with('-') || l.starts_with('l'))
+            .map(|l| l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(st.f_files, entries + 1, "inodes = entries + root");
+        assert_eq!(st.f_blocks, bytes.div_ceil(4096));
+        assert_eq!(st.f_namemax, 255);
+        for _ in 0..3 {
+            let e = fs::metadata(m.path().join("definitely-missing")).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::NotFound);
+        }
+        // An ioctl (here Python's isatty check on open) is refused with ENOTTY, quietly:
+        // the daemon's log does not grow a line per opened file.
+        let file = walk_first_file(&m.path());
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import sys; f = open(sys.argv[1], 'rb'); print(f.isatty(), len(f.read()) >= 0)",
+            ])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "False True");
+        assert!(
+            !m.log_text().contains("Not Implemented"),
+            "{}",
+            m.log_text()
+        );
     }
-    let src = set("basic");
-    let m = Mount::new(&[&src], &[]);
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    let c = std::ffi::CString::new(m.path().to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    let listing = pkgfs().arg("ls").arg(&src).output().unwrap();
-    let listing = String::from_utf8_lossy(&listing.stdout);
-    let entries = listing.lines().count() as u64;
-    let bytes: u64 = listing
-        .lines()
-        .filter(|l| l.starts_with('-') || l.starts_with('l'))
-        .map(|l| l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap())
-        .sum();
-    assert_eq!(st.f_files, entries + 1, "inodes = entries + root");
-    assert_eq!(st.f_blocks, bytes.div_ceil(4096));
-    assert_eq!(st.f_namemax, 255);
-    for _ in 0..3 {
-        let e = fs::metadata(m.path().join("definitely-missing")).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::NotFound);
-    }
-    // An ioctl (here Python's isatty check on open) is refused with ENOTTY, quietly:
-    // the daemon's log does not grow a line per opened file.
-    let file = walk_first_file(&m.path());
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import sys; f = open(sys.argv[1], 'rb'); print(f.isatty(), len(f.read()) >= 0)",
-        ])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "False True");
-    assert!(
-        !m.log_text().contains("Not Implemented"),
-        "{}",
-        m.log_text()
-    );
 }
 
 #[test]
@@ -580,69 +593,71 @@ fn mounting_600_archives_reads_only_their_indexes() {
     assert_eq!(f, vec![(599 + 3) as u8; 50 * 1024]);
 }
 
-#[test]
-fn uid_and_gid_overrides_apply_to_every_entry() {
-    if !require_fuse() {
-        return;
-    }
-    let src = set("conflicts");
-    let m = Mount::new(&[&src], &["--uid", "4321", "-o", "gid=8765"]);
-    let mut stack = vec![m.path()];
-    let mut seen = 0;
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            let md = fs::symlink_metadata(e.path()).unwrap();
-            assert_eq!((md.uid(), md.gid()), (4321, 8765), "{:?}", e.path());
-            seen += 1;
-            if md.is_dir() {
-                stack.push(e.path());
+on_both_transports! {
+    fn uid_and_gid_overrides_apply_to_every_entry() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("conflicts");
+        let m = Mount::new(&[&src], &["--uid", "4321", "-o", "gid=8765"]);
+        let mut stack = vec![m.path()];
+        let mut seen = 0;
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).unwrap() {
+                let e = e.unwrap();
+                let md = fs::symlink_metadata(e.path()).unwrap();
+                assert_eq!((md.uid(), md.gid()), (4321, 8765), "{:?}", e.path());
+                seen += 1;
+                if md.is_dir() {
+                    stack.push(e.path());
+                }
             }
         }
+        assert!(seen > 5);
     }
-    assert!(seen > 5);
 }
 
-#[test]
-fn hostile_archives_from_the_catalogue() {
-    if !require_fuse() {
-        return;
+on_both_transports! {
+    fn hostile_archives_from_the_catalogue() {
+        if !require_fuse() {
+            return;
+        }
+        let src = set("hostile");
+        let m = Mount::new(&[&src], &[]);
+        expect_matches(&m.path(), &[&src], &[]);
+        let mp = m.path();
+        // Garbage before the archive: found past the stub.
+        assert!(
+            fs::read(mp.join("sfx/inside.txt"))
+                .unwrap()
+                .starts_with(b"found past the stub")
+        );
+        // 100,000 entries with one name: one file, the last copy.
+        assert_eq!(fs::read(mp.join("dup/same.txt")).unwrap(), b"copy 99999\n");
+        // Symlink loops are served verbatim; the kernel reports the loop.
+        let e = fs::metadata(mp.join("loop/a")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        // A 1000-level path reads; a 256-byte name was skipped with a warning.
+        let deep = mp.join(format!("deep/{}leaf.txt", "d/".repeat(1000)));
+        assert_eq!(fs::read(deep).unwrap(), b"deep leaf\n");
+        assert!(m.stderr.contains("longer than 255"), "{}", m.stderr);
+        // Sizes that lie: listed with the lie, read as EIO; the mount lives on.
+        let liar = mp.join("b64/liar.txt");
+        assert_eq!(fs::metadata(&liar).unwrap().len(), u32::MAX as u64);
+        assert_eq!(fs::read(&liar).unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert_eq!(fs::read(mp.join("b64/fine.txt")).unwrap(), b"fine\n");
+        // Overlapping entries: the one whose local header names another file is refused.
+        assert_eq!(
+            fs::read(mp.join("ovl/other.txt"))
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::EIO)
+        );
+        assert_eq!(
+            fs::read(mp.join("ovl/first.txt")).unwrap(),
+            b"first\n".repeat(100)
+        );
     }
-    let src = set("hostile");
-    let m = Mount::new(&[&src], &[]);
-    expect_matches(&m.path(), &[&src], &[]);
-    let mp = m.path();
-    // Garbage before the archive: found past the stub.
-    assert!(
-        fs::read(mp.join("sfx/inside.txt"))
-            .unwrap()
-            .starts_with(b"found past the stub")
-    );
-    // 100,000 entries with one name: one file, the last copy.
-    assert_eq!(fs::read(mp.join("dup/same.txt")).unwrap(), b"copy 99999\n");
-    // Symlink loops are served verbatim; the kernel reports the loop.
-    let e = fs::metadata(mp.join("loop/a")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
-    // A 1000-level path reads; a 256-byte name was skipped with a warning.
-    let deep = mp.join(format!("deep/{}leaf.txt", "d/".repeat(1000)));
-    assert_eq!(fs::read(deep).unwrap(), b"deep leaf\n");
-    assert!(m.stderr.contains("longer than 255"), "{}", m.stderr);
-    // Sizes that lie: listed with the lie, read as EIO; the mount lives on.
-    let liar = mp.join("b64/liar.txt");
-    assert_eq!(fs::metadata(&liar).unwrap().len(), u32::MAX as u64);
-    assert_eq!(fs::read(&liar).unwrap_err().raw_os_error(), Some(libc::EIO));
-    assert_eq!(fs::read(mp.join("b64/fine.txt")).unwrap(), b"fine\n");
-    // Overlapping entries: the one whose local header names another file is refused.
-    assert_eq!(
-        fs::read(mp.join("ovl/other.txt"))
-            .unwrap_err()
-            .raw_os_error(),
-        Some(libc::EIO)
-    );
-    assert_eq!(
-        fs::read(mp.join("ovl/first.txt")).unwrap(),
-        b"first\n".repeat(100)
-    );
 }
 
 #[test]

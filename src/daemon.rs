@@ -13,12 +13,12 @@
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -30,10 +30,10 @@ use crate::archive::seekable::IndexCache;
 use crate::cli::{Access, MountConfig};
 use crate::fs::PkgFs;
 use crate::fuse::{Fuse, Handler};
-use crate::uring::{AccessRule, RingStats};
 use crate::prefetch::{Hint, Prefetcher, WARM_WINDOWS, Warmer};
 use crate::source::{self, LoadOptions, Packages};
 use crate::status::{self, Activity, MountInfo};
+use crate::uring::{AccessRule, RingStats};
 use crate::view::Invalidation;
 use crate::watch::Watcher;
 
@@ -300,7 +300,12 @@ fn as_batch() {
 
 /// Start the FUSE-over-io_uring queues (INIT agreed to them). A failure leaves the
 /// mount on `/dev/fuse`, which keeps working: logged, not fatal.
-fn start_rings(dev: Option<OwnedFd>, handler: Arc<Handler>, cfg: &MountConfig, stats: &Arc<RingStats>) {
+fn start_rings(
+    dev: Option<OwnedFd>,
+    handler: Arc<Handler>,
+    cfg: &MountConfig,
+    stats: &Arc<RingStats>,
+) {
     let Some(dev) = dev else {
         warn!("no second /dev/fuse descriptor: not using io_uring");
         return;

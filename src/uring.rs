@@ -178,7 +178,9 @@ fn payload_len() -> usize {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
     let pages = (crate::fuse::MAX_WRITE as usize).div_ceil(page).min(limit);
-    (pages * page).max(crate::fuse::MAX_WRITE as usize).max(8192)
+    (pages * page)
+        .max(crate::fuse::MAX_WRITE as usize)
+        .max(8192)
 }
 
 struct Queue {
@@ -271,58 +273,84 @@ impl Queue {
             raw[24..28].copy_from_slice(&2u32.to_ne_bytes());
             unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
         };
-        let mut next = register;
-        let mut registered = false;
+        // SAFETY: the iovec and both buffers outlive the ring (dropped after it is, at
+        // the end of this function), and the SQE points at nothing else.
+        unsafe { ring.submission().push(&register) }
+            .map_err(|_| std::io::Error::other("submission queue full"))?;
         loop {
-            // SAFETY: the iovec and both buffers outlive the ring (dropped after it
-            // is, at the end of this function), and the SQE points at nothing else.
-            unsafe { ring.submission().push(&next) }
-                .map_err(|_| std::io::Error::other("submission queue full"))?;
-            let cqe = loop {
-                match ring.submit_and_wait(1) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    // Once registered, an entry must never be abandoned: a request the
-                    // kernel gives it would wait forever. Keep trying.
-                    Err(e) if registered => {
-                        error!("io_uring queue {}: {e}; retrying", self.qid);
-                        std::thread::sleep(std::time::Duration::from_millis(100));
-                        continue;
+            match ring.submit() {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => {
+                    r?;
+                    break;
+                }
+            }
+        }
+        // A refused registration completes at once; an accepted entry waits for its
+        // first request.
+        let mut ready = ring.completion().next();
+        if let Some(c) = &ready
+            && c.result() < 0
+        {
+            return Err(std::io::Error::other(format!(
+                "registering a ring entry failed: {}",
+                std::io::Error::from_raw_os_error(-c.result())
+            )));
+        }
+        self.stats.entries.fetch_add(1, Relaxed);
+        // What was last submitted, to send again if it was interrupted.
+        let mut last = register;
+        loop {
+            let cqe = match ready.take() {
+                Some(c) => c,
+                None => loop {
+                    match ring.submit_and_wait(1) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        // A registered entry must never be abandoned: a request the
+                        // kernel gives it would wait forever. Keep trying.
+                        Err(e) => {
+                            error!("io_uring queue {}: {e}; retrying", self.qid);
+                            std::thread::sleep(std::time::Duration::from_millis(100));
+                            continue;
+                        }
                     }
-                    Err(e) => return Err(e),
-                }
-                if let Some(c) = ring.completion().next() {
-                    break c;
-                }
+                    if let Some(c) = ring.completion().next() {
+                        break c;
+                    }
+                },
             };
             let res = cqe.result();
             if res < 0 {
                 match -res {
-                    libc::EINTR | libc::EAGAIN => continue, // `next` again
+                    // Interrupted before the kernel took it: send it again.
+                    libc::EINTR | libc::EAGAIN => {
+                        // SAFETY: as above.
+                        unsafe { ring.submission().push(&last) }
+                            .map_err(|_| std::io::Error::other("submission queue full"))?;
+                        continue;
+                    }
                     // The connection is gone (unmounted or aborted).
-                    libc::ENOTCONN | libc::ENODEV | libc::ECONNABORTED | libc::ECANCELED
-                        if registered =>
-                    {
+                    libc::ENOTCONN | libc::ENODEV | libc::ECONNABORTED | libc::ECANCELED => {
                         return Ok(());
                     }
                     e => {
                         return Err(std::io::Error::other(format!(
-                            "{} failed: {}",
-                            if registered { "commit" } else { "register" },
+                            "ring entry failed: {}",
                             std::io::Error::from_raw_os_error(e)
                         )));
                     }
                 }
             }
-            if !registered {
-                registered = true;
-                self.stats.entries.fetch_add(1, Relaxed);
-            }
             let commit_id = self.answer(header.bytes(), payload.bytes());
             self.stats.requests.fetch_add(1, Relaxed);
-            next = opcode::UringCmd80::new(fd, CMD_COMMIT_AND_FETCH)
+            let commit = opcode::UringCmd80::new(fd, CMD_COMMIT_AND_FETCH)
                 .cmd(cmd_req(commit_id, self.qid))
                 .build();
+            // SAFETY: as above; a commit SQE points at no memory.
+            unsafe { ring.submission().push(&commit) }
+                .map_err(|_| std::io::Error::other("submission queue full"))?;
+            last = commit;
         }
     }
 
@@ -447,8 +475,9 @@ impl Queue {
             DESTROY => Ok(0),
             IOCTL => Err(libc::ENOTTY),
             SETATTR | SYMLINK | MKNOD | MKDIR | UNLINK | RMDIR | RENAME | LINK | WRITE
-            | SETXATTR | REMOVEXATTR | CREATE | FALLOCATE | RENAME2 | COPY_FILE_RANGE
-            | TMPFILE => Err(libc::EROFS),
+            | SETXATTR | REMOVEXATTR | CREATE | FALLOCATE | RENAME2 | COPY_FILE_RANGE | TMPFILE => {
+                Err(libc::EROFS)
+            }
             // OPEN, OPENDIR, FLUSH, FSYNC, xattrs, ACCESS, locks, LSEEK, …: ENOSYS, which
             // for most of them makes the kernel stop asking (as the fuser adapter does).
             _ => Err(libc::ENOSYS),
@@ -487,7 +516,14 @@ fn mode(a: &Attr) -> u32 {
 fn fuse_attr(a: &Attr) -> [u8; 88] {
     let mut o = [0u8; 88];
     let t = a.mtime as u64;
-    for (at, v) in [(0, a.ino), (8, a.size), (16, a.blocks), (24, t), (32, t), (40, t)] {
+    for (at, v) in [
+        (0, a.ino),
+        (8, a.size),
+        (16, a.blocks),
+        (24, t),
+        (32, t),
+        (40, t),
+    ] {
         o[at..at + 8].copy_from_slice(&v.to_ne_bytes());
     }
     // atimensec, mtimensec, ctimensec (60..) stay 0; then mode, nlink, uid, gid, rdev,

@@ -3,10 +3,96 @@
 
 #![allow(dead_code)]
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+/// How the kernel's requests reach the daemon in a test's mounts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// `fuser`'s `/dev/fuse` loop (`--io-uring off`): what every kernel has.
+    DevFuse,
+    /// FUSE over io_uring (`--io-uring auto` with the kernel's `enable_uring` on).
+    IoUring,
+}
+
+thread_local! {
+    static TRANSPORT: Cell<Transport> = const { Cell::new(Transport::DevFuse) };
+}
+
+/// The transport of the calling test's mounts.
+pub fn transport() -> Transport {
+    TRANSPORT.with(Cell::get)
+}
+
+/// The `pkgfs mount` arguments that choose [`transport`].
+pub fn transport_args() -> [&'static str; 2] {
+    match transport() {
+        Transport::DevFuse => ["--io-uring", "off"],
+        Transport::IoUring => ["--io-uring", "auto"],
+    }
+}
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Run a test body with its mounts on `t`. For io_uring, the kernel's `enable_uring`
+/// parameter is switched on for the duration and put back after (even on panic); such
+/// tests run one at a time, so none puts it back under another. Returns without running
+/// the body only if the kernel has no FUSE over io_uring (and not under CI).
+pub fn with_transport(t: Transport, body: fn()) {
+    static URING: Mutex<()> = Mutex::new(());
+    struct Restore(Option<String>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(v) = &self.0 {
+                let _ = std::fs::write(ENABLE_URING, v);
+            }
+        }
+    }
+    let _lock;
+    let _restore;
+    if t == Transport::IoUring {
+        _lock = URING.lock().unwrap_or_else(|p| p.into_inner());
+        let Ok(before) = std::fs::read_to_string(ENABLE_URING) else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI=true but this kernel has no FUSE over io_uring ({ENABLE_URING})"
+            );
+            eprintln!("skipping: no FUSE over io_uring in this kernel");
+            return;
+        };
+        std::fs::write(ENABLE_URING, "Y").expect("switch on FUSE over io_uring");
+        _restore = Restore(Some(before.trim().to_string()));
+    }
+    TRANSPORT.with(|c| c.set(t));
+    body();
+}
+
+/// Declare mount tests that run once on each transport: `NAME::dev_fuse` and
+/// `NAME::io_uring`.
+#[macro_export]
+macro_rules! on_both_transports {
+    ($($(#[doc = $doc:literal])* fn $name:ident() $body:block)*) => {
+        $(
+            $(#[doc = $doc])*
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+                fn body() $body
+                #[test]
+                fn dev_fuse() {
+                    $crate::common::with_transport($crate::common::Transport::DevFuse, body)
+                }
+                #[test]
+                fn io_uring() {
+                    $crate::common::with_transport($crate::common::Transport::IoUring, body)
+                }
+            }
+        )*
+    };
+}
 
 /// The pkgfs binary under test.
 pub fn pkgfs() -> Command {
@@ -107,14 +193,17 @@ impl Mount {
                 .arg(&mp)
                 .arg("--log-file")
                 .arg(&log)
+                .args(transport_args())
                 .args(extra),
         );
-        Mount {
+        let m = Mount {
             dir,
             child: None,
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
             log,
-        }
+        };
+        m.expect_transport();
+        m
     }
 
     /// `pkgfs mount -f`, waiting until the mount answers.
@@ -129,6 +218,7 @@ impl Mount {
             .arg("-f")
             .args(sources)
             .arg(&mp)
+            .args(transport_args())
             .args(extra)
             .stderr(Stdio::from(stderr))
             .spawn()
@@ -147,7 +237,13 @@ impl Mount {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        m.expect_transport();
         m
+    }
+
+    /// Check, through `pkgfs status`, that requests take the test's transport.
+    pub fn expect_transport(&self) {
+        expect_transport(&self.path());
     }
 
     /// The mountpoint.
@@ -204,6 +300,35 @@ impl Drop for Mount {
         if self.is_mounted() {
             let _ = Command::new("umount").arg("-l").arg(self.path()).status();
         }
+    }
+}
+
+/// Check, through `pkgfs status`, that the mount at `mp` serves requests through the
+/// calling test's [`transport`].
+pub fn expect_transport(mp: &Path) {
+    let want = match transport() {
+        Transport::DevFuse => "/dev/fuse",
+        Transport::IoUring => "io_uring",
+    };
+    // The status channel comes up just after the mount does, and the rings once their
+    // threads have registered.
+    let start = Instant::now();
+    loop {
+        let out = pkgfs()
+            .arg("status")
+            .arg(mp)
+            .output()
+            .expect("pkgfs status");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && text.contains(&format!("transport: {want};")) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "requests should take {want}:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
