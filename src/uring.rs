@@ -573,3 +573,86 @@ fn dirent(buf: &mut [u8], e: &DirEntry<'_>, plus: bool) -> Option<usize> {
     d[24 + e.name.len()..].fill(0);
     Some(len)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(kind: Kind) -> Attr {
+        Attr {
+            ino: 42,
+            kind,
+            perm: 0o755,
+            nlink: 2,
+            uid: 1000,
+            gid: 100,
+            size: 12345,
+            blocks: 25,
+            mtime: 1_700_000_000,
+        }
+    }
+
+    #[test]
+    fn attributes_sit_where_linux_fuse_h_puts_them() {
+        let o = entry_out(&attr(Kind::Dir));
+        assert_eq!(u64_at(&o, 0), 42, "nodeid");
+        assert_eq!(u64_at(&o, 16), TTL.as_secs(), "entry_valid");
+        let a = &o[40..];
+        assert_eq!(u64_at(a, 0), 42, "ino");
+        assert_eq!(u64_at(a, 8), 12345, "size");
+        assert_eq!(u64_at(a, 16), 25, "blocks");
+        assert_eq!(u64_at(a, 32), 1_700_000_000, "mtime");
+        assert_eq!(u32_at(a, 60), libc::S_IFDIR | 0o755, "mode");
+        assert_eq!(
+            (u32_at(a, 64), u32_at(a, 68), u32_at(a, 72)),
+            (2, 1000, 100)
+        );
+        assert_eq!(u32_at(a, 80), BLKSIZE, "blksize");
+        // A negative entry is node 0, still cached for the TTL.
+        let n = entry_out(&crate::fuse::NEGATIVE);
+        assert_eq!((u64_at(&n, 0), u64_at(&n, 16)), (0, TTL.as_secs()));
+    }
+
+    #[test]
+    fn directory_entries_are_padded_to_8_bytes_and_refused_when_full() {
+        let a = attr(Kind::Symlink);
+        let e = DirEntry {
+            ino: 42,
+            next_offset: 7,
+            attr: a,
+            name: b"abc",
+        };
+        let mut buf = [0xffu8; 256];
+        assert_eq!(dirent(&mut buf, &e, false), Some(32)); // 24 + 3, padded
+        assert_eq!(u64_at(&buf, 8), 7, "off");
+        assert_eq!(u32_at(&buf, 16), 3, "namelen");
+        assert_eq!(u32_at(&buf, 20), libc::S_IFLNK >> 12, "type");
+        assert_eq!(&buf[24..32], b"abc\0\0\0\0\0");
+        assert_eq!(dirent(&mut buf, &e, true), Some(160)); // 128 + 24 + 3, padded
+        assert_eq!(u64_at(&buf, 128 + 8), 7);
+        assert_eq!(dirent(&mut buf[..159], &e, true), None);
+    }
+
+    #[test]
+    fn other_users_get_only_what_fuser_allows_them() {
+        let owner_only = AccessRule {
+            owner: 1000,
+            root: false,
+            all: false,
+        };
+        assert!(owner_only.allows(1000, LOOKUP));
+        assert!(!owner_only.allows(0, LOOKUP));
+        assert!(!owner_only.allows(2000, GETATTR));
+        assert!(owner_only.allows(2000, READ), "sent without a caller's uid");
+        let root_too = AccessRule {
+            root: true,
+            ..owner_only
+        };
+        assert!(root_too.allows(0, LOOKUP) && !root_too.allows(2000, LOOKUP));
+        let all = AccessRule {
+            all: true,
+            ..owner_only
+        };
+        assert!(all.allows(2000, LOOKUP));
+    }
+}
