@@ -5,7 +5,7 @@ all measured in one run on one machine. Run through bench/peers.sh (which prepar
 corpus and installs the peers).
 
     peers.py WORKDIR OUT.json [--only SYSTEM,...] [--merge] [--skip-scaling] [--quick]
-             [--rounds N]
+             [--rounds N] [--dev-fuse]
 --rounds N (default 3, 0 with --quick): after every system has been measured, N more
 rounds for each system that read everything in under 30 s, interleaved system by
 system, so a slow minute of this shared machine lands on every system alike: a cold
@@ -14,7 +14,9 @@ median of all of a system's measurements of these, and ratios round by round.
 --merge keeps the other systems' results (and the scaling run, with --skip-scaling)
 already in OUT.json: to remeasure pkgfs after a change without rerunning every peer.
 Each system's results carry the time they were measured; the report says when a table
-mixes runs.
+mixes runs. pkgfs runs over FUSE over io_uring (the kernel's fuse.enable_uring is switched
+on for the run and back after) unless --dev-fuse is given; each pkgfs result records the
+transport `pkgfs status` reported.
 
 Workloads (each system, each in a fresh mount where "cold" matters, page cache dropped):
   mount      time until the mountpoint lists (cold)
@@ -267,6 +269,8 @@ def run_workloads(s, small_files, large_rel, huge=None):
     drop_caches()
     r["read1"] = timed_cmd(read_all(s), r)
     r["read2"] = timed_cmd(read_all(s), r) if r["read1"] is not None else None
+    if s.key.startswith("pkgfs"):
+        r["transport"] = transport()
     s.done()
     # Session 3: random small files, cold.
     s.mount()
@@ -464,6 +468,23 @@ def scaling():
     return out
 
 
+# pkgfs takes requests through FUSE over io_uring when the kernel offers it; the kernel
+# offers it only with the fuse module's enable_uring on (off by default). The benchmark
+# switches it on for its run (and back after) unless --dev-fuse is given, which measures
+# pkgfs over /dev/fuse. Each pkgfs result records the transport its status reported.
+ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
+DEV_FUSE = "--dev-fuse" in ARGS
+
+
+def transport():
+    """The transport the pkgfs mount at MNT reports."""
+    out = subprocess.run([PKGFS, "status", "--json", MNT], capture_output=True, text=True)
+    try:
+        return json.loads(out.stdout).get("transport", "?")
+    except ValueError:
+        return "?"
+
+
 def machine():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                 if l.startswith("model name")), "?")
@@ -475,6 +496,21 @@ def machine():
 
 
 def main():
+    before = None
+    if os.path.exists(ENABLE_URING):
+        with open(ENABLE_URING) as f:
+            before = f.read().strip()
+        with open(ENABLE_URING, "w") as f:
+            f.write("N" if DEV_FUSE else "Y")
+    try:
+        measure()
+    finally:
+        if before is not None:
+            with open(ENABLE_URING, "w") as f:
+                f.write(before)
+
+
+def measure():
     os.makedirs(MNT, exist_ok=True)
     prepare_huge()
     small = small_file_sample()

@@ -69,6 +69,12 @@ lines = [
        "systems measured at (a whole run takes half an hour; `--merge` reruns some): "
        + "; ".join(f"{S[k]['name']}: {S[k].get('measured', '?')}" for k in S) + "."),
     "",
+    "pkgfs's requests travelled over: "
+    + "; ".join(f"{S[k]['name']}: {S[k].get('transport', '/dev/fuse (not recorded)')}"
+                for k in S if k.startswith("pkgfs"))
+    + " (FUSE over io_uring needs the fuse module's `enable_uring`, off by default; "
+    "docs/ARCHITECTURE.md, \"Transports\").",
+    "",
     "### Raw numbers (lower is better)",
     "",
     "| workload | " + " | ".join(S[k]["name"] for k in S) + " |",
