@@ -135,7 +135,7 @@ struct MountArgs {
     allow_other: bool,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
     /// fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
-    /// index_cache=DIR, no_index_cache, whiteouts; options
+    /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring; options
     /// mount(8) passes (ro, nosuid, nodev, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -587,6 +587,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
             "index_cache" => cfg.index_cache = Some(PathBuf::from(need()?)),
             "no_index_cache" => cfg.index_cache = None,
             "whiteouts" => cfg.whiteouts = true,
+            "no_io_uring" => cfg.io_uring = false,
             // Always in force, or meaningless for a read-only FUSE mount: accepted so
             // fstab lines and mount(8) helpers work.
             "ro"
@@ -688,7 +689,7 @@ mod tests {
             "/srv/pkgs",
             "-n",
             "-o",
-            "rw,nofail,no_watch",
+            "rw,nofail,no_watch,no_io_uring",
         ]))
         .unwrap()
         .unwrap();
@@ -698,7 +699,7 @@ mod tests {
                 "pkgfs",
                 "mount",
                 "-o",
-                "rw,nofail,no_watch",
+                "rw,nofail,no_watch,no_io_uring",
                 "/pkgs",
                 "/extra/x.zip",
                 "/srv/pkgs"
@@ -708,6 +709,7 @@ mod tests {
             panic!()
         };
         assert!(!c.watch);
+        assert!(!c.io_uring);
         assert_eq!(c.sources.len(), 2);
         // -f (fake): nothing to do.
         assert_eq!(
