@@ -167,20 +167,11 @@ pub fn start(
 }
 
 /// The payload buffer of an entry must hold the largest request or reply the kernel
-/// allows: `max(8 KiB, max_write, max_pages × page size)`. pkgfs sets max_write to
-/// [`crate::fuse::MAX_WRITE`]; fuser derives max_pages from it and the read-ahead, which
-/// the kernel caps at `fs.fuse.max_pages_limit` pages.
+/// allows: `max(8 KiB, max_write, max_pages × page size)`, or registering fails. pkgfs
+/// sets max_write to [`crate::fuse::MAX_WRITE`] (1 MiB) and the read-ahead to at most 1
+/// MiB, from which fuser derives max_pages: 1 MiB covers all three.
 fn payload_len() -> usize {
-    let limit = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .unwrap_or(256);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-    let pages = (crate::fuse::MAX_WRITE as usize).div_ceil(page).min(limit);
-    (pages * page)
-        .max(crate::fuse::MAX_WRITE as usize)
-        .max(8192)
+    (crate::fuse::MAX_WRITE as usize).max(8192)
 }
 
 struct Queue {
@@ -211,11 +202,10 @@ impl Buf {
         Ok(Buf { ptr, layout })
     }
 
-    #[allow(clippy::mut_from_ref)]
-    fn bytes(&self) -> &mut [u8] {
-        // SAFETY: `ptr` is a live allocation of `layout.size()` bytes, used only by the
-        // thread that owns this buffer, and the kernel writes it only during
-        // `io_uring_enter`, when no slice from here is alive.
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `layout.size()` bytes, owned by `self`;
+        // the kernel writes it only during `io_uring_enter`, when no slice from here is
+        // alive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
     }
 }
@@ -274,8 +264,8 @@ impl Queue {
         self.pin();
         let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
             IoUring::builder().setup_cqsize(4).build(2)?;
-        let header = Buf::new(HEADER_LEN)?;
-        let payload = Buf::new(self.payload)?;
+        let mut header = Buf::new(HEADER_LEN)?;
+        let mut payload = Buf::new(self.payload)?;
         let iov = [
             libc::iovec {
                 iov_base: header.ptr.cast(),
