@@ -19,7 +19,6 @@
 //! only decodes the requests and encodes the replies (the layouts of `linux/fuse.h`,
 //! protocol 7.42), and applies the same access rule as `fuser`.
 
-use std::alloc::Layout;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -184,36 +183,48 @@ struct Queue {
 }
 
 /// A page-aligned buffer the kernel writes requests into (hence raw: it is written
-/// behind Rust's back, but only while this thread is inside `io_uring_enter`).
+/// behind Rust's back, but only while this thread is inside `io_uring_enter`). Mapped
+/// anonymously, so a payload buffer costs memory only as far as requests and replies
+/// have used it: a machine with many CPUs has many queues.
 struct Buf {
     ptr: *mut u8,
-    layout: Layout,
+    len: usize,
 }
 
 impl Buf {
     fn new(len: usize) -> std::io::Result<Buf> {
-        let layout = Layout::from_size_align(len.max(1), 4096)
-            .map_err(|_| std::io::Error::other("buffer layout"))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory));
+        let len = len.max(1);
+        // SAFETY: a fresh private anonymous mapping; no address hint.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
         }
-        Ok(Buf { ptr, layout })
+        Ok(Buf {
+            ptr: ptr.cast(),
+            len,
+        })
     }
 
     fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is a live allocation of `layout.size()` bytes, owned by `self`;
-        // the kernel writes it only during `io_uring_enter`, when no slice from here is
-        // alive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+        // SAFETY: `ptr` is a live mapping of `len` bytes, owned by `self`; the kernel
+        // writes it only during `io_uring_enter`, when no slice from here is alive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `Buf::new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        // SAFETY: mapped in `Buf::new` with this length.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 
