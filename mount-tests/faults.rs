@@ -98,6 +98,56 @@ fn truncated_or_deleted_archives_do_not_take_the_mount_down() {
 }
 
 crate::on_both_transports! {
+    fn requests_in_flight_when_the_daemon_is_killed_fail_instead_of_hanging() {
+        if !require_fuse() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let arc = dir.path().join("a.zip");
+        stored_archive(&arc, 2, 0);
+        let mut m = Mount::foreground(&[&arc], &[]);
+        let mp = m.path();
+        // A reader that keeps requests flowing: every name is new, so every stat is a
+        // LOOKUP the daemon must answer. It stops at the first error other than ENOENT.
+        let reader = {
+            let mp = mp.clone();
+            std::thread::spawn(move || {
+                for i in 0u64.. {
+                    match fs::metadata(mp.join(format!("missing-{i}"))) {
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return (i, e.raw_os_error()),
+                        Ok(_) => panic!("missing-{i} exists"),
+                    }
+                }
+                unreachable!()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let mut child = m.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let start = Instant::now();
+        while !reader.is_finished() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "a reader hangs on a dead daemon"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (lookups, errno) = reader.join().unwrap();
+        assert!(lookups > 100, "the reader was running: {lookups} lookups");
+        assert!(
+            matches!(
+                errno,
+                Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED)
+            ),
+            "{errno:?}"
+        );
+        run(pkgfs().arg("umount").arg(&mp));
+    }
+}
+
+crate::on_both_transports! {
     fn a_killed_daemon_is_cleaned_up_by_umount_and_by_the_next_mount() {
         if !require_fuse() {
             return;
