@@ -112,8 +112,8 @@ pub struct RingStats {
     pub agreed: AtomicBool,
     /// Queues the kernel has (one per possible CPU).
     pub cpus: AtomicU64,
-    /// Ring entries registered (the kernel switches once every queue has one).
-    pub entries: AtomicU64,
+    /// Queues with at least one registered entry (the kernel switches once all have).
+    pub queues: AtomicU64,
     /// Requests answered through a ring.
     pub requests: AtomicU64,
 }
@@ -122,7 +122,7 @@ impl RingStats {
     /// Which transport carries requests: `io_uring` once every queue has an entry.
     pub fn transport(&self) -> &'static str {
         let cpus = self.cpus.load(Relaxed);
-        if self.agreed.load(Relaxed) && cpus > 0 && self.entries.load(Relaxed) >= cpus {
+        if self.agreed.load(Relaxed) && cpus > 0 && self.queues.load(Relaxed) >= cpus {
             "io_uring"
         } else {
             "/dev/fuse"
@@ -148,10 +148,12 @@ pub fn start(
     let dev = Arc::new(dev);
     let payload = payload_len();
     for qid in 0..cpus {
+        let registered = Arc::new(AtomicBool::new(false));
         for slot in 0..per_queue.max(1) {
             let q = Queue {
                 dev: dev.clone(),
                 qid,
+                registered: registered.clone(),
                 handler: handler.clone(),
                 rule,
                 payload,
@@ -176,6 +178,8 @@ fn payload_len() -> usize {
 struct Queue {
     dev: Arc<OwnedFd>,
     qid: u16,
+    /// Whether some thread of this queue has registered an entry.
+    registered: Arc<AtomicBool>,
     handler: Arc<Handler>,
     rule: AccessRule,
     payload: usize,
@@ -324,7 +328,9 @@ impl Queue {
                 std::io::Error::from_raw_os_error(-c.result())
             )));
         }
-        self.stats.entries.fetch_add(1, Relaxed);
+        if !self.registered.swap(true, Relaxed) {
+            self.stats.queues.fetch_add(1, Relaxed);
+        }
         // What was last submitted, to send again if it was interrupted.
         let mut last = register;
         loop {
@@ -658,6 +664,19 @@ mod tests {
         assert_eq!(dirent(&mut buf, &e, true), Some(160)); // 128 + 24 + 3, padded
         assert_eq!(u64_at(&buf, 128 + 8), 7);
         assert_eq!(dirent(&mut buf[..159], &e, true), None);
+    }
+
+    #[test]
+    fn the_rings_carry_requests_only_once_every_queue_has_an_entry() {
+        let s = RingStats::default();
+        assert_eq!(s.transport(), "/dev/fuse");
+        s.cpus.store(2, Relaxed);
+        s.queues.store(2, Relaxed);
+        assert_eq!(s.transport(), "/dev/fuse", "INIT did not agree");
+        s.agreed.store(true, Relaxed);
+        assert_eq!(s.transport(), "io_uring");
+        s.queues.store(1, Relaxed);
+        assert_eq!(s.transport(), "/dev/fuse", "one queue short");
     }
 
     #[test]
