@@ -709,6 +709,8 @@ fn stress_many_threads_random_ranges_for_a_bounded_time() {
     if !require_fuse() {
         return;
     }
+    // It drops the page cache every 200 ms.
+    let _page_cache = crate::common::page_cache_dropped();
     // ZIP layers of every kind plus a seekable package of the same tree.
     let src = set("basic");
     let ref_dir = tempfile::tempdir().unwrap();

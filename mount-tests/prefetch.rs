@@ -178,6 +178,7 @@ fn a_walk_over_small_files_is_served_from_pushed_pages() {
     if !require_fuse() {
         return;
     }
+    let _page_cache = crate::common::page_cache_observed();
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     small_files(&src);
@@ -247,6 +248,7 @@ fn files_opened_by_name_without_a_listing_are_not_pushed() {
     if !require_fuse() {
         return;
     }
+    let _page_cache = crate::common::page_cache_observed();
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     small_files(&src);
@@ -281,6 +283,7 @@ fn a_file_larger_than_a_block_is_pushed_whole_and_right() {
     if !require_fuse() {
         return;
     }
+    let _page_cache = crate::common::page_cache_observed();
     // `d/a` small, `d/b` spanning several decoded blocks (256 KiB each: ZIP blocks start
     // at multiples of that in the member, package frames wherever the tar stream puts
     // them, so the push's pieces end mid-page there), `d/c` small.
@@ -329,6 +332,7 @@ fn blocks_the_kernel_holds_leave_the_block_cache() {
     if !require_fuse() {
         return;
     }
+    let _page_cache = crate::common::page_cache_dropped();
     // 16 files of 1 MiB (pushed during the walk) and one of 12 MiB (larger than the
     // push window: the kernel READs it), 28 MiB decoded in all, 3.5 times the grace
     // for which blocks the kernel holds stay cached; as a ZIP (blocks of members,

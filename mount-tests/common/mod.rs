@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// How the kernel's requests reach the daemon in a test's mounts.
@@ -33,6 +33,21 @@ pub fn transport_args() -> [&'static str; 2] {
         Transport::DevFuse => ["--io-uring", "off"],
         Transport::IoUring => ["--io-uring", "auto"],
     }
+}
+
+/// Tests that assert what the kernel's page cache holds take this shared; tests that
+/// drop the page cache (`/proc/sys/vm/drop_caches`) take it exclusively, so a drop never
+/// lands in the middle of another test's residency check.
+static PAGE_CACHE: RwLock<()> = RwLock::new(());
+
+/// Hold while asserting on what the page cache holds.
+pub fn page_cache_observed() -> RwLockReadGuard<'static, ()> {
+    PAGE_CACHE.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Hold while dropping the page cache.
+pub fn page_cache_dropped() -> RwLockWriteGuard<'static, ()> {
+    PAGE_CACHE.write().unwrap_or_else(|p| p.into_inner())
 }
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
