@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::{Mount, pkgfs, require_fuse, run};
+use crate::common::{Mount, pkgfs, require_fuse, run, wait_until};
 
 /// An archive of `n` stored files, `f{i}.bin`, each 64 KiB of byte `i`.
 fn stored_archive(path: &Path, n: usize, fill: u8) {
@@ -97,15 +97,25 @@ fn truncated_or_deleted_archives_do_not_take_the_mount_down() {
     assert_eq!(fs::read(mp.join("b.bin")).unwrap().len(), 100_000);
 }
 
+/// A foreground mount of a two-file stored archive made in `dir`; returns the archive too.
+fn stored_mount(dir: &Path) -> (std::path::PathBuf, Mount) {
+    let arc = dir.join("a.zip");
+    stored_archive(&arc, 2, 0);
+    let m = Mount::foreground(&[&arc], &[]);
+    (arc, m)
+}
+
+/// SIGKILL a foreground mount's daemon and reap it.
+fn kill_daemon(m: &mut Mount) {
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 crate::on_both_transports! {
     fn requests_in_flight_when_the_daemon_is_killed_fail_instead_of_hanging() {
-        if !require_fuse() {
-            return;
-        }
         let dir = tempfile::tempdir().unwrap();
-        let arc = dir.path().join("a.zip");
-        stored_archive(&arc, 2, 0);
-        let mut m = Mount::foreground(&[&arc], &[]);
+        let (_, mut m) = stored_mount(dir.path());
         let mp = m.path();
         // A reader that keeps requests flowing: every name is new, so every stat is a
         // LOOKUP the daemon must answer. It stops at the first error other than ENOENT.
@@ -123,17 +133,12 @@ crate::on_both_transports! {
             })
         };
         std::thread::sleep(Duration::from_millis(300));
-        let mut child = m.child.take().unwrap();
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let start = Instant::now();
-        while !reader.is_finished() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "a reader hangs on a dead daemon"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        kill_daemon(&mut m);
+        wait_until(
+            Duration::from_secs(10),
+            "a reader hangs on a dead daemon",
+            || reader.is_finished(),
+        );
         let (lookups, errno) = reader.join().unwrap();
         assert!(lookups > 100, "the reader was running: {lookups} lookups");
         assert!(
@@ -149,17 +154,10 @@ crate::on_both_transports! {
 
 crate::on_both_transports! {
     fn a_killed_daemon_is_cleaned_up_by_umount_and_by_the_next_mount() {
-        if !require_fuse() {
-            return;
-        }
         let dir = tempfile::tempdir().unwrap();
-        let arc = dir.path().join("a.zip");
-        stored_archive(&arc, 2, 0);
-        let mut m = Mount::foreground(&[&arc], &[]);
+        let (arc, mut m) = stored_mount(dir.path());
         let mp = m.path();
-        let mut child = m.child.take().unwrap();
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        kill_daemon(&mut m);
         // A dead FUSE mount. With io_uring, requests made while the kernel is still tearing
         // the dead daemon's rings down end with ECONNABORTED or ECANCELED; within
         // milliseconds every request gets ENOTCONN.
@@ -193,18 +191,11 @@ crate::on_both_transports! {
         // And `pkgfs umount` cleans a dead mount too.
         let mut m2 = Mount::foreground(&[&arc], &[]);
         let mp2 = m2.path();
-        let mut child = m2.child.take().unwrap();
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kill_daemon(&mut m2);
         run(pkgfs().arg("umount").arg(&mp2));
-        let start = Instant::now();
-        while m2.is_mounted() {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "dead mount not removed"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(Duration::from_secs(5), "dead mount not removed", || {
+            !m2.is_mounted()
+        });
         assert!(
             fs::read_dir(&mp2).unwrap().next().is_none(),
             "the plain directory again"

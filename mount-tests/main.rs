@@ -26,9 +26,6 @@ fn set(name: &str) -> PathBuf {
 
 on_both_transports! {
     fn basic_archives_from_zip_and_python_match_the_model() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("basic");
         let m = Mount::new(&[&src], &[]);
         expect_matches(&m.path(), &[&src], &[]);
@@ -41,9 +38,6 @@ on_both_transports! {
 
 on_both_transports! {
     fn empty_archive_and_zip64_with_70000_entries() {
-        if !require_fuse() {
-            return;
-        }
         for name in ["empty", "zip64-many"] {
             let src = set(name);
             let m = Mount::new(&[&src], &[]);
@@ -54,9 +48,6 @@ on_both_transports! {
 
 on_both_transports! {
     fn merge_conflicts_follow_the_documented_rule() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("conflicts");
         let m = Mount::new(&[&src], &[]);
         expect_matches(&m.path(), &[&src], &[]);
@@ -94,9 +85,6 @@ fn sources_given_as_files_layer_in_command_line_order() {
 
 on_both_transports! {
     fn corrupt_members_read_as_eio_and_bad_archives_are_skipped() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("corrupt");
         let m = Mount::new(&[&src], &[]);
         expect_matches(&m.path(), &[&src], &[]);
@@ -126,9 +114,6 @@ on_both_transports! {
 
 on_both_transports! {
     fn hostile_paths_never_escape_the_mount() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("unsafe");
         let m = Mount::new(&[&src], &[]);
         expect_matches(&m.path(), &[&src], &[]);
@@ -186,9 +171,6 @@ fn unzip_layers(src: &Path, out: &Path) {
 
 on_both_transports! {
     fn concurrent_random_reads_return_the_right_bytes() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("basic");
         let m = Mount::new(&[&src], &["--threads", "4", "--cache-size", "2M"]);
         let ref_dir = tempfile::tempdir().unwrap();
@@ -266,9 +248,6 @@ on_both_transports! {
 
 on_both_transports! {
     fn zstd_members_written_by_the_zip_crate() {
-        if !require_fuse() {
-            return;
-        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("zstd.zip");
         let mut contents = Vec::new();
@@ -308,9 +287,6 @@ on_both_transports! {
 
 on_both_transports! {
     fn every_write_is_refused_with_erofs() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("basic");
         let m = Mount::new(&[&src], &[]);
         let mp = m.path();
@@ -354,9 +330,6 @@ fn walk_first_file(dir: &Path) -> PathBuf {
 
 on_both_transports! {
     fn a_panicking_handler_answers_eio_and_the_mount_lives_on() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("basic");
         // One worker thread: if the panic killed it, every later request would hang.
         let dir = tempfile::tempdir().unwrap();
@@ -393,9 +366,6 @@ on_both_transports! {
 
 on_both_transports! {
     fn sigterm_unmounts_a_foreground_mount_cleanly() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("basic");
         let mut m = Mount::foreground(&[&src], &[]);
         let child = m.child.as_mut().unwrap();
@@ -409,9 +379,6 @@ on_both_transports! {
 
 on_both_transports! {
     fn a_busy_mount_is_detached_lazily() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("basic");
         let mut m = Mount::foreground(&[&src], &[]);
         let busy = fs::File::open(walk_first_file(&m.path())).unwrap();
@@ -508,9 +475,6 @@ fn mount_refuses_to_hide_its_own_sources() {
 
 on_both_transports! {
     fn statfs_and_negative_lookups() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("basic");
         let m = Mount::new(&[&src], &[]);
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -597,9 +561,6 @@ fn mounting_600_archives_reads_only_their_indexes() {
 
 on_both_transports! {
     fn uid_and_gid_overrides_apply_to_every_entry() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("conflicts");
         let m = Mount::new(&[&src], &["--uid", "4321", "-o", "gid=8765"]);
         let mut stack = vec![m.path()];
@@ -621,9 +582,6 @@ on_both_transports! {
 
 on_both_transports! {
     fn hostile_archives_from_the_catalogue() {
-        if !require_fuse() {
-            return;
-        }
         let src = set("hostile");
         let m = Mount::new(&[&src], &[]);
         expect_matches(&m.path(), &[&src], &[]);

@@ -317,10 +317,7 @@ fn start_rings(
         root: cfg.access == Access::RootAndOwner,
         all: cfg.access == Access::All,
     };
-    // As many threads as --threads asks for, spread over the queues (one per CPU).
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_queue = cfg.threads.div_ceil(cpus).max(1);
-    match crate::uring::start(dev, handler, rule, per_queue, stats.clone()) {
+    match crate::uring::start(dev, handler, rule, cfg.threads, stats.clone()) {
         Ok(()) => info!("serving requests through FUSE over io_uring"),
         Err(e) => warn!("cannot start the io_uring queues: {e}; using /dev/fuse"),
     }

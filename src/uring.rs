@@ -59,6 +59,7 @@ const RELEASE: u32 = 18;
 const FSYNC: u32 = 20;
 const SETXATTR: u32 = 21;
 const REMOVEXATTR: u32 = 24;
+const READDIR: u32 = 28;
 const RELEASEDIR: u32 = 29;
 const FSYNCDIR: u32 = 30;
 const CREATE: u32 = 35;
@@ -69,7 +70,6 @@ const READDIRPLUS: u32 = 44;
 const RENAME2: u32 = 45;
 const COPY_FILE_RANGE: u32 = 47;
 const TMPFILE: u32 = 51;
-const READDIR: u32 = 28;
 
 /// Who may use the mount, as `fuser` enforces it on its transport.
 #[derive(Clone, Copy, Debug)]
@@ -130,15 +130,15 @@ impl RingStats {
     }
 }
 
-/// Start the ring threads: `per_queue` threads (each with its own ring and one entry)
-/// for every possible CPU. `dev` is a descriptor of the mount's `/dev/fuse` connection,
+/// Start the ring threads: `threads` in all (at least one per queue), spread over the
+/// queues, one per possible CPU; each thread has its own ring and one entry. `dev` is a descriptor of the mount's `/dev/fuse` connection,
 /// after INIT agreed to FUSE over io_uring. Threads that fail to register log why and
 /// end; the kernel then keeps using `/dev/fuse`.
 pub fn start(
     dev: OwnedFd,
     handler: Arc<Handler>,
     rule: AccessRule,
-    per_queue: usize,
+    threads: usize,
     stats: Arc<RingStats>,
 ) -> std::io::Result<()> {
     // The kernel has a queue per possible CPU and switches only when all have entries.
@@ -146,17 +146,16 @@ pub fn start(
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u16;
     stats.cpus.store(u64::from(cpus), Relaxed);
     let dev = Arc::new(dev);
-    let payload = payload_len();
+    let per_queue = threads.div_ceil(usize::from(cpus)).max(1);
     for qid in 0..cpus {
         let registered = Arc::new(AtomicBool::new(false));
-        for slot in 0..per_queue.max(1) {
+        for slot in 0..per_queue {
             let q = Queue {
                 dev: dev.clone(),
                 qid,
                 registered: registered.clone(),
                 handler: handler.clone(),
                 rule,
-                payload,
                 stats: stats.clone(),
             };
             std::thread::Builder::new()
@@ -171,9 +170,7 @@ pub fn start(
 /// allows: `max(8 KiB, max_write, max_pages × page size)`, or registering fails. pkgfs
 /// sets max_write to [`crate::fuse::MAX_WRITE`] (1 MiB) and the read-ahead to at most 1
 /// MiB, from which fuser derives max_pages: 1 MiB covers all three.
-fn payload_len() -> usize {
-    (crate::fuse::MAX_WRITE as usize).max(8192)
-}
+const PAYLOAD_LEN: usize = crate::fuse::MAX_WRITE as usize;
 
 struct Queue {
     dev: Arc<OwnedFd>,
@@ -182,7 +179,6 @@ struct Queue {
     registered: Arc<AtomicBool>,
     handler: Arc<Handler>,
     rule: AccessRule,
-    payload: usize,
     stats: Arc<RingStats>,
 }
 
@@ -280,7 +276,7 @@ impl Queue {
         let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
             IoUring::builder().setup_cqsize(4).build(2)?;
         let mut header = Buf::new(HEADER_LEN)?;
-        let mut payload = Buf::new(self.payload)?;
+        let mut payload = Buf::new(PAYLOAD_LEN)?;
         let iov = [
             libc::iovec {
                 iov_base: header.ptr.cast(),
@@ -288,7 +284,7 @@ impl Queue {
             },
             libc::iovec {
                 iov_base: payload.ptr.cast(),
-                iov_len: self.payload,
+                iov_len: PAYLOAD_LEN,
             },
         ];
         let fd = types::Fd(self.dev.as_raw_fd());

@@ -55,8 +55,12 @@ const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 /// Run a test body with its mounts on `t`. For io_uring, the kernel's `enable_uring`
 /// parameter is switched on for the duration and put back after (even on panic); such
 /// tests run one at a time, so none puts it back under another. Returns without running
-/// the body only if the kernel has no FUSE over io_uring (and not under CI).
+/// the body if FUSE is unusable ([`require_fuse`]) or the kernel has no FUSE over io_uring
+/// (and not under CI).
 pub fn with_transport(t: Transport, body: fn()) {
+    if !require_fuse() {
+        return;
+    }
     static URING: Mutex<()> = Mutex::new(());
     struct Restore(Option<String>);
     impl Drop for Restore {
@@ -244,14 +248,9 @@ impl Mount {
             stderr: String::new(),
             log,
         };
-        let start = Instant::now();
-        while !m.is_mounted() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "mount did not appear"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(Duration::from_secs(20), "mount did not appear", || {
+            m.is_mounted()
+        });
         m.expect_transport();
         m
     }
@@ -315,6 +314,15 @@ impl Drop for Mount {
         if self.is_mounted() {
             let _ = Command::new("umount").arg("-l").arg(self.path()).status();
         }
+    }
+}
+
+/// Poll `done` every 10 ms until it holds; panics naming `what` after `limit`.
+pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
