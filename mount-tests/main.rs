@@ -438,6 +438,28 @@ fn mount_fails_clearly_on_a_missing_source_or_mountpoint() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
 }
 
+on_both_transports! {
+    /// The first user of the mission: a directory of wheels mounted as site-packages.
+    /// `import_check.py` imports from the mount with no other site-packages, and checks
+    /// every file against the hash its wheel's RECORD gives, as `importlib.metadata`
+    /// reads it.
+    fn python_imports_from_a_mount_of_real_wheels() {
+        let wheels = common::real_wheels();
+        let m = Mount::new(&[&wheels], &[]);
+        let out = run(Command::new("python3")
+            .args(["-I", "-S"])
+            .arg(common::repo().join("mount-tests/import_check.py"))
+            .arg(m.path())
+            .arg(&wheels));
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.starts_with("ok: 5 distributions"), "{said}");
+        // Every wheel's top-level entries are there, side by side.
+        for name in ["attr", "attrs", "certifi", "idna", "packaging", "six.py"] {
+            assert!(m.path().join(name).exists(), "{name}");
+        }
+    }
+}
+
 #[test]
 fn mount_refuses_to_hide_its_own_sources() {
     let dir = tempfile::tempdir().unwrap();

@@ -410,6 +410,56 @@ pub fn python_with_pyzstd() -> PathBuf {
     .clone()
 }
 
+/// Real wheels from the package index (pinned in `mount-tests/wheels.txt`), downloaded
+/// once under the target directory with `pip download`, as a project's dependencies
+/// would be (by the pip of the tests' virtual environment, which `venv` always has).
+pub fn real_wheels() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let dir = tmp.join("wheels");
+        let list = repo().join("mount-tests/wheels.txt");
+        let wanted = std::fs::read_to_string(&list)
+            .expect("read mount-tests/wheels.txt")
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .count();
+        let have = std::fs::read_dir(&dir).map_or(0, |d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "whl"))
+            })
+            .count()
+        });
+        if have != wanted {
+            // Into a fresh directory first, so an interrupted download is never taken
+            // for the set.
+            let part = tmp.join("wheels.part");
+            let _ = std::fs::remove_dir_all(&part);
+            run_ok(
+                Command::new(python_with_pyzstd())
+                    .args([
+                        "-m",
+                        "pip",
+                        "download",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                        "--only-binary=:all:",
+                        "--no-deps",
+                        "--dest",
+                    ])
+                    .arg(&part)
+                    .arg("-r")
+                    .arg(&list),
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::rename(&part, &dir).expect("move the downloaded wheels into place");
+        }
+        dir
+    })
+    .clone()
+}
+
 /// Compare two trees with `mount-tests/treecmp.py`; panics with its report.
 pub fn trees_match(expected: &Path, actual: &Path, extra: &[&str]) {
     let out = Command::new("python3")
