@@ -419,19 +419,10 @@ pub fn real_wheels() -> PathBuf {
         let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
         let dir = tmp.join("wheels");
         let list = repo().join("mount-tests/wheels.txt");
-        let wanted = std::fs::read_to_string(&list)
-            .expect("read mount-tests/wheels.txt")
-            .lines()
-            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-            .count();
-        let have = std::fs::read_dir(&dir).map_or(0, |d| {
-            d.filter(|e| {
-                e.as_ref()
-                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "whl"))
-            })
-            .count()
-        });
-        if have != wanted {
+        let pins = std::fs::read(&list).expect("read mount-tests/wheels.txt");
+        // The set carries a copy of the list it was downloaded for: a changed pin fetches
+        // the set again.
+        if std::fs::read(dir.join("wheels.txt")).ok().as_ref() != Some(&pins) {
             // Into a fresh directory first, so an interrupted download is never taken
             // for the set.
             let part = tmp.join("wheels.part");
@@ -452,6 +443,7 @@ pub fn real_wheels() -> PathBuf {
                     .arg("-r")
                     .arg(&list),
             );
+            std::fs::write(part.join("wheels.txt"), &pins).expect("record the pins");
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::rename(&part, &dir).expect("move the downloaded wheels into place");
         }
