@@ -7,8 +7,8 @@ use std::io::Write;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use pkgfs::archive::{DataRef, Entry, EntryKind, ZipData, seekable};
-use pkgfs::cache::{Block, BlockCache};
+use pkgfs::format::{DataRef, Entry, EntryKind, ZipData, seekable};
+use pkgfs::read::cache::{Block, BlockCache};
 use pkgfs::tree::{Ownership, TreeBuilder};
 
 const OWNER: Ownership = Ownership::defaults(0, 0);

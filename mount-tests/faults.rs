@@ -119,8 +119,9 @@ crate::on_both_transports! {
         let mp = m.path();
         // A reader that keeps requests flowing: every name is new, so every stat is a
         // LOOKUP the daemon must answer. It stops at the first error other than ENOENT.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let reader = {
-            let mp = mp.clone();
+            let (mp, done) = (mp.clone(), done.clone());
             std::thread::spawn(move || {
                 for i in 0u64.. {
                     match fs::metadata(mp.join(format!("missing-{i}"))) {
@@ -128,11 +129,15 @@ crate::on_both_transports! {
                         Err(e) => return (i, e.raw_os_error()),
                         Ok(_) => panic!("missing-{i} exists"),
                     }
+                    done.store(i + 1, std::sync::atomic::Ordering::Relaxed);
                 }
                 unreachable!()
             })
         };
-        std::thread::sleep(Duration::from_millis(300));
+        // Killed while requests flow: after the reader's first hundred.
+        wait_until(Duration::from_secs(10), "the reader never got going", || {
+            done.load(std::sync::atomic::Ordering::Relaxed) > 100
+        });
         kill_daemon(&mut m);
         wait_until(
             Duration::from_secs(10),

@@ -65,6 +65,20 @@ fn fds_on(pid: u32, dir: &Path) -> Vec<PathBuf> {
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// Install a one-file package `barrier-NAME.zip` and wait until its file shows: every
+/// change made in `pkgs` before it has then been seen by a rescan (changes are taken in
+/// order, and a rescan looks at the whole directory).
+fn barrier(pkgs: &Path, mp: &Path, name: &str) {
+    let file = format!("barrier/{name}");
+    install(
+        &pkgs.join(format!("barrier-{name}.zip")),
+        &[(&file as &str, name.as_bytes())],
+    );
+    within(Duration::from_secs(5), &format!("barrier {name}"), || {
+        mp.join(&file).exists()
+    });
+}
+
 #[test]
 fn packages_added_removed_replaced_and_renamed_show_within_a_second() {
     if !require_fuse() {
@@ -135,7 +149,7 @@ fn packages_added_removed_replaced_and_renamed_show_within_a_second() {
     let mut f = fs::File::create(pkgs.join("slow.zip")).unwrap();
     f.write_all(&bytes[..bytes.len() / 2]).unwrap();
     f.flush().unwrap();
-    std::thread::sleep(Duration::from_millis(400));
+    barrier(&pkgs, &mp, "half-written");
     assert!(!mp.join("slow").exists());
     f.write_all(&bytes[bytes.len() / 2..]).unwrap();
     drop(f);
@@ -153,7 +167,7 @@ fn packages_added_removed_replaced_and_renamed_show_within_a_second() {
 
     // The final tree is exactly what a fresh look at the directory gives.
     fs::remove_file(pkgs.join("broken.zip")).unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    barrier(&pkgs, &mp, "broken-removed");
     expect_matches(&mp, &[&pkgs], &[]);
     let log = m.log_text();
     for needle in [
@@ -303,7 +317,8 @@ fn readers_never_see_errors_or_partial_packages_while_packages_churn() {
             }
         }));
     }
-    // 30 activations: replace the moving package, add and remove others.
+    // 30 activations, each seen before the next: replace the moving package, add and
+    // remove others, while the readers read.
     for round in 0..30u8 {
         put("moving.zip", &version(round + 2));
         let extra = pkgs.join(format!("extra{}.zip", round % 3));
@@ -312,9 +327,15 @@ fn readers_never_see_errors_or_partial_packages_while_packages_churn() {
         } else {
             install(&extra, &[(&format!("extra/{round}") as &str, b"x")]);
         }
-        std::thread::sleep(Duration::from_millis(150));
+        within(Duration::from_secs(5), "the new version", || {
+            read(&mp.join("moving/m0")).is_some_and(|d| d.first() == Some(&(round + 2)))
+        });
     }
-    std::thread::sleep(Duration::from_millis(700));
+    // Every reader reads the final state too.
+    let before = checks.load(Ordering::Relaxed);
+    within(Duration::from_secs(5), "readers on the final state", || {
+        checks.load(Ordering::Relaxed) >= before + 40
+    });
     stop.store(true, Ordering::Relaxed);
     for r in readers {
         r.join().expect("a reader failed");
@@ -354,14 +375,9 @@ fn a_burst_of_200_installs_is_batched() {
         mp_count(&m.path()) == 201
     });
     eprintln!("200 packages visible after {:?}", start.elapsed());
-    let json = run(pkgfs().args(["status", "--json"]).arg(m.path())).stdout;
-    let json = String::from_utf8(json).unwrap();
-    let activations: u64 = json
-        .split("\"activations\":")
-        .nth(1)
-        .and_then(|r| r.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no activation count in {json}"));
+    let activations = crate::common::status_json(&m.path())["activations"]
+        .as_u64()
+        .unwrap();
     assert!(
         (1..=4).contains(&activations),
         "{activations} activations for one burst"
@@ -383,9 +399,19 @@ fn no_watch_mounts_a_fixed_set() {
     fs::create_dir(&pkgs).unwrap();
     install(&pkgs.join("a.zip"), &[("a", b"a")]);
     let m = Mount::new(&[&pkgs], &["--no-watch"]);
+    // No watcher at all: the daemon holds no inotify descriptor, so nothing that happens
+    // in the directory can reach the tree.
+    let status = crate::common::status_json(&m.path());
+    assert_eq!(status["watching"], false);
+    let pid = status["pid"].as_u64().unwrap();
+    let inotify = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().contains("inotify"))
+        .count();
+    assert_eq!(inotify, 0, "a fixed mount watches nothing");
     install(&pkgs.join("b.zip"), &[("b", b"b")]);
     fs::remove_file(pkgs.join("a.zip")).unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
     assert!(!m.path().join("b").exists());
     // The removed package's file is gone from disk, but the fixed mount still has it open.
     assert_eq!(read(&m.path().join("a")).unwrap(), b"a");

@@ -340,7 +340,7 @@ on_both_transports! {
             .arg(&src)
             .arg(&mp)
             .args(common::transport_args())
-            .env(pkgfs::fuse::PANIC_ENV, "boom")
+            .env(pkgfs::transport::ops::PANIC_ENV, "boom")
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();

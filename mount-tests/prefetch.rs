@@ -7,7 +7,7 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::{Mount, pkgfs, require_fuse, run};
 
@@ -47,20 +47,14 @@ fn text(seed: &mut u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A field of `pkgfs status --json` (a number; keys are unique in the report).
+/// A number of `pkgfs status --json`: a top-level field, or one of `requests` or `cache`.
 fn status_field(mp: &Path, key: &str) -> u64 {
-    let json = String::from_utf8(run(pkgfs().arg("status").arg("--json").arg(mp)).stdout).unwrap();
-    let at = json
-        .find(&format!("\"{key}\":"))
+    let json = crate::common::status_json(mp);
+    json.get(key)
+        .or_else(|| json["requests"].get(key))
+        .or_else(|| json["cache"].get(key))
+        .and_then(serde_json::Value::as_u64)
         .unwrap_or_else(|| panic!("no {key} in {json}"))
-        + key.len()
-        + 3;
-    json[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap()
 }
 
 /// Whether every page of `p` is in the kernel's page cache (`mincore` of a mapping,
@@ -91,42 +85,18 @@ fn resident(p: &Path) -> bool {
     pages.iter().all(|v| v & 1 == 1)
 }
 
-/// Run `scenario` (a whole mount and its checks) up to three times, failing only if it
-/// fails every time. The machines these tests run on page out page cache behind the
-/// kernel's back (a DAMON scheme, `pageout` of unmapped file pages in physical regions
-/// idle for a minute, 128 MB/s), and a page pushed but not yet read can sit in such a
-/// region: a residency check then fails now and then under a busy test run, through no
-/// fault of pkgfs. A real fault fails every attempt.
-fn with_retries(what: &str, mut scenario: impl FnMut()) {
-    for attempt in 1..=3 {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut scenario)) {
-            Ok(()) => return,
-            Err(_) if attempt < 3 => eprintln!("{what}: attempt {attempt} failed; again"),
-            Err(e) => std::panic::resume_unwind(e),
-        }
-    }
-}
-
-/// Wait until the read-ahead thread has been idle for a while; returns the files and
-/// bytes it has pushed.
+/// Wait until the read-ahead thread has taken every hint sent so far and has nothing
+/// left to push; returns the files and bytes it has pushed. (A READ's hint is sent
+/// before the read is answered, and the end of a listing's before the last batch is, so
+/// every hint a test's reads and listings caused is counted by then.)
 fn settled(mp: &Path) -> (u64, u64) {
-    let start = Instant::now();
-    let mut last = (u64::MAX, 0);
-    loop {
-        std::thread::sleep(Duration::from_millis(300));
-        let now = (
-            status_field(mp, "prefetched_files"),
-            status_field(mp, "prefetched_bytes"),
-        );
-        if now == last {
-            return now;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "pushes never settle"
-        );
-        last = now;
-    }
+    let mut json = serde_json::Value::Null;
+    crate::common::wait_until(Duration::from_secs(30), "pushes never settle", || {
+        json = crate::common::status_json(mp);
+        json["prefetch_idle"] == true && json["prefetch_hints"] == json["prefetch_hints_taken"]
+    });
+    let n = |k: &str| json[k].as_u64().unwrap();
+    (n("prefetched_files"), n("prefetched_bytes"))
 }
 
 /// `src` as an Info-ZIP archive (`zip -6`) in `tmp/zips` and as a `pkgfs pack` package
@@ -184,15 +154,13 @@ fn a_walk_over_small_files_is_served_from_pushed_pages() {
     small_files(&src);
     let [zips, zsts] = both_formats(tmp.path(), &src);
     for pkgs in [&zips, &zsts] {
-        with_retries(&pkgs.display().to_string(), || {
-            walk_served_from_pushes(pkgs, &src)
-        });
+        walk_served_from_pushes(pkgs, &src);
     }
-    // Control: read-ahead off, nothing is pushed and every file costs a READ.
+    // Control: read-ahead off (no read-ahead thread at all), nothing is pushed and every
+    // file costs a READ.
     let m = Mount::new(&[&zips], &["-o", "prefetch=0"]);
     list(&m);
     check(&m, &src, 0);
-    std::thread::sleep(Duration::from_millis(300));
     assert!(!resident(&m.path().join(file(1))));
     for i in 1..FILES {
         check(&m, &src, i);
@@ -296,9 +264,7 @@ fn a_file_larger_than_a_block_is_pushed_whole_and_right() {
     fs::write(src.join("d/c"), b"last file\n").unwrap();
     let [zips, zsts] = both_formats(tmp.path(), &src);
     for pkgs in [&zips, &zsts] {
-        with_retries(&pkgs.display().to_string(), || {
-            large_file_pushed(pkgs, &big)
-        });
+        large_file_pushed(pkgs, &big);
     }
 }
 

@@ -8,7 +8,25 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use crate::transport::ops::Access;
 use crate::tree::Ownership;
+
+/// Arguments that parse but make no sense: exit status 2, as clap's own errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+impl From<String> for UsageError {
+    fn from(s: String) -> Self {
+        UsageError(s)
+    }
+}
+
+impl From<&str> for UsageError {
+    fn from(s: &str) -> Self {
+        UsageError(s.to_string())
+    }
+}
 
 /// Default block cache budget.
 pub const DEFAULT_CACHE: &str = "256M";
@@ -221,17 +239,6 @@ struct CheckArgs {
     merge: MergeArgs,
 }
 
-/// Who may access a mount.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Only the mounting user (FUSE's default).
-    Owner,
-    /// The mounting user and root.
-    RootAndOwner,
-    /// Everyone (`allow_other`).
-    All,
-}
-
 /// Validated settings of `pkgfs mount`.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -314,11 +321,11 @@ pub enum Command {
         whiteouts: bool,
     },
     /// Pack a directory.
-    Pack(crate::pack::PackConfig),
+    Pack(crate::tools::pack::PackConfig),
 }
 
 /// Parse a byte size such as `512`, `64K`, `256M`, `2G` (binary multiples).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, UsageError> {
     let t = s.trim();
     let (digits, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -328,9 +335,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'G' => 1 << 30,
                 'T' => 1 << 40,
                 _ => {
-                    return Err(format!(
-                        "bad size {s:?}: unknown suffix {c:?} (use K, M, G)"
-                    ));
+                    return Err(
+                        format!("bad size {s:?}: unknown suffix {c:?} (use K, M, G)").into(),
+                    );
                 }
             };
             (&t[..i], m)
@@ -341,7 +348,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         format!("bad size {s:?}: expected a number with an optional K, M or G suffix")
     })?;
     n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} is too large"))
+        .ok_or_else(|| format!("size {s:?} is too large").into())
 }
 
 /// Names under which the binary acts as a mount(8) helper (`mount -t fuse.pkgfs` runs
@@ -353,7 +360,9 @@ pub const HELPER_NAMES: &[&str] = &["mount.fuse.pkgfs", "mount.pkgfs"];
 /// the equivalent `pkgfs mount` arguments. `SOURCE` may list several sources separated
 /// by `:`. Returns `None` for any other program name, and an empty list for `-f` (fake:
 /// do nothing).
-pub fn helper_args(args: &[std::ffi::OsString]) -> Option<Result<Vec<std::ffi::OsString>, String>> {
+pub fn helper_args(
+    args: &[std::ffi::OsString],
+) -> Option<Result<Vec<std::ffi::OsString>, UsageError>> {
     use std::ffi::OsString;
     let name = std::path::Path::new(args.first()?).file_name()?.to_str()?;
     if !HELPER_NAMES.contains(&name) {
@@ -380,7 +389,7 @@ pub fn helper_args(args: &[std::ffi::OsString]) -> Option<Result<Vec<std::ffi::O
                         // -v: verbose.
                         'f' => fake = true,
                         'n' | 's' | 'v' => {}
-                        _ => return Some(Err(format!("unknown helper flag -{c}"))),
+                        _ => return Some(Err(format!("unknown helper flag -{c}").into())),
                     }
                 }
             }
@@ -391,7 +400,8 @@ pub fn helper_args(args: &[std::ffi::OsString]) -> Option<Result<Vec<std::ffi::O
         return Some(Err(format!(
             "usage: {name} SOURCE MOUNTPOINT [-o OPTIONS] (got {} arguments)",
             positional.len()
-        )));
+        )
+        .into()));
     };
     if fake {
         // Nothing to do: an empty command line.
@@ -419,7 +429,7 @@ fn default_threads() -> usize {
 
 impl Cli {
     /// Validate the arguments into a [`Command`].
-    pub fn into_command(self) -> Result<Command, String> {
+    pub fn into_command(self) -> Result<Command, UsageError> {
         Ok(match self.command {
             CliCommand::Mount(m) => Command::Mount(mount_config(m)?),
             CliCommand::Umount(u) => Command::Umount {
@@ -470,7 +480,7 @@ impl Cli {
     }
 }
 
-fn pack_config(p: PackArgs) -> Result<crate::pack::PackConfig, String> {
+fn pack_config(p: PackArgs) -> Result<crate::tools::pack::PackConfig, UsageError> {
     let frame_size = parse_size(&p.frame_size)?;
     if !(4096..=64 << 20).contains(&frame_size) {
         return Err("--frame-size must be between 4K and 64M".into());
@@ -486,7 +496,7 @@ fn pack_config(p: PackArgs) -> Result<crate::pack::PackConfig, String> {
             Some((num(u)?, num(g)?))
         }
     };
-    Ok(crate::pack::PackConfig {
+    Ok(crate::tools::pack::PackConfig {
         dir: p.dir,
         output: p.output,
         level: p.level,
@@ -498,14 +508,14 @@ fn pack_config(p: PackArgs) -> Result<crate::pack::PackConfig, String> {
         mtime_clamp: p.mtime,
         owner,
         follow: match p.follow_symlinks.as_deref() {
-            Some("inside") => crate::pack::Follow::Inside,
-            Some(_) => crate::pack::Follow::All,
-            None => crate::pack::Follow::Never,
+            Some("inside") => crate::tools::pack::Follow::Inside,
+            Some(_) => crate::tools::pack::Follow::All,
+            None => crate::tools::pack::Follow::Never,
         },
     })
 }
 
-fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
+fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
     // SAFETY: getuid/getgid cannot fail.
     let (my_uid, my_gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut cfg = MountConfig {
@@ -539,7 +549,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
             None
         } else {
             m.index_cache
-                .or_else(crate::archive::seekable::IndexCache::default_dir)
+                .or_else(crate::format::seekable::IndexCache::default_dir)
         },
         watch: !m.no_watch,
         whiteouts: m.whiteouts,
@@ -608,7 +618,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, String> {
             | "async"
             | "sync" => {}
             k if k.starts_with("x-") || k.starts_with("comment=") => {}
-            _ => return Err(format!("unknown mount option {opt:?}")),
+            _ => return Err(format!("unknown mount option {opt:?}").into()),
         }
     }
     if cfg.threads == 0 {
@@ -625,6 +635,7 @@ mod tests {
         Cli::try_parse_from(args)
             .map_err(|e| e.to_string())?
             .into_command()
+            .map_err(|e| e.0)
     }
 
     #[test]

@@ -32,6 +32,15 @@ pub enum Error {
     NotSymlink,
     /// The filesystem is read-only; every write-type operation fails with this.
     ReadOnly,
+    /// An operation pkgfs does not implement (FLUSH, FSYNC, OPEN…): for most of them the
+    /// kernel then stops sending it, which is the point (see `transport::ops`).
+    Declined,
+    /// No ioctl is supported.
+    NoIoctl,
+    /// The caller may not use the mount (the access rule of `allow_other`/`allow_root`).
+    Denied,
+    /// A bug caught at the edge (a panic in a handler): the request fails, the mount lives.
+    Internal(String),
     /// An error tied to one archive file.
     WithPath(PathBuf, Box<Error>),
 }
@@ -52,6 +61,10 @@ impl Clone for Error {
             Error::IsDir => Error::IsDir,
             Error::NotSymlink => Error::NotSymlink,
             Error::ReadOnly => Error::ReadOnly,
+            Error::Declined => Error::Declined,
+            Error::NoIoctl => Error::NoIoctl,
+            Error::Denied => Error::Denied,
+            Error::Internal(m) => Error::Internal(m.clone()),
             Error::WithPath(p, e) => Error::WithPath(p.clone(), e.clone()),
         }
     }
@@ -72,6 +85,10 @@ impl Error {
             Error::IsDir => libc::EISDIR,
             Error::NotSymlink => libc::EINVAL,
             Error::ReadOnly => libc::EROFS,
+            Error::Declined => libc::ENOSYS,
+            Error::NoIoctl => libc::ENOTTY,
+            Error::Denied => libc::EACCES,
+            Error::Internal(_) => libc::EIO,
             Error::WithPath(_, inner) => inner.errno(),
         }
     }
@@ -106,6 +123,10 @@ impl fmt::Display for Error {
             Error::IsDir => f.write_str("is a directory"),
             Error::NotSymlink => f.write_str("not a symbolic link"),
             Error::ReadOnly => f.write_str("read-only file system"),
+            Error::Declined => f.write_str("operation not implemented"),
+            Error::NoIoctl => f.write_str("no such ioctl"),
+            Error::Denied => f.write_str("permission denied"),
+            Error::Internal(m) => write!(f, "internal error: {m}"),
             Error::WithPath(p, e) => write!(f, "{}: {e}", p.display()),
         }
     }

@@ -14,22 +14,14 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod archive;
-pub mod cache;
 pub mod cli;
 pub mod daemon;
 pub mod error;
+pub mod format;
 pub mod fs;
-pub mod fuse;
-pub mod inflate;
-pub mod pack;
-pub mod path;
-pub mod prefetch;
 pub mod read;
 pub mod source;
 pub mod status;
 pub mod tools;
+pub mod transport;
 pub mod tree;
-pub mod uring;
-pub mod view;
-pub mod watch;

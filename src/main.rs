@@ -51,40 +51,57 @@ fn main() -> ExitCode {
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let result = match command {
-        Command::Mount(cfg) => daemon::mount(&cfg, &args).map(|()| true),
-        Command::Umount { mountpoint, lazy } => daemon::unmount(&mountpoint, lazy).map(|()| true),
-        Command::Status { mountpoint, style } => pkgfs::status::query(&mountpoint, style)
-            .and_then(|s| out.write_all(s.as_bytes()).map_err(|e| e.to_string()))
-            .map(|()| true),
+    let result: Result<bool, Box<dyn std::error::Error>> = match command {
+        Command::Mount(cfg) => daemon::mount(&cfg, &args)
+            .map(|()| true)
+            .map_err(Into::into),
+        Command::Umount { mountpoint, lazy } => daemon::unmount(&mountpoint, lazy)
+            .map(|()| true)
+            .map_err(Into::into),
+        Command::Status { mountpoint, style } => match pkgfs::status::query(&mountpoint, style) {
+            Ok(s) => out
+                .write_all(s.as_bytes())
+                .map(|()| true)
+                .map_err(Into::into),
+            Err(e) => Err(e.into()),
+        },
         Command::Ls {
             sources,
             path,
             whiteouts,
-        } => tools::ls(&sources, whiteouts, &path, &mut out),
+        } => tools::ls(&sources, whiteouts, &path, &mut out).map_err(Into::into),
         Command::Cat {
             sources,
             path,
             whiteouts,
-        } => tools::cat(&sources, whiteouts, &path, &mut out).map(|()| true),
-        Command::Check { sources, whiteouts } => tools::check(&sources, whiteouts, &mut out),
-        Command::Pack(cfg) => pkgfs::pack::pack(&cfg).map(|st| {
-            eprintln!(
-                "{}: {} entries, {} bytes of data, {} frames, {} bytes ({:.1}% of the tar stream)",
-                cfg.output.display(),
-                st.entries,
-                st.data_bytes,
-                st.frames,
-                st.output_bytes,
-                100.0 * st.output_bytes as f64 / st.stream_bytes.max(1) as f64
-            );
-            true
-        }),
+        } => tools::cat(&sources, whiteouts, &path, &mut out)
+            .map(|()| true)
+            .map_err(Into::into),
+        Command::Check { sources, whiteouts } => {
+            tools::check(&sources, whiteouts, &mut out).map_err(Into::into)
+        }
+        Command::Pack(cfg) => match pkgfs::tools::pack::pack(&cfg) {
+            Ok(st) => {
+                eprintln!(
+                    "{}: {} entries, {} bytes of data, {} frames, {} bytes ({:.1}% of the tar stream)",
+                    cfg.output.display(),
+                    st.entries,
+                    st.data_bytes,
+                    st.frames,
+                    st.output_bytes,
+                    100.0 * st.output_bytes as f64 / st.stream_bytes.max(1) as f64
+                );
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        },
     };
     let flushed = out.flush();
     match (result, flushed) {
         (Ok(true), Ok(())) => ExitCode::SUCCESS,
         (Ok(false), Ok(())) => ExitCode::FAILURE,
+        // A reader that stopped reading (`pkgfs ls | head`) is not a failure.
+        (Err(e), _) if broken_pipe(&*e) => ExitCode::SUCCESS,
         (Err(e), _) => {
             eprintln!("pkgfs: {e}");
             ExitCode::FAILURE
@@ -95,4 +112,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `e` is, or was caused by, writing to a closed pipe.
+fn broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }

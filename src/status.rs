@@ -16,6 +16,8 @@
 //! a mount of 10,000 packages still gives a report that fits a screen.
 
 use std::fmt::Write as _;
+
+use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::MetadataExt;
@@ -43,7 +45,7 @@ pub struct MountInfo {
     /// When the mount started.
     pub started: SystemTime,
     /// The io_uring transport's state.
-    pub rings: Arc<crate::uring::RingStats>,
+    pub rings: Arc<crate::transport::uring::RingStats>,
 }
 
 /// What happened since the mount: kept by the daemon, shown by `status`.
@@ -63,34 +65,92 @@ fn secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
 }
 
 /// One package line of the report.
+#[derive(Debug, Clone, Serialize)]
 struct PackageRow {
     path: String,
     format: &'static str,
     entries: usize,
+    #[serde(rename = "conflicts_won")]
     wins: usize,
+    #[serde(rename = "conflicts_lost")]
     loses: usize,
+}
+
+/// A skipped archive and why.
+#[derive(Debug, Clone, Serialize)]
+struct SkippedRow {
+    path: String,
+    reason: String,
+}
+
+/// The last activation.
+#[derive(Debug, Clone, Serialize)]
+struct LastActivation {
+    /// Seconds since the epoch.
+    time: u64,
+    /// `+added -removed ~replaced`.
+    changes: String,
+}
+
+/// The block cache.
+#[derive(Debug, Clone, Serialize)]
+struct CacheReport {
+    bytes: u64,
+    budget: u64,
+    hits: u64,
+    misses: u64,
+    released: u64,
+}
+
+/// Request counts by operation.
+#[derive(Debug, Clone, Serialize)]
+struct Requests {
+    lookup: u64,
+    getattr: u64,
+    readdir: u64,
+    readlink: u64,
+    read: u64,
+}
+
+/// Everything the report says: the JSON form is this, serialised; the text form is
+/// written from it.
+#[derive(Debug, Clone, Serialize)]
+struct Report {
+    mountpoint: String,
+    pid: u32,
+    uptime_s: u64,
+    watching: bool,
+    whiteouts: bool,
+    sources: Vec<String>,
+    generation: u64,
+    activations: u64,
+    failed_scans: u64,
+    last_activation: Option<LastActivation>,
+    packages: Vec<PackageRow>,
+    skipped: Vec<SkippedRow>,
+    inodes: usize,
+    inodes_retired: usize,
+    cache: CacheReport,
+    archive_bytes_read: u64,
+    bytes_decompressed: u64,
+    streams_started: u64,
+    checkpoint_resumes: u64,
+    read_bytes: u64,
+    prefetched_files: u64,
+    prefetched_bytes: u64,
+    prefetch_failed: u64,
+    prefetch_hints: u64,
+    prefetch_hints_taken: u64,
+    prefetch_idle: bool,
+    errors: u64,
+    transport: &'static str,
+    io_uring_requests: u64,
+    requests: Requests,
 }
 
 /// The forms of the report.
@@ -123,17 +183,17 @@ impl Style {
     }
 }
 
-/// The status report of `fs`, in `style`.
-pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -> String {
+/// Gather the report of `fs`.
+fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
     let view = fs.view();
-    let mut rows: Vec<PackageRow> = view
+    let mut packages: Vec<PackageRow> = view
         .layers
         .iter()
         .map(|l| PackageRow {
             path: l.archive.path.display().to_string(),
             format: match l.archive.format {
-                crate::archive::Format::Zip => "zip",
-                crate::archive::Format::SeekableTar => "seekable-zstd",
+                crate::format::Format::Zip => "zip",
+                crate::format::Format::SeekableTar => "seekable-zstd",
             },
             entries: l.entries,
             wins: 0,
@@ -141,135 +201,104 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -
         })
         .collect();
     for c in &view.tree.conflicts {
-        if let Some(r) = rows.get_mut(c.winner as usize) {
+        if let Some(r) = packages.get_mut(c.winner as usize) {
             r.wins += 1;
         }
-        if let Some(r) = rows.get_mut(c.loser as usize) {
+        if let Some(r) = packages.get_mut(c.loser as usize) {
             r.loses += 1;
         }
     }
     let cache = fs.reader().cache();
-    let (hits, misses, released) = (
-        cache.stats.hits.load(Relaxed),
-        cache.stats.misses.load(Relaxed),
-        cache.stats.released.load(Relaxed),
-    );
     let rs = &fs.reader().stats;
     let ops = &fs.stats;
-    let counters = [
-        ("lookup", ops.lookups.load(Relaxed)),
-        ("getattr", ops.getattrs.load(Relaxed)),
-        ("readdir", ops.readdirs.load(Relaxed)),
-        ("readlink", ops.readlinks.load(Relaxed)),
-        ("read", ops.reads.load(Relaxed)),
-    ];
-    let uptime = info.started.elapsed().unwrap_or(Duration::ZERO).as_secs();
-    let pid = std::process::id();
-    if style == Style::Json {
-        let mut o = String::from("{");
-        let _ = write!(
-            o,
-            "\"mountpoint\":{},\"pid\":{pid},\"uptime_s\":{uptime},\"watching\":{},\"whiteouts\":{},\"sources\":[{}],",
-            json_str(&info.mountpoint.display().to_string()),
-            info.watching,
-            info.whiteouts,
-            info.sources
-                .iter()
-                .map(|s| json_str(&s.display().to_string()))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        let _ = write!(
-            o,
-            "\"generation\":{},\"activations\":{},\"failed_scans\":{},\"last_activation\":{},",
-            view.generation,
-            activity.activations,
-            activity.failed_scans,
-            activity
-                .last
-                .as_ref()
-                .map_or("null".into(), |(t, what)| format!(
-                    "{{\"time\":{},\"changes\":{}}}",
-                    secs(*t),
-                    json_str(what)
-                ))
-        );
-        let pkgs: Vec<String> = rows
+    Report {
+        mountpoint: info.mountpoint.display().to_string(),
+        pid: std::process::id(),
+        uptime_s: info.started.elapsed().unwrap_or(Duration::ZERO).as_secs(),
+        watching: info.watching,
+        whiteouts: info.whiteouts,
+        sources: info
+            .sources
             .iter()
-            .map(|r| {
-                format!(
-                    "{{\"path\":{},\"format\":\"{}\",\"entries\":{},\"conflicts_won\":{},\"conflicts_lost\":{}}}",
-                    json_str(&r.path),
-                    r.format,
-                    r.entries,
-                    r.wins,
-                    r.loses
-                )
-            })
-            .collect();
-        let skipped: Vec<String> = activity
+            .map(|s| s.display().to_string())
+            .collect(),
+        generation: view.generation,
+        activations: activity.activations,
+        failed_scans: activity.failed_scans,
+        last_activation: activity.last.as_ref().map(|(t, what)| LastActivation {
+            time: secs(*t),
+            changes: what.clone(),
+        }),
+        packages,
+        skipped: activity
             .skipped
             .iter()
-            .map(|(p, why)| {
-                format!(
-                    "{{\"path\":{},\"reason\":{}}}",
-                    json_str(&p.display().to_string()),
-                    json_str(why)
-                )
+            .map(|(p, why)| SkippedRow {
+                path: p.display().to_string(),
+                reason: why.clone(),
             })
-            .collect();
-        let _ = write!(
-            o,
-            "\"packages\":[{}],\"skipped\":[{}],\"inodes\":{},\"inodes_retired\":{},",
-            pkgs.join(","),
-            skipped.join(","),
-            view.tree.len(),
-            fs.retired_count()
-        );
-        let _ = write!(
-            o,
-            "\"cache\":{{\"bytes\":{},\"budget\":{},\"hits\":{hits},\"misses\":{misses},\"released\":{released}}},",
-            cache.bytes(),
-            cache.budget()
-        );
-        let _ = write!(
-            o,
-            "\"archive_bytes_read\":{},\"bytes_decompressed\":{},\"streams_started\":{},\"checkpoint_resumes\":{},\"read_bytes\":{},\"prefetched_files\":{},\"prefetched_bytes\":{},\"prefetch_failed\":{},\"errors\":{},\"transport\":\"{}\",\"io_uring_requests\":{},\"requests\":{{{}}}}}",
-            rs.archive_bytes.load(Relaxed),
-            rs.decompressed_bytes.load(Relaxed),
-            rs.streams_started.load(Relaxed),
-            rs.checkpoint_resumes.load(Relaxed),
-            ops.read_bytes.load(Relaxed),
-            ops.prefetched.load(Relaxed),
-            ops.prefetched_bytes.load(Relaxed),
-            ops.prefetch_failed.load(Relaxed),
-            ops.errors.load(Relaxed),
-            info.rings.transport(),
-            info.rings.requests.load(Relaxed),
-            counters
-                .iter()
-                .map(|(k, v)| format!("\"{k}\":{v}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        o.push('\n');
-        return o;
+            .collect(),
+        inodes: view.tree.len(),
+        inodes_retired: fs.retired_count(),
+        cache: CacheReport {
+            bytes: cache.bytes(),
+            budget: cache.budget(),
+            hits: cache.stats.hits.load(Relaxed),
+            misses: cache.stats.misses.load(Relaxed),
+            released: cache.stats.released.load(Relaxed),
+        },
+        archive_bytes_read: rs.archive_bytes.load(Relaxed),
+        bytes_decompressed: rs.decompressed_bytes.load(Relaxed),
+        streams_started: rs.streams_started.load(Relaxed),
+        checkpoint_resumes: rs.checkpoint_resumes.load(Relaxed),
+        read_bytes: ops.read_bytes.load(Relaxed),
+        prefetched_files: ops.prefetched.load(Relaxed),
+        prefetched_bytes: ops.prefetched_bytes.load(Relaxed),
+        prefetch_failed: ops.prefetch_failed.load(Relaxed),
+        prefetch_hints: ops.hints.load(Relaxed),
+        prefetch_hints_taken: ops.hints_taken.load(Relaxed),
+        prefetch_idle: ops.prefetch_idle.load(Relaxed),
+        errors: ops.errors.load(Relaxed),
+        transport: info.rings.transport(),
+        io_uring_requests: info.rings.requests.load(Relaxed),
+        requests: Requests {
+            lookup: ops.lookups.load(Relaxed),
+            getattr: ops.getattrs.load(Relaxed),
+            readdir: ops.readdirs.load(Relaxed),
+            readlink: ops.readlinks.load(Relaxed),
+            read: ops.reads.load(Relaxed),
+        },
     }
+}
+
+/// The status report of `fs`, in `style`.
+pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -> String {
+    let r = gather(fs, info, activity);
+    match style {
+        Style::Json => match serde_json::to_string(&r) {
+            Ok(mut json) => {
+                json.push('\n');
+                json
+            }
+            Err(e) => format!("error: the report failed: {e}\n"),
+        },
+        Style::Summary | Style::All => text(&r, activity, style == Style::All),
+    }
+}
+
+/// The text form of a report.
+fn text(r: &Report, activity: &Activity, all: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "pkgfs at {} (pid {pid}, up {uptime} s)",
-        info.mountpoint.display()
+        "pkgfs at {} (pid {}, up {} s)",
+        r.mountpoint, r.pid, r.uptime_s
     );
     let _ = writeln!(
         o,
         "sources: {} ({})",
-        info.sources
-            .iter()
-            .map(|s| s.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" "),
-        match (info.watching, info.whiteouts) {
+        r.sources.join(" "),
+        match (r.watching, r.whiteouts) {
             (true, false) => "watched",
             (false, false) => "fixed set",
             (true, true) => "watched; whiteouts honoured",
@@ -279,68 +308,75 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -
     let _ = write!(
         o,
         "generation {}: {} activations",
-        view.generation, activity.activations
+        r.generation, r.activations
     );
     if let Some((t, what)) = &activity.last {
         let ago = t.elapsed().unwrap_or(Duration::ZERO).as_secs();
         let _ = write!(o, ", last {ago} s ago ({what})");
     }
-    if activity.failed_scans > 0 {
-        let _ = write!(o, ", {} failed rescans", activity.failed_scans);
+    if r.failed_scans > 0 {
+        let _ = write!(o, ", {} failed rescans", r.failed_scans);
     }
     o.push('\n');
     let _ = writeln!(
         o,
         "packages: {} active, {} skipped; {} inodes ({} still held from older generations)",
-        rows.len(),
-        activity.skipped.len(),
-        view.tree.len(),
-        fs.retired_count()
+        r.packages.len(),
+        r.skipped.len(),
+        r.inodes,
+        r.inodes_retired
     );
-    let rate = if hits + misses > 0 {
-        100.0 * hits as f64 / (hits + misses) as f64
+    let c = &r.cache;
+    let rate = if c.hits + c.misses > 0 {
+        100.0 * c.hits as f64 / (c.hits + c.misses) as f64
     } else {
         0.0
     };
     let _ = writeln!(
         o,
-        "cache: {} of {}; {hits} hits, {misses} misses ({rate:.1}% hit rate); {released} blocks dropped once the kernel held them",
-        mib(cache.bytes()),
-        mib(cache.budget())
+        "cache: {} of {}; {} hits, {} misses ({rate:.1}% hit rate); {} blocks dropped once the kernel held them",
+        mib(c.bytes),
+        mib(c.budget),
+        c.hits,
+        c.misses,
+        c.released
     );
     let _ = writeln!(
         o,
         "archives: {} read, {} decompressed, {} streams started, {} resumed from checkpoints",
-        mib(rs.archive_bytes.load(Relaxed)),
-        mib(rs.decompressed_bytes.load(Relaxed)),
-        rs.streams_started.load(Relaxed),
-        rs.checkpoint_resumes.load(Relaxed)
+        mib(r.archive_bytes_read),
+        mib(r.bytes_decompressed),
+        r.streams_started,
+        r.checkpoint_resumes
     );
     let _ = writeln!(
         o,
         "transport: {}; {} requests through io_uring",
-        info.rings.transport(),
-        info.rings.requests.load(Relaxed)
+        r.transport, r.io_uring_requests
+    );
+    let q = &r.requests;
+    let _ = writeln!(
+        o,
+        "requests: lookup {}, getattr {}, readdir {}, readlink {}, read {}; {} served by read",
+        q.lookup,
+        q.getattr,
+        q.readdir,
+        q.readlink,
+        q.read,
+        mib(r.read_bytes)
     );
     let _ = writeln!(
         o,
-        "requests: {}; {} served by read",
-        counters
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        mib(ops.read_bytes.load(Relaxed))
+        "prefetch: {} files ({}) pushed into the page cache ahead of readers, {} refused; {} of {} hints taken ({})",
+        r.prefetched_files,
+        mib(r.prefetched_bytes),
+        r.prefetch_failed,
+        r.prefetch_hints_taken,
+        r.prefetch_hints,
+        if r.prefetch_idle { "idle" } else { "busy" }
     );
-    let _ = writeln!(
-        o,
-        "prefetch: {} files ({}) pushed into the page cache ahead of readers, {} refused",
-        ops.prefetched.load(Relaxed),
-        mib(ops.prefetched_bytes.load(Relaxed)),
-        ops.prefetch_failed.load(Relaxed)
-    );
-    let _ = writeln!(o, "errors: {}", ops.errors.load(Relaxed));
-    package_table(&mut o, &rows, &activity.skipped, style == Style::All);
+    let _ = writeln!(o, "errors: {}", r.errors);
+    package_table(&mut o, &r.packages, &r.skipped, all);
     o
 }
 
@@ -363,7 +399,7 @@ fn listed_rows(rows: &[PackageRow], all: bool) -> Vec<usize> {
 }
 
 /// The table of packages and the skipped archives, after the summary.
-fn package_table(o: &mut String, rows: &[PackageRow], skipped: &[(PathBuf, String)], all: bool) {
+fn package_table(o: &mut String, rows: &[PackageRow], skipped: &[SkippedRow], all: bool) {
     let listed = listed_rows(rows, all);
     let _ = writeln!(
         o,
@@ -390,8 +426,8 @@ fn package_table(o: &mut String, rows: &[PackageRow], skipped: &[(PathBuf, Strin
     } else {
         skipped.len().min(LISTED)
     };
-    for (p, why) in &skipped[..shown] {
-        let _ = writeln!(o, "  skipped {}: {why}", p.display());
+    for sk in &skipped[..shown] {
+        let _ = writeln!(o, "  skipped {}: {}", sk.path, sk.reason);
     }
     if shown < skipped.len() {
         let _ = writeln!(
@@ -505,28 +541,63 @@ pub fn serve(
     Ok(())
 }
 
+/// Why `pkgfs status` got no report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryError {
+    /// The mountpoint cannot be examined.
+    #[error("{path}: {source}")]
+    Mountpoint {
+        /// The mountpoint.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Nothing answers on the mount's channel.
+    #[error("{path}: no pkgfs daemon answers for this mount ({source}); is it a pkgfs mountpoint?")]
+    NoDaemon {
+        /// The mountpoint.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The daemon closed the channel without an answer.
+    #[error("{0}: the pkgfs daemon refused the request (another user's mount?)")]
+    Refused(PathBuf),
+    /// The conversation failed half-way.
+    #[error("{path}: status channel: {source}")]
+    Channel {
+        /// The mountpoint.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// Ask the daemon of the mount at `mountpoint` for its status.
-pub fn query(mountpoint: &Path, style: Style) -> Result<String, String> {
-    let meta =
-        std::fs::metadata(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    let addr = address(meta.dev()).map_err(|e| e.to_string())?;
-    let mut s = UnixStream::connect_addr(&addr).map_err(|e| {
-        format!(
-            "{}: no pkgfs daemon answers for this mount ({e}); is it a pkgfs mountpoint?",
-            mountpoint.display()
-        )
+pub fn query(mountpoint: &Path, style: Style) -> Result<String, QueryError> {
+    let path = || mountpoint.to_path_buf();
+    let channel = |source| QueryError::Channel {
+        path: path(),
+        source,
+    };
+    let meta = std::fs::metadata(mountpoint).map_err(|source| QueryError::Mountpoint {
+        path: path(),
+        source,
+    })?;
+    let addr = address(meta.dev()).map_err(channel)?;
+    let mut s = UnixStream::connect_addr(&addr).map_err(|source| QueryError::NoDaemon {
+        path: path(),
+        source,
     })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    writeln!(s, "{}", style.request()).map_err(|e| e.to_string())?;
+        .map_err(channel)?;
+    writeln!(s, "{}", style.request()).map_err(channel)?;
     let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+    s.read_to_string(&mut out).map_err(channel)?;
     if out.is_empty() {
         warn!("the daemon closed the status channel without an answer");
-        return Err(format!(
-            "{}: the pkgfs daemon refused the request (another user's mount?)",
-            mountpoint.display()
-        ));
+        return Err(QueryError::Refused(path()));
     }
     Ok(out)
 }
@@ -550,9 +621,9 @@ mod tests {
                 w.start_file("shared", opts).unwrap();
             }
             w.finish().unwrap();
-            let idx = crate::archive::open(&path, None).unwrap();
+            let idx = crate::format::open(&path, None).unwrap();
             b.add_layer(i as u32, 0, &idx.entries);
-            layers.push(crate::view::Layer {
+            layers.push(crate::tree::view::Layer {
                 archive: Arc::new(idx.archive),
                 entries: idx.entries.len(),
             });

@@ -1,7 +1,7 @@
 //! Fuzz the seekable-zstd tail parsers: seek table footer and table, pkgfs index frame.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use pkgfs::archive::seekable;
+use pkgfs::format::seekable;
 
 fuzz_target!(|data: &[u8]| {
     let size = data.len() as u64 + 1000;

@@ -40,9 +40,64 @@ pub fn transport_args() -> [&'static str; 2] {
 /// lands in the middle of another test's residency check.
 static PAGE_CACHE: RwLock<()> = RwLock::new(());
 
+/// Held while a test asserts on what the page cache holds: shares the page-cache lock
+/// and keeps DAMON's reclaim paused ([`DamonPause`]).
+pub struct PageCacheObserved {
+    _lock: RwLockReadGuard<'static, ()>,
+    _damon: DamonPause,
+}
+
 /// Hold while asserting on what the page cache holds.
-pub fn page_cache_observed() -> RwLockReadGuard<'static, ()> {
-    PAGE_CACHE.read().unwrap_or_else(|p| p.into_inner())
+pub fn page_cache_observed() -> PageCacheObserved {
+    PageCacheObserved {
+        _lock: PAGE_CACHE.read().unwrap_or_else(|p| p.into_inner()),
+        _damon: DamonPause::new(),
+    }
+}
+
+/// The machines these tests run on reclaim page cache behind the kernel's LRU: a DAMON
+/// `pageout` scheme (kdamond, physical address space, unmapped file pages idle for a
+/// while) pages out regions that include pages a push has just filled but nobody has
+/// read yet. A test asserting that pushed pages are resident would then fail through no
+/// fault of pkgfs. While any such test runs, every kdamond that is on is switched off;
+/// the last one to finish switches them back on (also on panic). Nothing to do where
+/// DAMON is absent.
+pub struct DamonPause(());
+
+/// How many tests hold a [`DamonPause`], and the kdamonds they switched off.
+static DAMON: Mutex<(usize, Vec<PathBuf>)> = Mutex::new((0, Vec::new()));
+
+impl DamonPause {
+    fn new() -> Self {
+        let mut d = DAMON.lock().unwrap_or_else(|p| p.into_inner());
+        if d.0 == 0 {
+            let states = std::fs::read_dir("/sys/kernel/mm/damon/admin/kdamonds")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path().join("state"))
+                .filter(|p| std::fs::read_to_string(p).is_ok_and(|s| s.trim() == "on"));
+            for state in states {
+                if std::fs::write(&state, "off").is_ok() {
+                    d.1.push(state);
+                }
+            }
+        }
+        d.0 += 1;
+        DamonPause(())
+    }
+}
+
+impl Drop for DamonPause {
+    fn drop(&mut self) {
+        let mut d = DAMON.lock().unwrap_or_else(|p| p.into_inner());
+        d.0 -= 1;
+        if d.0 == 0 {
+            for state in d.1.drain(..) {
+                let _ = std::fs::write(&state, "on");
+            }
+        }
+    }
 }
 
 /// Hold while dropping the page cache.
@@ -324,6 +379,22 @@ pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
         assert!(start.elapsed() < limit, "{what}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// `pkgfs status --json` of the mount at `mp`.
+pub fn status_json(mp: &Path) -> serde_json::Value {
+    let out = pkgfs()
+        .arg("status")
+        .arg("--json")
+        .arg(mp)
+        .output()
+        .expect("pkgfs status");
+    assert!(
+        out.status.success(),
+        "pkgfs status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status JSON")
 }
 
 /// Check, through `pkgfs status`, that the mount at `mp` serves requests through the

@@ -1,26 +1,20 @@
-//! The FUSE adapter: the only module that knows the `fuser` crate.
+//! The `/dev/fuse` transport: the `fuser` crate's session loop as a codec over the
+//! operation layer ([`Handler`]).
 //!
-//! It translates requests into [`PkgFs`] calls and results into replies, and it tells the
-//! kernel to cache everything, because the archives never change under a mount:
-//! - entries and attributes live for [`TTL`]; failed lookups are answered as a cached
-//!   negative entry (inode 0) so build systems probing include paths cost one request;
-//! - `open` and `opendir` answer `ENOSYS`, which makes the kernel skip OPEN/RELEASE
-//!   entirely and keep page and directory caches (`FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`);
-//! - READDIRPLUS, parallel directory operations and symlink caching are requested;
-//! - a read at offset 0 (the kernel had none of the file) and a directory listing are
-//!   passed on as hints to the directory read-ahead thread (`prefetch`), which the
-//!   daemon runs.
-//!
-//! Every handler runs under `catch_unwind`: a panic becomes `EIO` for that request and the
-//! worker thread lives on (a dead worker would hang every later access).
+//! Everything a request means is decided in [`super::ops`]; this module turns `fuser`'s
+//! calls into [`Handler`] calls and their results into replies, and sets up the kernel
+//! at INIT: everything is cached because the archives never change under a mount
+//! (entries and attributes for [`TTL`], OPEN and OPENDIR declined so the kernel keeps
+//! page and directory caches), READDIRPLUS, parallel directory operations and symlink
+//! caching are requested, and FUSE over io_uring is asked for when the mount wants it.
+//! It also gives the read-ahead and live activation their way to the kernel's caches
+//! ([`KernelNotifier`], over `fuser`'s `Notifier`).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::SyncSender;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -29,134 +23,14 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use log::{debug, error};
+use log::debug;
 
+use super::ops::{Access, Handler, MAX_WRITE, Op, TTL};
+use super::uring::RingStats;
 use crate::error::Error;
-use crate::fs::{Attr, BLKSIZE, DirEntry, PkgFs, StatFs};
-use crate::prefetch::Hint;
+use crate::fs::{Attr, BLKSIZE, KernelCache};
 use crate::tree::Kind;
-use crate::uring::RingStats;
-
-/// How long the kernel may cache entries and attributes. The tree is immutable for the
-/// life of the mount, so this is as long as the kernel will usefully keep anything.
-pub const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Fault injection for the tests: a lookup of this name panics inside the handler, to
-/// prove that a panic becomes EIO and the mount keeps working.
-pub const PANIC_ENV: &str = "PKGFS_FAULT_PANIC_ON_LOOKUP";
-
-/// What pkgfs does with each request, whichever transport brought it: `fuser`'s
-/// `/dev/fuse` loop ([`Fuse`]) or the io_uring queues ([`crate::uring`]). Every call
-/// runs under `catch_unwind` and answers an errno, never a panic.
-pub struct Handler {
-    fs: Arc<PkgFs>,
-    panic_on: Option<Vec<u8>>,
-    hints: Option<SyncSender<Hint>>,
-}
-
-impl Handler {
-    /// Wrap a filesystem. Reads at offset 0 and directory listings are sent to `hints`
-    /// (if any) without waiting: when the channel is full, the hint is dropped.
-    pub fn new(fs: Arc<PkgFs>, hints: Option<SyncSender<Hint>>) -> Self {
-        let panic_on = std::env::var_os(PANIC_ENV).map(|v| v.as_bytes().to_vec());
-        Handler {
-            fs,
-            panic_on,
-            hints,
-        }
-    }
-
-    /// LOOKUP. A missing name is an entry too: [`NEGATIVE`], which the kernel caches.
-    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno> {
-        let r = guarded("lookup", || {
-            if self.panic_on.as_deref() == Some(name) {
-                panic!("fault injected by {PANIC_ENV}");
-            }
-            self.fs.lookup(parent, name)
-        });
-        match r {
-            Err(e) if e == Errno::ENOENT => Ok(NEGATIVE),
-            r => r,
-        }
-    }
-
-    /// FORGET and BATCH_FORGET.
-    pub fn forget(&self, ino: u64, nlookup: u64) {
-        log::trace!("forget {ino} {nlookup}");
-        let _ = catch_unwind(AssertUnwindSafe(|| self.fs.forget(ino, nlookup)));
-    }
-
-    /// GETATTR.
-    pub fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
-        guarded("getattr", || self.fs.getattr(ino))
-    }
-
-    /// READLINK.
-    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
-        guarded("readlink", || self.fs.readlink(ino))
-    }
-
-    /// READ: `reply` gets the bytes (or the error) and sends them; what happens before
-    /// and after sending is the same for both transports.
-    pub fn read(&self, ino: u64, offset: u64, size: u32, reply: impl FnOnce(Result<&[u8], Errno>)) {
-        // Before decoding: the read-ahead thread starts on the files after this one
-        // while this one is decoded and travels (it never pushes the missed file).
-        if offset == 0
-            && let Some(tx) = &self.hints
-        {
-            let _ = tx.try_send(Hint::Missed(ino));
-        }
-        match guarded("read", || self.fs.read_shared(ino, offset, size)) {
-            Ok(data) => {
-                reply(Ok(&data));
-                // The page cache keeps what a READ returns (no direct I/O): the block
-                // cache need not.
-                let _ = guarded("read", || {
-                    self.fs.delivered(ino, offset, data.len() as u64);
-                    Ok(())
-                });
-            }
-            Err(e) => reply(Err(e)),
-        }
-    }
-
-    /// READDIR and READDIRPLUS: `add` takes entries until it answers "full". Returns
-    /// how many it was offered, for [`Handler::listed`].
-    pub fn readdir(
-        &self,
-        ino: u64,
-        offset: u64,
-        plus: bool,
-        mut add: impl FnMut(&DirEntry<'_>) -> bool,
-    ) -> Result<usize, Errno> {
-        let mut offered = 0usize;
-        let op = if plus { "readdirplus" } else { "readdir" };
-        guarded(op, || {
-            self.fs.readdir(ino, offset, plus, |e| {
-                offered += 1;
-                add(&e)
-            })
-        })?;
-        Ok(offered)
-    }
-
-    /// After a READDIRPLUS reply was sent. An empty batch past offset 0 is the end of
-    /// a listing: the reader has taken in every earlier batch, so the kernel holds the
-    /// entries' inodes and data can be pushed to them.
-    pub fn listed(&self, ino: u64, offset: u64, offered: usize) {
-        if offset > 0
-            && offered == 0
-            && let Some(tx) = &self.hints
-        {
-            let _ = tx.try_send(Hint::Listed(ino));
-        }
-    }
-
-    /// STATFS.
-    pub fn statfs(&self) -> Result<StatFs, Errno> {
-        guarded("statfs", || Ok(self.fs.statfs()))
-    }
-}
+use crate::tree::view::Invalidation;
 
 /// The FUSE filesystem: a [`Handler`] behind the `fuser` trait.
 pub struct Fuse {
@@ -171,26 +45,24 @@ impl Fuse {
     pub fn new(h: Arc<Handler>, uring: Option<Arc<RingStats>>) -> Self {
         Fuse { h, uring }
     }
+
+    /// The errno an operation that is not served fails with, from the table.
+    fn refusal(&self, op: Op) -> Errno {
+        errno(&self.h.refuse(op))
+    }
 }
 
 fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno())
 }
 
-/// Run a handler body, turning errors into errno values and panics into `EIO`.
-fn guarded<T>(op: &str, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Errno> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => {
-            if e.is_data_error() {
-                debug!("{op}: {e}");
-            }
-            Err(errno(&e))
-        }
-        Err(_) => {
-            error!("{op}: handler panicked; replying EIO");
-            Err(Errno::EIO)
-        }
+/// `fuser`'s session rule for an [`Access`] (the same rule [`super::ops::AccessRule`]
+/// applies on the rings).
+pub fn session_acl(access: Access) -> fuser::SessionACL {
+    match access {
+        Access::Owner => fuser::SessionACL::Owner,
+        Access::RootAndOwner => fuser::SessionACL::RootAndOwner,
+        Access::All => fuser::SessionACL::All,
     }
 }
 
@@ -231,23 +103,7 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-/// The attributes of a negative entry: inode 0 tells the kernel to cache the miss.
-pub const NEGATIVE: Attr = Attr {
-    ino: 0,
-    kind: Kind::File,
-    perm: 0,
-    nlink: 0,
-    uid: 0,
-    gid: 0,
-    size: 0,
-    blocks: 0,
-    mtime: 0,
-};
-
 const GEN: Generation = Generation(0);
-
-/// The largest WRITE the kernel may send (none ever comes: the mount is read-only).
-pub const MAX_WRITE: u32 = 1 << 20;
 
 impl Filesystem for Fuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -288,7 +144,7 @@ impl Filesystem for Fuse {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.h.lookup(parent.0, name.as_bytes()) {
             Ok(a) => reply.entry(&TTL, &file_attr(&a), GEN),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno(&e)),
         }
     }
 
@@ -300,25 +156,23 @@ impl Filesystem for Fuse {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.h.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.h.readlink(ino.0) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // ENOSYS: the kernel stops sending OPEN/RELEASE and keeps the page cache.
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refusal(Op::Open));
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // ENOSYS: no OPENDIR/RELEASEDIR, and the kernel caches directory listings.
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refusal(Op::Opendir));
     }
 
     fn read(
@@ -334,7 +188,7 @@ impl Filesystem for Fuse {
     ) {
         self.h.read(ino.0, offset, size, |r| match r {
             Ok(data) => reply.data(data),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno(&e)),
         });
     }
 
@@ -356,7 +210,7 @@ impl Filesystem for Fuse {
         });
         match r {
             Ok(_) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno(&e)),
         }
     }
 
@@ -380,22 +234,21 @@ impl Filesystem for Fuse {
         });
         match r {
             Ok(offered) => {
-                reply.ok();
                 self.h.listed(ino.0, offset, offered);
+                reply.ok();
             }
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.h.statfs() {
             Ok(s) => reply.statfs(s.blocks, 0, 0, s.files, 0, s.bsize, s.namelen, s.bsize),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno(&e)),
         }
     }
 
-    // No ioctl is supported. Answered here, quietly: fuser's default logs a warning for
-    // each, and every `open()` by Python (an isatty check) sends one.
+    // Answered here, quietly: fuser's default logs a warning for each ioctl.
     fn ioctl(
         &self,
         _req: &Request,
@@ -407,7 +260,7 @@ impl Filesystem for Fuse {
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        reply.error(Errno::ENOTTY);
+        reply.error(self.refusal(Op::Ioctl));
     }
 
     fn getxattr(
@@ -418,12 +271,11 @@ impl Filesystem for Fuse {
         _size: u32,
         reply: ReplyXattr,
     ) {
-        // No extended attributes; ENOSYS makes the kernel stop asking.
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refusal(Op::Getxattr));
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refusal(Op::Listxattr));
     }
 
     fn flush(
@@ -434,8 +286,7 @@ impl Filesystem for Fuse {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Nothing to flush; ENOSYS makes the kernel stop sending FLUSH on every close.
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refusal(Op::Flush));
     }
 
     fn fsync(
@@ -446,7 +297,7 @@ impl Filesystem for Fuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refusal(Op::Fsync));
     }
 
     fn fsyncdir(
@@ -457,16 +308,14 @@ impl Filesystem for Fuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refusal(Op::Fsyncdir));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        // The mount uses default_permissions: the kernel checks modes itself.
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refusal(Op::Access));
     }
 
-    // Write-type operations. The mount is read-only (`ro`), so the kernel refuses most of
-    // these before they arrive; answering EROFS here too keeps the promise if it does not.
+    // Write-type operations: refused (`Disposition::ReadOnly`).
 
     fn setattr(
         &self,
@@ -486,7 +335,7 @@ impl Filesystem for Fuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Setattr));
     }
 
     fn mknod(
@@ -499,23 +348,23 @@ impl Filesystem for Fuse {
         _r: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Mknod));
     }
 
     fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Mkdir));
     }
 
     fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Unlink));
     }
 
     fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Rmdir));
     }
 
     fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Symlink));
     }
 
     fn rename(
@@ -528,11 +377,11 @@ impl Filesystem for Fuse {
         _f: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Rename));
     }
 
     fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Link));
     }
 
     fn write(
@@ -547,7 +396,7 @@ impl Filesystem for Fuse {
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Write));
     }
 
     fn create(
@@ -560,7 +409,7 @@ impl Filesystem for Fuse {
         _f: i32,
         reply: ReplyCreate,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Create));
     }
 
     fn setxattr(
@@ -573,10 +422,34 @@ impl Filesystem for Fuse {
         _p: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Setxattr));
     }
 
     fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+        reply.error(self.refusal(Op::Removexattr));
+    }
+}
+
+/// The kernel's caches through `fuser`'s notifier: `FUSE_NOTIFY_STORE` for read-ahead
+/// pushes, `NOTIFY_DELETE`, `NOTIFY_INVAL_ENTRY` and `NOTIFY_INVAL_INODE` for live
+/// activation. Both are writes to `/dev/fuse`, whichever transport carries requests.
+pub struct KernelNotifier(pub fuser::Notifier);
+
+impl KernelCache for KernelNotifier {
+    fn store(&self, ino: u64, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.store(INodeNo(ino), offset, data)
+    }
+
+    fn invalidate(&self, inv: &Invalidation) -> std::io::Result<()> {
+        match inv {
+            Invalidation::Delete { parent, name, old } => {
+                self.0
+                    .delete(INodeNo(*parent), INodeNo(*old), OsStr::from_bytes(name))
+            }
+            Invalidation::Entry { parent, name } => self
+                .0
+                .inval_entry(INodeNo(*parent), OsStr::from_bytes(name)),
+            Invalidation::Dir(ino) => self.0.inval_inode(INodeNo(*ino), 0, 0),
+        }
     }
 }

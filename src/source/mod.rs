@@ -8,6 +8,9 @@
 //! An archive that cannot be read is skipped with a warning naming it: one bad package
 //! never takes down the mount.
 
+pub mod live;
+pub mod watch;
+
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -16,12 +19,12 @@ use std::sync::{Arc, Mutex};
 
 use log::{debug, info, warn};
 
-use crate::archive::seekable::IndexCache;
-use crate::archive::{self, Archive, Indexed, OpenError};
 use crate::error::{Error, Result};
+use crate::format::seekable::IndexCache;
+use crate::format::{self, Archive, Indexed, OpenError};
 use crate::fs::PkgFs;
+use crate::tree::view::Layer;
 use crate::tree::{Ownership, Tree, TreeBuilder};
-use crate::view::Layer;
 
 /// A file that may be an archive, with how it was named.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +92,7 @@ enum Job<'a> {
 }
 
 /// What an [`IndexStream`] hands out: an archive and its entries.
-type Opened = std::result::Result<(Arc<Archive>, Vec<crate::archive::Entry>), OpenError>;
+type Opened = std::result::Result<(Arc<Archive>, Vec<crate::format::Entry>), OpenError>;
 
 /// Archives being opened and indexed on worker threads while the caller folds the ones
 /// already indexed into the tree, in order: the workers mostly wait on the disk (reading
@@ -154,13 +157,13 @@ fn index_job(
 ) -> Opened {
     match *job {
         Job::Open(path) => {
-            let Indexed { archive, entries } = archive::open(path, cache)?;
+            let Indexed { archive, entries } = format::open(path, cache)?;
             if kept_open.fetch_add(1, Ordering::Relaxed) >= budget {
                 archive.close();
             }
             Ok((Arc::new(archive), entries))
         }
-        Job::Reindex(archive) => match archive::reindex(archive, cache) {
+        Job::Reindex(archive) => match format::reindex(archive, cache) {
             Ok(entries) => Ok((archive.clone(), entries)),
             Err(e) => Err(OpenError::Bad(e)),
         },
@@ -370,7 +373,7 @@ impl Packages {
         let cache = self.opts.index_cache.as_ref();
         let threads = self.opts.threads;
         let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
-        let budget = archive::descriptor_budget();
+        let budget = format::descriptor_budget();
         let work = |job: &Job| index_job(job, cache, &kept_open, budget);
         std::thread::scope(|scope| {
             let mut stream = IndexStream::start(scope, &streamed, &jobs, threads, &work);

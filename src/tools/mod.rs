@@ -4,11 +4,13 @@
 //! FUSE daemon, so what `pkgfs ls` and `pkgfs cat` show is what a mount would serve, and
 //! `pkgfs check` finds what a mount would answer with EIO, without needing FUSE.
 
+pub mod pack;
+
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::archive::seekable::IndexCache;
 use crate::error::Error;
+use crate::format::seekable::IndexCache;
 use crate::fs::PkgFs;
 use crate::source::{self, LoadOptions, LoadReport, display_archive};
 use crate::tree::MemberData;
@@ -17,7 +19,33 @@ use crate::tree::{Kind, Ownership, ROOT_INO};
 /// Bytes asked for per read when streaming a whole file.
 const CHUNK: u32 = 1 << 20;
 
-fn load(sources: &[PathBuf], whiteouts: bool) -> Result<(PkgFs, LoadReport), String> {
+/// Why `ls`, `cat` or `check` failed (problems `check` finds are its output, not this).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolError {
+    /// The sources could not be read.
+    #[error(transparent)]
+    Sources(#[from] Error),
+    /// The path is not in the merged tree.
+    #[error("{0}: not in the merged tree")]
+    NotInTree(String),
+    /// `cat` of a directory.
+    #[error("{0}: is a directory")]
+    IsDir(String),
+    /// The file's bytes could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The path in the tree.
+        path: String,
+        /// Why.
+        source: Error,
+    },
+    /// Writing the output failed (a closed pipe among others).
+    #[error("output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+fn load(sources: &[PathBuf], whiteouts: bool) -> Result<(PkgFs, LoadReport), ToolError> {
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let opts = LoadOptions {
@@ -27,7 +55,7 @@ fn load(sources: &[PathBuf], whiteouts: bool) -> Result<(PkgFs, LoadReport), Str
         index_cache: IndexCache::default_dir().map(IndexCache::new),
         whiteouts,
     };
-    source::load(sources, &opts).map_err(|e| e.to_string())
+    Ok(source::load(sources, &opts)?)
 }
 
 fn mode_string(kind: Kind, perm: u16) -> String {
@@ -50,16 +78,16 @@ pub fn ls(
     whiteouts: bool,
     path: &[u8],
     out: &mut impl Write,
-) -> Result<bool, String> {
+) -> Result<bool, ToolError> {
     let (fs, report) = load(sources, whiteouts)?;
     // A fixed mount: the tree's own node numbers are the inode numbers.
     let view = fs.view();
     let tree = &view.tree;
     let start = tree
         .resolve(path)
-        .ok_or_else(|| format!("{}: not in the merged tree", String::from_utf8_lossy(path)))?;
+        .ok_or_else(|| ToolError::NotInTree(String::from_utf8_lossy(path).into_owned()))?;
     let mut stack = vec![start];
-    let mut w = |s: String| out.write_all(s.as_bytes()).map_err(|e| e.to_string());
+    let mut w = |s: String| out.write_all(s.as_bytes());
     while let Some(ino) = stack.pop() {
         let Some(node) = tree.node(ino) else { continue };
         if ino != ROOT_INO {
@@ -94,52 +122,61 @@ pub fn cat(
     whiteouts: bool,
     path: &[u8],
     out: &mut impl Write,
-) -> Result<(), String> {
+) -> Result<(), ToolError> {
     let (fs, _) = load(sources, whiteouts)?;
-    let shown = String::from_utf8_lossy(path).into_owned();
+    let shown = || String::from_utf8_lossy(path).into_owned();
+    let read_err = |source| ToolError::Read {
+        path: shown(),
+        source,
+    };
     let ino = fs
         .resolve(path)
-        .ok_or_else(|| format!("{shown}: not in the merged tree"))?;
-    let node = fs.getattr(ino).map_err(|e| format!("{shown}: {e}"))?;
+        .ok_or_else(|| ToolError::NotInTree(shown()))?;
+    let node = fs.getattr(ino).map_err(read_err)?;
     if node.kind == Kind::Dir {
-        return Err(format!("{shown}: is a directory"));
+        return Err(ToolError::IsDir(shown()));
     }
     if node.kind == Kind::Symlink {
-        let t = fs.readlink(ino).map_err(|e| format!("{shown}: {e}"))?;
-        return out.write_all(&t).map_err(|e| e.to_string());
+        let t = fs.readlink(ino).map_err(read_err)?;
+        return Ok(out.write_all(&t)?);
     }
+    let mut written = Ok(());
     stream(&fs, ino, |chunk| {
-        out.write_all(chunk).map_err(|e| e.to_string())
+        written = out.write_all(chunk);
+        written.is_ok()
     })
-    .map(|_| ())
-    .map_err(|e| format!("{shown}: {e}"))
+    .map_err(read_err)?;
+    Ok(written?)
 }
 
-/// Read a whole file in chunks, handing each to `sink`.
-fn stream(
-    fs: &PkgFs,
-    ino: u64,
-    mut sink: impl FnMut(&[u8]) -> Result<(), String>,
-) -> Result<u64, String> {
+/// Read a whole file in chunks, handing each to `sink` until it answers `false`.
+/// Returns the bytes read.
+fn stream(fs: &PkgFs, ino: u64, mut sink: impl FnMut(&[u8]) -> bool) -> Result<u64, Error> {
     let mut off = 0u64;
     loop {
-        let chunk = fs.read(ino, off, CHUNK).map_err(|e: Error| e.to_string())?;
+        let chunk = fs.read(ino, off, CHUNK)?;
         if chunk.is_empty() {
             return Ok(off);
         }
         off += chunk.len() as u64;
-        sink(&chunk)?;
+        if !sink(&chunk) {
+            return Ok(off);
+        }
     }
 }
 
 /// `pkgfs check`: verify everything; prints findings to `out`; `Ok(true)` if clean.
-pub fn check(sources: &[PathBuf], whiteouts: bool, out: &mut impl Write) -> Result<bool, String> {
+pub fn check(
+    sources: &[PathBuf],
+    whiteouts: bool,
+    out: &mut impl Write,
+) -> Result<bool, ToolError> {
     let (fs, report) = load(sources, whiteouts)?;
     // A fixed mount: the tree's own node numbers are the inode numbers.
     let view = fs.view();
     let tree = &view.tree;
     let mut errors = 0usize;
-    let mut w = |s: String| out.write_all(s.as_bytes()).map_err(|e| e.to_string());
+    let mut w = |s: String| out.write_all(s.as_bytes());
     for (path, e) in &report.skipped {
         errors += 1;
         w(format!("error: archive {} skipped: {e}\n", path.display()))?;
@@ -168,13 +205,13 @@ pub fn check(sources: &[PathBuf], whiteouts: bool, out: &mut impl Write) -> Resu
             continue;
         }
         let cache = IndexCache::default_dir().map(IndexCache::new);
-        let result = crate::archive::open(&a.path, cache.as_ref())
+        let result = crate::format::open(&a.path, cache.as_ref())
             .map_err(|e| match e {
-                crate::archive::OpenError::Bad(e) => e.to_string(),
-                crate::archive::OpenError::NotAnArchive => "no longer an archive".into(),
+                crate::format::OpenError::Bad(e) => e.to_string(),
+                crate::format::OpenError::NotAnArchive => "no longer an archive".into(),
             })
             .and_then(|idx| {
-                crate::archive::verify_seekable(a, &idx.entries).map_err(|e| e.to_string())
+                crate::format::verify_seekable(a, &idx.entries).map_err(|e| e.to_string())
             });
         let problems = result.unwrap_or_else(|e| vec![e]);
         for p in problems {
@@ -193,8 +230,9 @@ pub fn check(sources: &[PathBuf], whiteouts: bool, out: &mut impl Write) -> Resu
         let mut crc = crc32fast::Hasher::new();
         let result = stream(&fs, ino, |c| {
             crc.update(c);
-            Ok(())
+            true
         })
+        .map_err(|e| e.to_string())
         .and_then(|n| {
             let sum = crc.clone().finalize();
             if n != member.size {

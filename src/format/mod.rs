@@ -6,6 +6,8 @@
 //! [`crate::tree`]) and a [`DataRef`] that says where its bytes live, which the read path
 //! ([`crate::read`]) later resolves.
 
+pub mod inflate;
+
 pub mod seekable;
 pub mod tar;
 pub mod zip;

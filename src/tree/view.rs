@@ -25,7 +25,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
-use crate::archive::Archive;
+use crate::format::Archive;
 use crate::tree::{Kind, Node, ROOT_INO, Tree};
 
 /// A fast hasher for inode numbers (they are already well spread, and not chosen by an
@@ -373,7 +373,7 @@ pub fn carry_over(
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
-    use crate::archive::{DataRef, Entry, EntryKind, ZipData};
+    use crate::format::{DataRef, Entry, EntryKind, ZipData};
     use crate::tree::{Ownership, TreeBuilder};
 
     pub(crate) fn file(path: &str, off: u64) -> Entry {

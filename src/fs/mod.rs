@@ -2,7 +2,7 @@
 //!
 //! [`PkgFs`] answers `lookup`, `getattr`, `readdir`, `readlink`, `read` and `statfs` over
 //! the current generation of the merged tree ([`View`]) and the [`Reader`], returning
-//! [`Result`]s. The FUSE adapter (`crate::fuse`) only translates; the offline tools
+//! [`Result`]s. The FUSE adapter (`crate::transport::fuse`) only translates; the offline tools
 //! (`ls`, `cat`, `check`) and the tests call this directly. Everything here is `&self`
 //! and thread-safe.
 //!
@@ -14,18 +14,20 @@
 //! lookups the way the kernel does (every entry returned by `lookup` and `readdirplus`
 //! is one reference, `forget` drops them).
 
+pub mod prefetch;
+
 use std::collections::HashSet;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 
 use log::warn;
 
-use crate::archive::Archive;
 use crate::error::{Error, Result};
+use crate::format::Archive;
 use crate::read::{ReadData, Reader, Span};
+use crate::tree::view::{InoMap, Invalidation, Layer, View};
 use crate::tree::{Kind, Node, Tree};
-use crate::view::{InoMap, Invalidation, Layer, View};
 
 /// Block size reported in `st_blksize` and used by `statfs`.
 pub const BLKSIZE: u32 = 4096;
@@ -81,6 +83,18 @@ pub struct StatFs {
     pub namelen: u32,
 }
 
+/// The kernel's caches, as far as the filesystem acts on them: data stored into the page
+/// cache of an inode the kernel holds (directory read-ahead), and cached entries that an
+/// activation made stale. The transport implements it (`transport::fuse::KernelNotifier`);
+/// unit tests record the calls.
+pub trait KernelCache: Send + Sync {
+    /// Store `data` at `offset` in the page cache of inode `ino`. Fails if the kernel
+    /// refuses (the mount is going away).
+    fn store(&self, ino: u64, offset: u64, data: &[u8]) -> std::io::Result<()>;
+    /// Drop one cached entry or directory. `ENOENT` means the kernel had nothing cached.
+    fn invalidate(&self, inv: &Invalidation) -> std::io::Result<()>;
+}
+
 /// Counters of filesystem requests.
 #[derive(Debug, Default)]
 pub struct OpStats {
@@ -104,6 +118,12 @@ pub struct OpStats {
     pub prefetched_bytes: AtomicU64,
     /// Pushes the kernel refused (the mount is going away).
     pub prefetch_failed: AtomicU64,
+    /// Hints sent to the read-ahead thread (misses and ends of listings).
+    pub hints: AtomicU64,
+    /// Hints the read-ahead thread has taken into account.
+    pub hints_taken: AtomicU64,
+    /// The read-ahead thread has nothing to push and waits for a hint.
+    pub prefetch_idle: AtomicBool,
 }
 
 /// Lookup counts and the inodes of older generations the kernel still holds.
@@ -265,7 +285,7 @@ impl PkgFs {
         let old = self.view();
         let generation = old.generation + 1;
         let (view, invalidations) =
-            crate::view::carry_over(&old, tree, layers, generation, &self.next_ino);
+            crate::tree::view::carry_over(&old, tree, layers, generation, &self.next_ino);
         let view = Arc::new(view);
         self.reader.adopt(view.layers.iter().map(|l| &l.archive));
         let retired = {
@@ -589,7 +609,7 @@ impl PkgFs {
             blocks: v.tree.total_bytes.div_ceil(u64::from(BLKSIZE)),
             files: v.tree.len() as u64,
             bsize: BLKSIZE,
-            namelen: crate::path::NAME_MAX as u32,
+            namelen: crate::tree::path::NAME_MAX as u32,
         }
     }
 }
@@ -597,7 +617,7 @@ impl PkgFs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::archive::{DataRef, Entry, EntryKind};
+    use crate::format::{DataRef, Entry, EntryKind};
     use crate::tree::{Ownership, ROOT_INO as ROOT, TreeBuilder};
 
     #[test]
@@ -653,7 +673,7 @@ mod tests {
 
     #[test]
     fn retired_inodes_are_served_until_forgotten() {
-        use crate::view::testing::{archive, build, file};
+        use crate::tree::view::testing::{archive, build, file};
         let a = archive("a");
         let b = archive("b");
         let la = vec![file("d/keep", 1)];

@@ -15,9 +15,9 @@
 //! once every queue has an entry; until then (or if registering fails) requests keep
 //! coming through `/dev/fuse`, so a failure here costs speed, never service.
 //!
-//! What each request does is [`Handler`]'s, shared with the `fuser` adapter; this module
-//! only decodes the requests and encodes the replies (the layouts of `linux/fuse.h`,
-//! protocol 7.42), and applies the same access rule as `fuser`.
+//! What each request does is [`Handler`]'s and [`super::ops`]'s (the operation table and
+//! the access rule), shared with the `fuser` adapter; this module only decodes the
+//! requests and encodes the replies (the layouts of `linux/fuse.h`, protocol 7.42).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -27,8 +27,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use log::{debug, error, warn};
 
+use super::ops::{AccessRule, Handler, MAX_WRITE, Op, TTL};
+use crate::error::Error;
 use crate::fs::{Attr, BLKSIZE, DirEntry};
-use crate::fuse::{Handler, TTL};
 use crate::tree::Kind;
 
 // The request header an entry receives: `struct fuse_uring_req_header`.
@@ -39,71 +40,6 @@ const HEADER_LEN: usize = 288;
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
-
-// Operations (`enum fuse_opcode`).
-const LOOKUP: u32 = 1;
-const GETATTR: u32 = 3;
-const SETATTR: u32 = 4;
-const READLINK: u32 = 5;
-const SYMLINK: u32 = 6;
-const MKNOD: u32 = 8;
-const MKDIR: u32 = 9;
-const UNLINK: u32 = 10;
-const RMDIR: u32 = 11;
-const RENAME: u32 = 12;
-const LINK: u32 = 13;
-const READ: u32 = 15;
-const WRITE: u32 = 16;
-const STATFS: u32 = 17;
-const RELEASE: u32 = 18;
-const FSYNC: u32 = 20;
-const SETXATTR: u32 = 21;
-const REMOVEXATTR: u32 = 24;
-const READDIR: u32 = 28;
-const RELEASEDIR: u32 = 29;
-const FSYNCDIR: u32 = 30;
-const CREATE: u32 = 35;
-const DESTROY: u32 = 38;
-const IOCTL: u32 = 39;
-const FALLOCATE: u32 = 43;
-const READDIRPLUS: u32 = 44;
-const RENAME2: u32 = 45;
-const COPY_FILE_RANGE: u32 = 47;
-const TMPFILE: u32 = 51;
-
-/// Who may use the mount, as `fuser` enforces it on its transport.
-#[derive(Clone, Copy, Debug)]
-pub struct AccessRule {
-    /// Requests by this user are served.
-    pub owner: u32,
-    /// Requests by root are served too.
-    pub root: bool,
-    /// Requests by anyone are served.
-    pub all: bool,
-}
-
-impl AccessRule {
-    /// `fuser`'s rule: others may only do what the kernel sends without a caller's uid
-    /// (reads and listings of something already open, and the write-type operations a
-    /// read-only mount refuses anyway).
-    fn allows(&self, uid: u32, opcode: u32) -> bool {
-        self.all
-            || uid == self.owner
-            || (self.root && uid == 0)
-            || matches!(
-                opcode,
-                DESTROY
-                    | READ
-                    | READDIR
-                    | READDIRPLUS
-                    | WRITE
-                    | FSYNC
-                    | FSYNCDIR
-                    | RELEASE
-                    | RELEASEDIR
-            )
-    }
-}
 
 /// Whether the rings are in use and what they served, for `pkgfs status`.
 #[derive(Debug, Default)]
@@ -168,9 +104,9 @@ pub fn start(
 
 /// The payload buffer of an entry must hold the largest request or reply the kernel
 /// allows: `max(8 KiB, max_write, max_pages × page size)`, or registering fails. pkgfs
-/// sets max_write to [`crate::fuse::MAX_WRITE`] (1 MiB) and the read-ahead to at most 1
-/// MiB, from which fuser derives max_pages: 1 MiB covers all three.
-const PAYLOAD_LEN: usize = crate::fuse::MAX_WRITE as usize;
+/// sets max_write to [`MAX_WRITE`] (1 MiB) and the read-ahead to at most 1 MiB, from
+/// which fuser derives max_pages: 1 MiB covers all three.
+const PAYLOAD_LEN: usize = MAX_WRITE as usize;
 
 struct Queue {
     dev: Arc<OwnedFd>,
@@ -392,23 +328,25 @@ impl Queue {
         let uid = u32_at(header, IN_OUT + 24);
         let commit_id = u64_at(header, ENT_IN_OUT + 8);
         let in_len = (u32_at(header, ENT_IN_OUT + 16) as usize).min(payload.len());
-        let r = if self.rule.allows(uid, opcode) {
-            let op_in: [u8; 128] = header[OP_IN..OP_IN + 128].try_into().unwrap_or([0; 128]);
-            // The handlers catch their own panics; this catches the encoding's, so
-            // that every request is answered (an unanswered one hangs its reader).
-            catch_unwind(AssertUnwindSafe(|| {
-                self.dispatch(opcode, nodeid, &op_in, payload, in_len)
-            }))
-            .unwrap_or_else(|_| {
-                error!("opcode {opcode}: reply encoding panicked; replying EIO");
-                Err(libc::EIO)
-            })
-        } else {
-            Err(libc::EACCES)
+        let r = match Op::from_opcode(opcode) {
+            // Unknown to this protocol version: declined, as the table declines.
+            None => Err(Error::Declined),
+            Some(op) => self.rule.check(uid, op).and_then(|()| {
+                let op_in: [u8; 128] = header[OP_IN..OP_IN + 128].try_into().unwrap_or([0; 128]);
+                // The handlers catch their own panics; this catches the encoding's, so
+                // that every request is answered (an unanswered one hangs its reader).
+                catch_unwind(AssertUnwindSafe(|| {
+                    self.dispatch(op, nodeid, &op_in, payload, in_len)
+                }))
+                .unwrap_or_else(|_| {
+                    error!("{op:?}: reply encoding panicked; replying EIO");
+                    Err(Error::Internal(format!("{op:?} reply encoding panicked")))
+                })
+            }),
         };
         let (error, len) = match r {
             Ok(n) => (0i32, n),
-            Err(e) => (-e, 0),
+            Err(e) => (-e.errno(), 0),
         };
         header[IN_OUT..IN_OUT + 4].copy_from_slice(&((16 + len) as u32).to_ne_bytes());
         header[IN_OUT + 4..IN_OUT + 8].copy_from_slice(&error.to_ne_bytes());
@@ -418,81 +356,75 @@ impl Queue {
     }
 
     /// Serve one request; the reply's payload is written to `payload`, its length
-    /// returned. Errors are positive errno values.
+    /// returned.
     fn dispatch(
         &self,
-        opcode: u32,
+        op: Op,
         nodeid: u64,
         op_in: &[u8; 128],
         payload: &mut [u8],
         in_len: usize,
-    ) -> Result<usize, i32> {
+    ) -> Result<usize, Error> {
         let h = &self.handler;
-        match opcode {
-            LOOKUP => {
+        match op {
+            Op::Lookup => {
                 // The name, NUL-terminated, is the payload (arg 0 is empty for LOOKUP).
                 let name = &payload[..in_len];
                 let name = name.strip_suffix(&[0]).unwrap_or(name);
-                let a = h.lookup(nodeid, name).map_err(|e| e.code())?;
+                let a = h.lookup(nodeid, name)?;
                 Ok(put(payload, 0, &entry_out(&a)))
             }
-            GETATTR => {
-                let a = h.getattr(nodeid).map_err(|e| e.code())?;
+            Op::Getattr => {
+                let a = h.getattr(nodeid)?;
                 let mut out = [0u8; 104];
                 out[0..8].copy_from_slice(&TTL.as_secs().to_ne_bytes());
                 out[8..12].copy_from_slice(&TTL.subsec_nanos().to_ne_bytes());
                 out[16..104].copy_from_slice(&fuse_attr(&a));
                 Ok(put(payload, 0, &out))
             }
-            READLINK => {
-                let t = h.readlink(nodeid).map_err(|e| e.code())?;
-                if t.len() > payload.len() {
-                    return Err(libc::ENAMETOOLONG);
-                }
+            Op::Readlink => {
+                // At most PATH_MAX bytes (fs::MAX_LINK): always fits the payload.
+                let t = h.readlink(nodeid)?;
                 Ok(put(payload, 0, &t))
             }
-            READ => {
+            Op::Read => {
                 let offset = u64_at(op_in, 8);
                 let size = u32_at(op_in, 16);
-                let mut r = Err(libc::EIO);
+                let mut r = Err(Error::Internal("READ not answered".into()));
                 h.read(nodeid, offset, size, |data| {
                     r = match data {
                         Ok(d) if d.len() <= payload.len() => Ok(put(payload, 0, d)),
-                        Ok(d) => {
-                            error!("read of {} bytes exceeds the ring buffer", d.len());
-                            Err(libc::EIO)
-                        }
-                        Err(e) => Err(e.code()),
+                        Ok(d) => Err(Error::Internal(format!(
+                            "read of {} bytes exceeds the ring buffer",
+                            d.len()
+                        ))),
+                        Err(e) => Err(e),
                     };
                 });
                 r
             }
-            READDIR | READDIRPLUS => {
-                let plus = opcode == READDIRPLUS;
+            Op::Readdir | Op::Readdirplus => {
+                let plus = op == Op::Readdirplus;
                 let offset = u64_at(op_in, 8);
                 let size = (u32_at(op_in, 16) as usize).min(payload.len());
                 let mut used = 0usize;
-                let offered = h
-                    .readdir(nodeid, offset, plus, |e| {
-                        match dirent(&mut payload[used..size], e, plus) {
-                            Some(n) => {
-                                used += n;
-                                false
-                            }
-                            None => true,
+                let offered = h.readdir(nodeid, offset, plus, |e| {
+                    match dirent(&mut payload[used..size], e, plus) {
+                        Some(n) => {
+                            used += n;
+                            false
                         }
-                    })
-                    .map_err(|e| e.code())?;
+                        None => true,
+                    }
+                })?;
                 if plus {
-                    // Sent after this returns, but the hint only needs the kernel to
-                    // have asked for the end of the listing; it may race the reply as
-                    // on `/dev/fuse` it follows it.
+                    // Before the reply is committed, as on `/dev/fuse`.
                     h.listed(nodeid, offset, offered);
                 }
                 Ok(used)
             }
-            STATFS => {
-                let s = h.statfs().map_err(|e| e.code())?;
+            Op::Statfs => {
+                let s = h.statfs()?;
                 let mut out = [0u8; 80];
                 out[0..8].copy_from_slice(&s.blocks.to_ne_bytes());
                 out[24..32].copy_from_slice(&s.files.to_ne_bytes());
@@ -501,15 +433,10 @@ impl Queue {
                 out[48..52].copy_from_slice(&s.bsize.to_ne_bytes());
                 Ok(put(payload, 0, &out))
             }
-            DESTROY => Ok(0),
-            IOCTL => Err(libc::ENOTTY),
-            SETATTR | SYMLINK | MKNOD | MKDIR | UNLINK | RMDIR | RENAME | LINK | WRITE
-            | SETXATTR | REMOVEXATTR | CREATE | FALLOCATE | RENAME2 | COPY_FILE_RANGE | TMPFILE => {
-                Err(libc::EROFS)
-            }
-            // OPEN, OPENDIR, FLUSH, FSYNC, xattrs, ACCESS, locks, LSEEK, …: ENOSYS, which
-            // for most of them makes the kernel stop asking (as the fuser adapter does).
-            _ => Err(libc::ENOSYS),
+            Op::Destroy => Ok(0),
+            // INIT, FORGET and INTERRUPT never come on a ring; everything else is the
+            // table's refusal.
+            op => Err(h.refuse(op)),
         }
     }
 }
@@ -638,7 +565,7 @@ mod tests {
         );
         assert_eq!(u32_at(a, 80), BLKSIZE, "blksize");
         // A negative entry is node 0, still cached for the TTL.
-        let n = entry_out(&crate::fuse::NEGATIVE);
+        let n = entry_out(&super::super::ops::NEGATIVE);
         assert_eq!((u64_at(&n, 0), u64_at(&n, 16)), (0, TTL.as_secs()));
     }
 
@@ -673,28 +600,5 @@ mod tests {
         assert_eq!(s.transport(), "io_uring");
         s.queues.store(1, Relaxed);
         assert_eq!(s.transport(), "/dev/fuse", "one queue short");
-    }
-
-    #[test]
-    fn other_users_get_only_what_fuser_allows_them() {
-        let owner_only = AccessRule {
-            owner: 1000,
-            root: false,
-            all: false,
-        };
-        assert!(owner_only.allows(1000, LOOKUP));
-        assert!(!owner_only.allows(0, LOOKUP));
-        assert!(!owner_only.allows(2000, GETATTR));
-        assert!(owner_only.allows(2000, READ), "sent without a caller's uid");
-        let root_too = AccessRule {
-            root: true,
-            ..owner_only
-        };
-        assert!(root_too.allows(0, LOOKUP) && !root_too.allows(2000, LOOKUP));
-        let all = AccessRule {
-            all: true,
-            ..owner_only
-        };
-        assert!(all.allows(2000, LOOKUP));
     }
 }

@@ -21,10 +21,13 @@
 //!   because a layer's whiteouts are applied before its entries. Whiteout entries are
 //!   not shown, but the directories holding them exist in their layer.
 
+pub mod path;
+pub mod view;
+
 use std::collections::HashMap;
 
-use crate::archive::{DataRef, Entry, EntryKind, ZipData};
-use crate::path::{self, PathError};
+use self::path::PathError;
+use crate::format::{DataRef, Entry, EntryKind, ZipData};
 use std::collections::BTreeMap;
 
 /// Inode number of the root directory.

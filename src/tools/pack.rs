@@ -33,10 +33,10 @@ use std::sync::mpsc;
 
 use log::warn;
 
-use crate::archive::seekable::{encode_index, encode_seek_table};
-use crate::archive::tar::{TarKind, TarWriter, WriteEntry};
-use crate::archive::{DataRef, Entry, EntryKind, Foreign};
-use crate::path::PathError;
+use crate::format::seekable::{encode_index, encode_seek_table};
+use crate::format::tar::{TarError, TarKind, TarWriter, WriteEntry};
+use crate::format::{DataRef, Entry, EntryKind, Foreign};
+use crate::tree::path::PathError;
 
 /// Read size when copying file data.
 const CHUNK: usize = 1 << 20;
@@ -254,15 +254,46 @@ fn tar_kind(k: EntryKind) -> TarKind {
 
 /// One entry for the package writer: its metadata (`data` is filled in by the writer)
 /// and a reader of exactly its `size` bytes of data.
-type Put<'p> = dyn FnMut(Entry, &mut dyn Read) -> Result<(), String> + 'p;
+type Put<'p> = dyn FnMut(Entry, &mut dyn Read) -> Result<(), PackError> + 'p;
 
-fn ctx(what: &str, e: &dyn std::fmt::Display) -> String {
-    format!("{what}: {e}")
+/// Why `pkgfs pack` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PackError {
+    /// Reading the input or writing the package failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// The file or step concerned.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The tar archive given cannot be read.
+    #[error("{what}: {source}")]
+    Tar {
+        /// The input.
+        what: String,
+        /// Why.
+        source: TarError,
+    },
+    /// The input is not something pack takes (the message says what to do instead).
+    #[error("{0}")]
+    Input(String),
+    /// A compression or writer thread failed to run.
+    #[error("{0}")]
+    Internal(&'static str),
+}
+
+fn ctx(what: &str, source: std::io::Error) -> PackError {
+    PackError::Io {
+        what: what.to_string(),
+        source,
+    }
 }
 
 /// Pack `cfg.dir` into `cfg.output`: a directory, or a tar archive (plain, gzip or
 /// zstd) whose entries are copied over in their order.
-pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
+pub fn pack(cfg: &PackConfig) -> Result<PackStats, PackError> {
     let stdin = cfg.dir.as_os_str() == "-";
     let shown = if stdin {
         "standard input".to_string()
@@ -271,15 +302,15 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
     };
     if !stdin
         && std::fs::metadata(&cfg.dir)
-            .map_err(|e| ctx(&shown, &e))?
+            .map_err(|e| ctx(&shown, e))?
             .is_dir()
     {
-        let items = walk(&cfg.dir, cfg).map_err(|e| ctx(&shown, &e))?;
+        let items = walk(&cfg.dir, cfg).map_err(|e| ctx(&shown, e))?;
         return write_package(cfg, |put| {
             for item in items {
                 let mut data: Box<dyn Read> = if item.entry.kind == EntryKind::File {
                     let f = std::fs::File::open(&item.source)
-                        .map_err(|e| ctx(&item.source.display().to_string(), &e))?;
+                        .map_err(|e| ctx(&item.source.display().to_string(), e))?;
                     Box::new(Shrink(f.take(item.entry.size), item.source))
                 } else {
                     Box::new(std::io::empty())
@@ -290,17 +321,19 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
         });
     }
     if cfg.follow != Follow::Never {
-        return Err("--follow-symlinks applies to directories, not to tar archives".into());
+        return Err(PackError::Input(
+            "--follow-symlinks applies to directories, not to tar archives".into(),
+        ));
     }
     let input = if stdin {
         tarball(Box::new(std::io::stdin().lock()), &shown, None, &cfg.output)?
     } else {
-        let f = std::fs::File::open(&cfg.dir).map_err(|e| ctx(&shown, &e))?;
+        let f = std::fs::File::open(&cfg.dir).map_err(|e| ctx(&shown, e))?;
         tarball(Box::new(f), &shown, Some(&cfg.dir), &cfg.output)?
     };
     write_package(cfg, |put| {
-        crate::archive::tar::each(input, |te, data| match tar_entry(te, cfg) {
-            Ok(Some(e)) => put(e, data).map_err(crate::archive::tar::TarError::Format),
+        crate::format::tar::each(input, |te, data| match tar_entry(te, cfg) {
+            Ok(Some(e)) => put(e, data).map_err(|e| TarError::Format(e.to_string())),
             Ok(None) => Ok(()),
             Err(why) => {
                 warn!(
@@ -310,7 +343,10 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, String> {
                 Ok(())
             }
         })
-        .map_err(|e| ctx(&shown, &e))
+        .map_err(|source| PackError::Tar {
+            what: shown.clone(),
+            source,
+        })
     })
 }
 
@@ -338,9 +374,9 @@ fn tarball<'r>(
     shown: &str,
     source: Option<&Path>,
     output: &Path,
-) -> Result<Box<dyn Read + 'r>, String> {
+) -> Result<Box<dyn Read + 'r>, PackError> {
     let mut head = [0u8; 512];
-    let n = read_full(&mut f, &mut head).map_err(|e| ctx(shown, &e))?;
+    let n = read_full(&mut f, &mut head).map_err(|e| ctx(shown, e))?;
     let head = &head[..n];
     let rest = std::io::Cursor::new(head.to_vec()).chain(f);
     let found = Foreign::detect(head);
@@ -350,22 +386,22 @@ fn tarball<'r>(
             Some(_) => format!("pipe it in with `{pipe}`"),
             None => format!("decompress it in the pipe (`… | {pipe}`)"),
         };
-        return Err(format!(
+        return Err(PackError::Input(format!(
             "{shown}: compressed with bzip2 or xz; pack reads plain, gzip and zstd tar \
              streams: {how}"
-        ));
+        )));
     }
     match found {
         Some(Foreign::Gzip) => Ok(Box::new(flate2::read::MultiGzDecoder::new(rest))),
         // Seekable or not: a seek table is a skippable frame.
         Some(Foreign::Zstd) => Ok(Box::new(
-            zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(shown, &e))?,
+            zstd::stream::read::Decoder::new(rest).map_err(|e| ctx(shown, e))?,
         )),
         Some(Foreign::Tar) => Ok(Box::new(rest)),
         // bzip2 and xz were answered above with their pipe.
-        _ => Err(format!(
+        _ => Err(PackError::Input(format!(
             "{shown} is neither a directory nor a tar archive (plain, gzip or zstd)"
-        )),
+        ))),
     }
 }
 
@@ -401,15 +437,12 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// (an unsafe one is refused, as the mount would refuse it), the owner and time options
 /// applied. Devices, FIFOs and sockets are refused. `None` for the root directory
 /// (`./`), which a package does not record.
-fn tar_entry(
-    te: &crate::archive::tar::TarEntry,
-    cfg: &PackConfig,
-) -> Result<Option<Entry>, String> {
-    if te.kind == TarKind::Dir && crate::path::components(&te.path) == Err(PathError::Empty) {
+fn tar_entry(te: &crate::format::tar::TarEntry, cfg: &PackConfig) -> Result<Option<Entry>, String> {
+    if te.kind == TarKind::Dir && crate::tree::path::components(&te.path) == Err(PathError::Empty) {
         return Ok(None);
     }
     let normal = |p: &[u8]| -> Result<Vec<u8>, String> {
-        Ok(crate::path::components(p)
+        Ok(crate::tree::path::components(p)
             .map_err(|e| e.to_string())?
             .join(&b'/'))
     };
@@ -444,16 +477,15 @@ fn tar_entry(
 /// Write the entries `feed` hands to its `put` as a package at `cfg.output`.
 fn write_package(
     cfg: &PackConfig,
-    feed: impl FnOnce(&mut Put) -> Result<(), String>,
-) -> Result<PackStats, String> {
+    feed: impl FnOnce(&mut Put) -> Result<(), PackError>,
+) -> Result<PackStats, PackError> {
     let mut entries: Vec<Entry> = Vec::new();
     let out_dir = cfg
         .output
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let mut tmp =
-        tempfile::NamedTempFile::new_in(out_dir).map_err(|e| ctx("temporary file", &e))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(out_dir).map_err(|e| ctx("temporary file", e))?;
     let progress = std::io::stderr().is_terminal();
     let mut stats = PackStats::default();
     let frames = Rc::new(RefCell::new(Frames {
@@ -465,7 +497,7 @@ fn write_package(
     let mut sizes: Vec<(u32, u32)> = Vec::new();
     let out = tmp.as_file_mut();
 
-    std::thread::scope(|s| -> Result<(), String> {
+    std::thread::scope(|s| -> Result<(), PackError> {
         // Compression workers: frames go out numbered, come back numbered, and are written
         // in order.
         let (job_tx, job_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(cfg.threads * 2);
@@ -495,37 +527,37 @@ fn write_package(
             });
         }
         drop(done_tx);
-        let writer = s.spawn(move || -> Result<Vec<(u32, u32)>, String> {
+        let writer = s.spawn(move || -> Result<Vec<(u32, u32)>, PackError> {
             let mut pending = BTreeMap::new();
             let mut next = 0u64;
             let mut sizes = Vec::new();
             let mut file = std::io::BufWriter::new(out);
             for (n, r, dsize) in done_rx {
-                let c = r.map_err(|e| format!("compression: {e}"))?;
+                let c = r.map_err(|e| ctx("compression", e))?;
                 pending.insert(n, (c, dsize));
                 while let Some((c, d)) = pending.remove(&next) {
-                    file.write_all(&c).map_err(|e| format!("write: {e}"))?;
+                    file.write_all(&c).map_err(|e| ctx("write", e))?;
                     sizes.push((c.len() as u32, d));
                     next += 1;
                 }
             }
-            file.flush().map_err(|e| format!("write: {e}"))?;
+            file.flush().map_err(|e| ctx("write", e))?;
             Ok(sizes)
         });
 
         let mut sent = 0u64;
-        let send_done = |frames: &Rc<RefCell<Frames>>, sent: &mut u64| -> Result<(), String> {
+        let send_done = |frames: &Rc<RefCell<Frames>>, sent: &mut u64| -> Result<(), PackError> {
             let ready: Vec<Vec<u8>> = frames.borrow_mut().done.drain(..).collect();
             for f in ready {
                 job_tx
                     .send((*sent, f))
-                    .map_err(|_| "compression workers stopped".to_string())?;
+                    .map_err(|_| PackError::Internal("the compression workers stopped"))?;
                 *sent += 1;
             }
             Ok(())
         };
         let mut buf = vec![0u8; CHUNK];
-        let mut put = |mut e: Entry, data: &mut dyn Read| -> Result<(), String> {
+        let mut put = |mut e: Entry, data: &mut dyn Read| -> Result<(), PackError> {
             // Start a new frame rather than split an entry that would fit in one.
             let whole = 1536 + e.size.div_ceil(512) * 512;
             {
@@ -546,20 +578,20 @@ fn write_package(
                     size: e.size,
                     link: &e.link,
                 })
-                .map_err(|err| ctx("tar", &err))?;
+                .map_err(|err| ctx("tar", err))?;
             if e.kind == EntryKind::File {
                 let mut left = e.size;
                 while left > 0 {
                     let n = data
                         .read(&mut buf[..left.min(CHUNK as u64) as usize])
-                        .map_err(|err| err.to_string())?;
+                        .map_err(|err| ctx(&String::from_utf8_lossy(&e.path), err))?;
                     if n == 0 {
-                        return Err(format!(
-                            "{}: the data ends early",
-                            String::from_utf8_lossy(&e.path)
+                        return Err(ctx(
+                            &String::from_utf8_lossy(&e.path),
+                            std::io::ErrorKind::UnexpectedEof.into(),
                         ));
                     }
-                    tar.data(&buf[..n]).map_err(|err| ctx("tar", &err))?;
+                    tar.data(&buf[..n]).map_err(|err| ctx("tar", err))?;
                     left -= n as u64;
                     send_done(&frames, &mut sent)?;
                 }
@@ -568,7 +600,7 @@ fn write_package(
                 };
                 stats.data_bytes += e.size;
             }
-            tar.end_entry().map_err(|err| ctx("tar", &err))?;
+            tar.end_entry().map_err(|err| ctx("tar", err))?;
             stats.entries += 1;
             entries.push(e);
             send_done(&frames, &mut sent)?;
@@ -583,7 +615,7 @@ fn write_package(
         };
         feed(&mut put)?;
         tar.finish()
-            .map_err(|e| ctx("tar", &e))?
+            .map_err(|e| ctx("tar", e))?
             .0
             .borrow_mut()
             .cut();
@@ -591,7 +623,7 @@ fn write_package(
         drop(job_tx);
         sizes = writer
             .join()
-            .map_err(|_| "writer thread panicked".to_string())??;
+            .map_err(|_| PackError::Internal("the writer thread panicked"))??;
         if progress {
             eprintln!(
                 "\rpacked {} entries, {} MB",
@@ -604,17 +636,17 @@ fn write_package(
 
     stats.frames = sizes.len() as u64;
     stats.stream_bytes = sizes.iter().map(|&(_, d)| u64::from(d)).sum();
-    let index = encode_index(&entries, cfg.level.min(19)).map_err(|e| ctx("index", &e))?;
+    let index = encode_index(&entries, cfg.level.min(19)).map_err(|e| ctx("index", e))?;
     let table = encode_seek_table(&sizes);
     {
         let f = tmp.as_file_mut();
-        f.write_all(&index).map_err(|e| ctx("write", &e))?;
-        f.write_all(&table).map_err(|e| ctx("write", &e))?;
-        f.sync_all().map_err(|e| ctx("sync", &e))?;
+        f.write_all(&index).map_err(|e| ctx("write", e))?;
+        f.write_all(&table).map_err(|e| ctx("write", e))?;
+        f.sync_all().map_err(|e| ctx("sync", e))?;
     }
     let file = tmp
         .persist(&cfg.output)
-        .map_err(|e| ctx(&cfg.output.display().to_string(), &e.error))?;
+        .map_err(|e| ctx(&cfg.output.display().to_string(), e.error))?;
     // NamedTempFile is created 0600; a package is meant to be read by others.
     let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
     stats.output_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);

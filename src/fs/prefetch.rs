@@ -55,15 +55,17 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::time::{Duration, Instant};
 
 use log::debug;
 
-use crate::fs::PkgFs;
+use crate::fs::{KernelCache, PkgFs};
 use crate::read::Span;
 use crate::tree::Kind;
-use crate::view::View;
+use crate::tree::view::View;
 
 /// The first window of a directory, in bytes of file data.
 pub const INITIAL_WINDOW: u64 = 128 * 1024;
@@ -153,7 +155,7 @@ fn push_file(
     canon: u64,
     target: u64,
     n: &crate::tree::Node,
-    state: &crate::view::MemberState,
+    state: &crate::tree::view::MemberState,
     store: &mut Store<'_>,
 ) -> std::io::Result<u64> {
     let mut off = 0u64;
@@ -613,6 +615,156 @@ impl Warmer {
     }
 }
 
+/// Where a walk has got to (global inode) and its window: written by the [`Pusher`],
+/// read by the [`WarmLoop`].
+#[derive(Debug, Default)]
+pub struct WalkPosition {
+    at: AtomicU64,
+    window: AtomicU64,
+}
+
+/// Hints waiting for the read-ahead thread; more are dropped (a worker never waits).
+pub const HINT_QUEUE: usize = 1024;
+
+/// The directory read-ahead thread's loop: takes hints from the operation layer, plans
+/// with a [`Prefetcher`], pushes into the kernel's page cache, and tells the warmer where
+/// a walk has got to. It runs until every sender of hints is gone (the session has
+/// ended). A panic is logged and the loop carries on with the next hint.
+pub struct Pusher {
+    prefetcher: Prefetcher,
+    hints: Receiver<Hint>,
+    kernel: Arc<dyn KernelCache>,
+    walk: Arc<WalkPosition>,
+    wake: SyncSender<()>,
+}
+
+/// The warmer thread's loop: decodes ahead of the walk each time the [`Pusher`] says it
+/// moved, until the pusher is gone. Runs as `SCHED_BATCH`.
+pub struct WarmLoop {
+    warmer: Warmer,
+    walk: Arc<WalkPosition>,
+    woken: Receiver<()>,
+}
+
+/// The two read-ahead loops of a mount, connected: a [`Pusher`] taking `hints` and
+/// pushing through `kernel` with windows up to `max` bytes, and the [`WarmLoop`] it
+/// wakes. The caller gives each a thread.
+pub fn read_ahead(
+    fs: Arc<PkgFs>,
+    max: u64,
+    hints: Receiver<Hint>,
+    kernel: Arc<dyn KernelCache>,
+) -> (Pusher, WarmLoop) {
+    let walk = Arc::new(WalkPosition::default());
+    let (wake, woken) = sync_channel(1);
+    let pusher = Pusher {
+        prefetcher: Prefetcher::new(fs.clone(), max),
+        hints,
+        kernel,
+        walk: walk.clone(),
+        wake,
+    };
+    let warm = WarmLoop {
+        warmer: Warmer::new(fs),
+        walk,
+        woken,
+    };
+    (pusher, warm)
+}
+
+impl Pusher {
+    fn take(&mut self, hint: Hint) {
+        self.prefetcher.hint(hint);
+        self.prefetcher.fs.stats.hints_taken.fetch_add(1, Relaxed);
+        if let Some((at, window)) = self.prefetcher.walk_position() {
+            self.walk.window.store(window, Relaxed);
+            if self.walk.at.swap(at, Relaxed) != at {
+                let _ = self.wake.try_send(());
+            }
+        }
+    }
+
+    /// Serve hints until the senders are gone.
+    pub fn run(mut self) {
+        loop {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.turn()));
+            match r {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(_) => log::error!("directory read-ahead panicked; carrying on"),
+            }
+        }
+    }
+
+    /// Take every hint waiting before the next push (a reader's position steers what is
+    /// pushed next), push while there is something to push, then wait for a hint.
+    /// Returns `false` once the senders are gone.
+    fn turn(&mut self) -> bool {
+        let kernel = self.kernel.clone();
+        let mut store = |ino: u64, offset: u64, data: &[u8]| kernel.store(ino, offset, data);
+        loop {
+            match self.hints.try_recv() {
+                Ok(hint) => self.take(hint),
+                Err(TryRecvError::Empty) => {
+                    if !self.prefetcher.step(&mut store) {
+                        break;
+                    }
+                }
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+        let stats = &self.prefetcher.fs.stats;
+        stats.prefetch_idle.store(true, Relaxed);
+        let next = self.hints.recv();
+        stats.prefetch_idle.store(false, Relaxed);
+        match next {
+            Ok(hint) => {
+                self.take(hint);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl WarmLoop {
+    /// Decode ahead each time the walk moves, until the pusher is gone.
+    pub fn run(mut self) {
+        as_batch();
+        while self.woken.recv().is_ok() {
+            let walk = &self.walk;
+            let (at, window) = (walk.at.load(Relaxed), walk.window.load(Relaxed));
+            let warmer = &mut self.warmer;
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                warmer.warm(at, window.saturating_mul(WARM_WINDOWS), &|| {
+                    walk.at.load(Relaxed) != at
+                })
+            }));
+            match r {
+                Ok(bytes) => log::trace!("walk at inode {at}: {bytes} bytes decoded ahead"),
+                Err(_) => log::error!("decoding ahead of a walk panicked; carrying on"),
+            }
+        }
+    }
+}
+
+/// Run the calling thread under `SCHED_BATCH`: same share of the CPU, but it never
+/// preempts a thread that wakes up. Decoding ahead is throughput work; the reader, the
+/// FUSE workers and the push thread each wake for a short burst, and on a machine with
+/// few cores, waiting for the warmer's time slice to end was waiting on the reader's
+/// critical path (docs/BENCHMARKS.md, "Scheduling the decoder"). A failure only costs
+/// that.
+fn as_batch() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        debug!(
+            "cannot run the warmer as SCHED_BATCH: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,7 +773,7 @@ mod tests {
 
     /// A mount (no FUSE) of the archive at `path` alone, with a 1 MiB cache.
     fn fs_of(path: &std::path::Path) -> PkgFs {
-        let idx = crate::archive::open(path, None).unwrap();
+        let idx = crate::format::open(path, None).unwrap();
         let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
         b.add_layer(0, 0, &idx.entries);
         PkgFs::new(b.finish(), vec![idx.archive], 1 << 20)
@@ -674,7 +826,7 @@ mod tests {
             .collect();
         std::fs::write(src.join("d/big"), &big).unwrap();
         let out = dir.path().join("p.tar.zst");
-        crate::pack::pack(&crate::pack::PackConfig {
+        crate::tools::pack::pack(&crate::tools::pack::PackConfig {
             dir: src,
             output: out.clone(),
             level: 3,
@@ -683,7 +835,7 @@ mod tests {
             frame_size: 10_000,
             mtime_clamp: None,
             owner: None,
-            follow: crate::pack::Follow::Never,
+            follow: crate::tools::pack::Follow::Never,
         })
         .unwrap();
         let fs = Arc::new(fs_of(&out));
@@ -738,6 +890,70 @@ mod tests {
 
     fn names(log: &[(String, usize)]) -> Vec<&str> {
         log.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// The kernel's page cache as the loops see it: stores recorded, invalidations
+    /// ignored.
+    #[derive(Default)]
+    struct Recorder(std::sync::Mutex<Vec<(u64, u64, usize)>>);
+
+    impl KernelCache for Recorder {
+        fn store(&self, ino: u64, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.0.lock().unwrap().push((ino, offset, data.len()));
+            Ok(())
+        }
+        fn invalidate(&self, _: &crate::tree::view::Invalidation) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_loops_push_what_hints_plan_and_end_with_their_senders() {
+        let (fs, _f) = mount(40, 16 * 1024);
+        let kernel = Arc::new(Recorder::default());
+        let (tx, rx) = sync_channel(HINT_QUEUE);
+        let (pusher, warm) = read_ahead(fs.clone(), 1 << 20, rx, kernel.clone());
+        let walk = pusher.walk.clone();
+        let warming = std::thread::spawn(move || warm.run());
+        let pushing = std::thread::spawn(move || pusher.run());
+        // Two sequential misses in `d`, the second once the first window is pushed: a
+        // walk, whose window doubles.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // (A first miss is no walk yet: the warmer is told only of the second.)
+        for (f, pushed, walking) in [("d/f000", 8, false), ("d/f009", 8 + 16, true)] {
+            let ino = fs.resolve(f.as_bytes()).unwrap();
+            fs.read(ino, 0, 4096).unwrap();
+            tx.send(Hint::Missed(ino)).unwrap();
+            while (walk.at.load(Relaxed) == ino) != walking
+                || kernel.0.lock().unwrap().len() < pushed
+            {
+                assert!(Instant::now() < deadline, "the pusher never caught up");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        // Dropping the last sender ends the pusher, which ends the warmer.
+        drop(tx);
+        pushing.join().unwrap();
+        warming.join().unwrap();
+        let stored = kernel.0.lock().unwrap().clone();
+        assert!(
+            stored
+                .iter()
+                .all(|&(_, off, len)| off == 0 && len == 16 * 1024)
+        );
+        let view = fs.view();
+        let first = view.tree.path_of(view.local(stored[0].0).unwrap());
+        assert_eq!(first, b"d/f001", "pushes start after the missed file");
+        assert_eq!(
+            walk.window.load(Relaxed),
+            256 * 1024,
+            "the walk's window doubled"
+        );
+        assert_eq!(
+            fs.stats.prefetched.load(Relaxed),
+            stored.len() as u64,
+            "every push counted"
+        );
     }
 
     #[test]

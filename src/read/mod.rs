@@ -18,20 +18,22 @@
 //!   cannot make pkgfs allocate more than one block. The CRC is checked when a stream
 //!   reaches its end; the block that completes it is only served if it matches.
 
+pub mod cache;
+
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use lru::LruCache;
 
-use crate::archive::seekable::{self, SeekTable};
-use crate::archive::zip::{self, METHOD_DEFLATE, METHOD_STORED, METHOD_ZSTD};
-use crate::archive::{Archive, ZipData, read_exact_at};
-use crate::cache::{Block, BlockCache};
 use crate::error::{Error, Result};
-use crate::inflate::{Inflater, OneShot};
+use crate::format::inflate::{Inflater, OneShot};
+use crate::format::seekable::{self, SeekTable};
+use crate::format::zip::{self, METHOD_DEFLATE, METHOD_STORED, METHOD_ZSTD};
+use crate::format::{Archive, ZipData, read_exact_at};
+use crate::read::cache::{Block, BlockCache};
+use crate::tree::view::MemberState;
 use crate::tree::{Member, MemberData};
-use crate::view::MemberState;
 
 /// Decompressed bytes per cache block.
 pub const BLOCK_SIZE: u64 = 256 * 1024;
@@ -125,7 +127,7 @@ impl Reader {
             checkpoints: Mutex::new((LruCache::unbounded(), 0)),
             stats: ReadStats::default(),
             open_files: Mutex::new(LruCache::unbounded()),
-            fd_limit: crate::archive::descriptor_budget(),
+            fd_limit: crate::format::descriptor_budget(),
         }
     }
 
@@ -1053,7 +1055,7 @@ mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
     use super::*;
-    use crate::archive;
+    use crate::format;
     use crate::fs::PkgFs;
     use crate::tree::{Ownership, TreeBuilder};
 
@@ -1079,7 +1081,7 @@ mod tests {
     }
 
     fn open(path: &std::path::Path, cache: u64) -> PkgFs {
-        let idx = archive::open(path, None).unwrap_or_else(|_| panic!("open {}", path.display()));
+        let idx = format::open(path, None).unwrap_or_else(|_| panic!("open {}", path.display()));
         let mut b = TreeBuilder::new(OWNER);
         b.add_layer(0, 0, &idx.entries);
         PkgFs::new(b.finish(), vec![idx.archive], cache)
@@ -1174,7 +1176,7 @@ mod tests {
     fn blocks_the_kernel_holds_leave_the_cache() {
         use ::zip::CompressionMethod::{Deflated, Stored};
         // Twice the grace of decoded blocks, and a stored member (never cached).
-        let big = data(2 * crate::cache::RELEASE_GRACE as usize + 1000);
+        let big = data(2 * crate::read::cache::RELEASE_GRACE as usize + 1000);
         let small = data(5000);
         let (_d, fs) = build(&[("big", Deflated, &big), ("s", Stored, &small)], 1 << 30);
         let ino = fs.resolve(b"big").unwrap();
@@ -1189,7 +1191,7 @@ mod tests {
         let released = cache.stats.released.load(Relaxed);
         assert!(released > 0 && released < blocks, "{released} of {blocks}");
         assert!(
-            cache.bytes() <= crate::cache::RELEASE_GRACE + 2 * BLOCK_SIZE,
+            cache.bytes() <= crate::read::cache::RELEASE_GRACE + 2 * BLOCK_SIZE,
             "only the grace stays: {}",
             cache.bytes()
         );
@@ -1479,7 +1481,7 @@ mod tests {
             std::fs::write(&p, data).unwrap();
         }
         let out = dir.path().join("p.tar.zst");
-        crate::pack::pack(&crate::pack::PackConfig {
+        crate::tools::pack::pack(&crate::tools::pack::PackConfig {
             dir: src,
             output: out.clone(),
             level: 3,
@@ -1487,7 +1489,7 @@ mod tests {
             frame_size,
             mtime_clamp: None,
             owner: None,
-            follow: crate::pack::Follow::Never,
+            follow: crate::tools::pack::Follow::Never,
         })
         .unwrap();
         let fs = open(&out, 64 << 20);
@@ -1545,7 +1547,7 @@ mod tests {
         }
         assert!(cache.stats.released.load(Relaxed) > 0);
         assert!(
-            cache.bytes() <= crate::cache::RELEASE_GRACE + (2 << 20),
+            cache.bytes() <= crate::read::cache::RELEASE_GRACE + (2 << 20),
             "{} bytes still cached",
             cache.bytes()
         );
@@ -1604,31 +1606,27 @@ mod tests {
         // Truncated, or a seek table that disagrees with the file: the archive is refused.
         for cut in [good.len() - 3, good.len() / 2, 100] {
             std::fs::write(&path, &good[..cut]).unwrap();
-            assert!(archive::open(&path, None).is_err(), "cut at {cut}");
+            assert!(format::open(&path, None).is_err(), "cut at {cut}");
         }
         let mut bytes = good.clone();
         let n = bytes.len();
         bytes[n - 17..n - 13].copy_from_slice(&u32::MAX.to_le_bytes()); // last frame's csize
         std::fs::write(&path, &bytes).unwrap();
-        assert!(archive::open(&path, None).is_err());
+        assert!(format::open(&path, None).is_err());
     }
 
     #[test]
     fn check_compares_the_index_with_the_tar_stream() {
         let (dir, fs) = packed(&[("a.txt", b"aaa"), ("b/c.txt", b"ccc")], 65536);
         let path = dir.path().join("p.tar.zst");
-        let idx = archive::open(&path, None).ok().unwrap();
+        let idx = format::open(&path, None).ok().unwrap();
         let view = fs.view();
         let a = &view.layers[0].archive;
-        assert!(
-            archive::verify_seekable(a, &idx.entries)
-                .unwrap()
-                .is_empty()
-        );
+        assert!(format::verify_seekable(a, &idx.entries).unwrap().is_empty());
         let mut lying = idx.entries.clone();
         let f = lying.iter_mut().find(|e| e.path == b"a.txt").unwrap();
-        f.data = archive::DataRef::Seekable { offset: 0 };
-        let problems = archive::verify_seekable(a, &lying).unwrap();
+        f.data = format::DataRef::Seekable { offset: 0 };
+        let problems = format::verify_seekable(a, &lying).unwrap();
         assert_eq!(problems.len(), 1, "{problems:?}");
     }
 

@@ -1,0 +1,11 @@
+//! How requests from the kernel reach the filesystem, and how its answers go back.
+//!
+//! [`ops`] is the operation layer: what every FUSE operation does, which are refused and
+//! with which error, and the access rule, in the crate's own [`crate::error::Error`]. The
+//! two transports are codecs over it: [`fuse`] (the `fuser` crate's `/dev/fuse` loop)
+//! and [`uring`] (FUSE over io_uring). [`session`] mounts and unmounts.
+
+pub mod fuse;
+pub mod ops;
+pub mod session;
+pub mod uring;
