@@ -1,15 +1,22 @@
 //! pkgfs: serve a directory of package archives as one merged, read-only tree.
 //!
-//! The crate is a library with a thin binary on top. Data flows one way:
+//! The crate is a library with a thin binary on top, in layers (each uses only those
+//! below it):
 //!
 //! ```text
-//! source (find archives) → archive (read indexes) → tree (normalise, merge, freeze)
-//!                                                       ↓
-//!             fuse (kernel adapter)  →  fs (operations)  →  read (cache, decoders)
+//! daemon, cli, tools      wiring, arguments, offline commands
+//! source, status          finding, indexing, watching archives; the status report
+//! transport               the operation layer (ops) and its codecs: fuse, uring
+//! fs                      the filesystem operations → Result, directory read-ahead
+//! read                    member bytes through the block cache
+//! tree                    the merged tree, its generations, path rules
+//! format                  one module per archive format
+//! error                   errors and the one errno table
 //! ```
 //!
-//! Only [`fuse`] knows about the FUSE binding; everything else is tested without a mount.
-//! `docs/ARCHITECTURE.md` describes the modules, `docs/SEMANTICS.md` what users see.
+//! Only [`transport`] knows the FUSE protocol (and only its `fuse` codec the `fuser`
+//! crate); everything else is tested without a mount. `docs/ARCHITECTURE.md` describes
+//! the modules, `docs/SEMANTICS.md` what users see.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
