@@ -7,8 +7,9 @@ use std::io::Write;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use pkgfs::format::{DataRef, Entry, EntryKind, ZipData, seekable};
-use pkgfs::read::cache::{Block, BlockCache};
+use pkgfs::format::{Entry, EntryKind, Loc, seekable};
+use pkgfs::io::blob::LocalFile;
+use pkgfs::io::cache::{Block, BlockCache};
 use pkgfs::tree::{Ownership, TreeBuilder};
 
 const OWNER: Ownership = Ownership::defaults(0, 0);
@@ -23,15 +24,7 @@ fn entries(n: usize) -> Vec<Entry> {
             uid: None,
             gid: None,
             size: 100,
-            data: DataRef::Zip(ZipData {
-                header_offset: i as u64 * 200,
-                compressed_size: 80,
-                crc32: 0,
-                method: 8,
-                encrypted: false,
-                name_len: 0,
-                name_crc: 0,
-            }),
+            data: Loc::Record(i as u32),
             link: Vec::new(),
         })
         .collect()
@@ -73,15 +66,17 @@ fn frame(c: &mut Criterion) {
         .collect();
     let compressed = zstd::bulk::compress(&data, 12).expect("compress");
     let table = seekable::encode_seek_table(&[(compressed.len() as u32, data.len() as u32)]);
-    let mut file = tempfile::tempfile().expect("tempfile");
+    let mut file = tempfile::NamedTempFile::new().expect("tempfile");
     file.write_all(&compressed).expect("write");
     file.write_all(&table).expect("write");
+    file.flush().expect("flush");
     let size = (compressed.len() + table.len()) as u64;
     let table = seekable::parse_seek_table(&table, size).expect("table");
+    let file = LocalFile::open(file.path()).expect("open");
     let mut g = c.benchmark_group("frame");
     g.throughput(Throughput::Bytes(data.len() as u64));
     g.bench_function("decode a 256 KiB frame", |b| {
-        b.iter(|| seekable::decode_frame(&file, black_box(&table), 0))
+        b.iter(|| seekable::decode_frame(&*file, black_box(&table), 0))
     });
     g.finish();
 }

@@ -549,7 +549,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
             None
         } else {
             m.index_cache
-                .or_else(crate::format::seekable::IndexCache::default_dir)
+                .or_else(crate::format::IndexCache::default_dir)
         },
         watch: !m.no_watch,
         whiteouts: m.whiteouts,

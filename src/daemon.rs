@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime};
 use log::{info, warn};
 
 use crate::cli::MountConfig;
-use crate::format::seekable::IndexCache;
+use crate::format::IndexCache;
 use crate::fs::prefetch::{HINT_QUEUE, read_ahead};
 use crate::fs::{KernelCache, PkgFs};
 use crate::source::live::{Activator, Live, skipped_list};

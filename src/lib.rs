@@ -8,9 +8,9 @@
 //! source, status          finding, indexing, watching archives; the status report
 //! transport               the operation layer (ops) and its codecs: fuse, uring
 //! fs                      the filesystem operations → Result, directory read-ahead
-//! read                    member bytes through the block cache
 //! tree                    the merged tree, its generations, path rules
-//! format                  one module per archive format
+//! format                  one module per archive format: its index and read path
+//! io                      byte sources, the block cache, decoders, shared read machinery
 //! error                   errors and the one errno table
 //! ```
 //!
@@ -26,7 +26,7 @@ pub mod daemon;
 pub mod error;
 pub mod format;
 pub mod fs;
-pub mod read;
+pub mod io;
 pub mod source;
 pub mod status;
 pub mod tools;

@@ -191,10 +191,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         .iter()
         .map(|l| PackageRow {
             path: l.archive.path.display().to_string(),
-            format: match l.archive.format {
-                crate::format::Format::Zip => "zip",
-                crate::format::Format::SeekableTar => "seekable-zstd",
-            },
+            format: l.archive.format(),
             entries: l.entries,
             wins: 0,
             loses: 0,
@@ -208,8 +205,8 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             r.loses += 1;
         }
     }
-    let cache = fs.reader().cache();
-    let rs = &fs.reader().stats;
+    let cache = fs.io().cache();
+    let rs = &fs.io().stats;
     let ops = &fs.stats;
     Report {
         mountpoint: info.mountpoint.display().to_string(),
@@ -621,7 +618,8 @@ mod tests {
                 w.start_file("shared", opts).unwrap();
             }
             w.finish().unwrap();
-            let idx = crate::format::open(&path, None).unwrap();
+            let idx =
+                crate::format::open_path(&path, &crate::format::OpenContext::default()).unwrap();
             b.add_layer(i as u32, 0, &idx.entries);
             layers.push(crate::tree::view::Layer {
                 archive: Arc::new(idx.archive),

@@ -1,24 +1,29 @@
-//! Archive readers: turn an archive file into a flat list of [`Entry`] values.
+//! Archive formats: one module per format, each with its index and its read path.
 //!
-//! A reader looks only at an archive's index (for ZIP, the end record and the central
-//! directory), never at member data: mounting costs the size of the indexes. Each entry
-//! carries the raw path as stored (normalisation and merging are the tree's job, see
-//! [`crate::tree`]) and a [`DataRef`] that says where its bytes live, which the read path
-//! ([`crate::read`]) later resolves.
+//! A format recognises its files by content ([`Format::open`], tried in the order of
+//! [`FORMATS`]) and reads only their index: mounting costs the size of the indexes. It
+//! returns the entries of that index, each with the raw path as stored (normalisation and
+//! merging are the tree's job, see [`crate::tree`]) and a [`Loc`] saying where its bytes
+//! are, in the terms of the format; and a [`Package`], the open archive's read path,
+//! which later turns a `Loc` and a byte range into bytes through the shared services of
+//! [`crate::io`]. Nothing else in pkgfs looks inside a `Loc`.
+//!
+//! Adding a format is a module here and a line in [`FORMATS`].
 
-pub mod inflate;
-
+pub mod cache;
 pub mod seekable;
 pub mod tar;
 pub mod zip;
 
-use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::UNIX_EPOCH;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{Error, Result};
+use crate::io::blob::Blob;
+use crate::io::{Io, ReadData, Span};
+
+pub use self::cache::IndexCache;
 
 /// What kind of node an entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +32,7 @@ pub enum EntryKind {
     File,
     /// A directory.
     Dir,
-    /// A symbolic link; the target is the member's data.
+    /// A symbolic link; the target is the member's data, or [`Entry::link`].
     Symlink,
     /// A hard link to an earlier entry (tar); the target path is in [`Entry::link`].
     HardLink,
@@ -35,38 +40,20 @@ pub enum EntryKind {
     Special,
 }
 
-/// Where a member's bytes are and how they are encoded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ZipData {
-    /// Absolute offset of the member's local file header in the archive file.
-    pub header_offset: u64,
-    /// Size of the (possibly compressed) data.
-    pub compressed_size: u64,
-    /// CRC-32 of the uncompressed data, from the central directory.
-    pub crc32: u32,
-    /// The ZIP compression method number (0 stored, 8 deflate, 93 zstd, …).
-    pub method: u16,
-    /// The member is encrypted (general purpose flag bit 0).
-    pub encrypted: bool,
-    /// Length and CRC-32 of the name stored in the central directory: the local header
-    /// must carry the same name, or the entry overlaps another (a zip-bomb trick).
-    pub name_len: u16,
-    /// See `name_len`.
-    pub name_crc: u32,
-}
-
-/// The location of an entry's data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DataRef {
-    /// Directories carry no data.
+/// Where an entry's bytes are, in the terms of its archive's format. Only the archive's
+/// [`Package`] interprets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// No bytes of its own (a directory; a tar symlink, whose target is
+    /// [`Entry::link`]).
     None,
-    /// A ZIP member.
-    Zip(ZipData),
-    /// Bytes of the decompressed stream of a seekable-zstd archive, from this offset.
-    Seekable {
-        /// Offset in the decompressed (tar) stream.
-        offset: u64,
-    },
+    /// The bytes themselves, kept in the index (a symlink target from a tar header).
+    Inline(Box<[u8]>),
+    /// From this offset of the archive's decompressed stream (tar-based formats).
+    Stream(u64),
+    /// The format's own record number `n` of the archive (a ZIP member: its local
+    /// header, method, sizes and CRC).
+    Record(u32),
 }
 
 /// One entry of an archive's index, before path normalisation and merging.
@@ -87,132 +74,241 @@ pub struct Entry {
     /// Uncompressed size in bytes.
     pub size: u64,
     /// Where the bytes are.
-    pub data: DataRef,
+    pub data: Loc,
     /// Symlink target (when the format stores it in the index, as tar does; ZIP stores
     /// it as data) or hard-link target path.
     pub link: Vec<u8>,
 }
 
-/// The supported archive formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    /// A ZIP archive (also .jar, .whl, .apk…).
-    Zip,
-    /// A seekable-zstd archive of a tar stream (`pkgfs pack`, t2sz, pyzstd…).
-    SeekableTar,
+/// What is known of a file before any format looks at it: its first and last bytes.
+#[derive(Debug)]
+pub struct Probe {
+    /// The first bytes (up to 512).
+    pub head: Vec<u8>,
+    /// The last bytes (up to [`Probe::TAIL`]): end records and seek tables live there,
+    /// and a small archive's whole index often does.
+    pub tail: Vec<u8>,
+    /// The size of the blob.
+    pub size: u64,
 }
 
-/// An archive file with its parsed index.
-///
-/// Its descriptor may be closed to stay under the process's file limit (thousands of
-/// packages) and reopened by path on the next read; a reopened file must be the same
-/// file (device, inode, size and mtime), or reads fail rather than serve another file.
+impl Probe {
+    /// How much of the end of a file is read first.
+    pub const TAIL: u64 = 16 * 1024;
+
+    /// Read the head and tail of `blob` (one read each; one in all for a small blob).
+    pub fn read(blob: &dyn Blob) -> Result<Probe> {
+        let size = blob.size();
+        let tail_len = size.min(Self::TAIL);
+        let mut tail = vec![0u8; tail_len as usize];
+        blob.read_exact_at(&mut tail, size - tail_len)?;
+        let head_len = size.min(512) as usize;
+        let head = if size <= Self::TAIL {
+            tail[..head_len].to_vec()
+        } else {
+            let mut h = vec![0u8; head_len];
+            blob.read_exact_at(&mut h, 0)?;
+            h
+        };
+        Ok(Probe { head, tail, size })
+    }
+
+    /// Offset of the tail in the blob.
+    pub fn tail_start(&self) -> u64 {
+        self.size - self.tail.len() as u64
+    }
+}
+
+/// What opening needs besides the blob.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenContext<'a> {
+    /// Where to keep indexes that cost a pass over the data to make (None: no cache).
+    pub index_cache: Option<&'a IndexCache>,
+}
+
+/// An opened archive of some format: its read path and what it needs to keep.
+pub trait Package: Send + Sync + std::fmt::Debug {
+    /// The format's name, for `status` and messages.
+    fn format(&self) -> &'static str;
+    /// The entries of the index, read again (a live rescan reuses an unchanged archive
+    /// and reads its index anew rather than keeping every entry in memory). The same
+    /// entries, with the same [`Loc`]s, as when it was opened.
+    fn entries(&self, blob: &Arc<dyn Blob>, cx: &OpenContext) -> Result<Vec<Entry>>;
+    /// Bytes `[offset, end)` of the member `r` names (`end` at most its size); with
+    /// [`Span::Piece`], as far as the first decoded unit goes.
+    fn read(&self, r: &Reading<'_>, offset: u64, end: u64, span: Span) -> Result<ReadData>;
+    /// The bytes of the blob that reading the member whole reads: a hint for read-ahead,
+    /// not a bound. `None` if unknown.
+    fn extent(&self, r: &Reading<'_>) -> Option<(u64, u64)>;
+    /// The kernel has been given bytes `[start, end)` of the member and keeps them:
+    /// blocks it now holds whole may leave the cache ([`crate::io::cache::BlockCache::delivered`]).
+    fn delivered(&self, r: &Reading<'_>, start: u64, end: u64);
+    /// The CRC-32 the index records for the member's bytes, if the format has one
+    /// (`pkgfs check` compares it with what it reads).
+    fn crc32(&self, _loc: &Loc) -> Option<u32> {
+        None
+    }
+    /// Checks of the whole archive beyond reading every member (`pkgfs check`): the
+    /// problems found.
+    fn verify(&self, _archive: &Archive, _cx: &OpenContext) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+}
+
+/// A member being read: what a [`Package`] gets.
+#[derive(Clone, Copy)]
+pub struct Reading<'a> {
+    /// The shared read services.
+    pub io: &'a Io,
+    /// The archive (its blob and cache key).
+    pub archive: &'a Archive,
+    /// Where the member's bytes are.
+    pub loc: &'a Loc,
+    /// The member's size.
+    pub size: u64,
+}
+
+/// What a [`Format`] makes of a blob it recognises.
+pub struct Opened {
+    /// The read path.
+    pub package: Box<dyn Package>,
+    /// The index.
+    pub entries: Vec<Entry>,
+}
+
+/// One archive format.
+pub trait Format: Sync {
+    /// Its name.
+    fn name(&self) -> &'static str;
+    /// Open `blob` if it is in this format, reading its index; `Ok(None)` if it is not
+    /// (the next format is tried). An error means it is this format but unusable.
+    fn open(&self, blob: &Arc<dyn Blob>, probe: &Probe, cx: &OpenContext)
+    -> Result<Option<Opened>>;
+}
+
+/// The formats pkgfs serves, in the order they are tried. A seekable zstd file is
+/// recognised by its last bytes, a ZIP by its end record near the end: a file that is
+/// both (one appended to the other) is read as the one whose index ends it.
+pub static FORMATS: &[&dyn Format] = &[&seekable::SeekableZstd, &zip::Zip];
+
+/// An archive with its format's read path.
 #[derive(Debug)]
 pub struct Archive {
-    /// The path it was opened from.
+    /// How it is named (the path of a local file).
     pub path: PathBuf,
-    /// The open file, when open; reads use positional I/O, so one handle serves every
-    /// thread, and an `Arc` keeps it alive for readers while it is being closed.
-    file: Mutex<Option<Arc<File>>>,
-    /// Device and inode of the file.
-    id: (u64, u64),
-    /// The file's size when it was indexed.
-    pub size: u64,
-    /// The file's modification time (seconds), used for implied directories.
-    pub mtime: i64,
-    /// The file's modification time (seconds, nanoseconds) when indexed: a write to the
-    /// file changes it, which is how a rewritten archive is noticed (see
-    /// [`Archive::unchanged`]). Not the ctime: renaming or deleting a package changes its
-    /// ctime but not its bytes, and must not break reads.
-    pub mtime_ns: (i64, i64),
-    /// Its format.
-    pub format: Format,
-    /// The seek table of a seekable-zstd archive.
-    pub table: Option<seekable::SeekTable>,
-    /// A number no other archive opened by this process has: the read path's cache keys
-    /// use it, so blocks of a removed or replaced package can never be served for another.
+    /// Its bytes.
+    pub blob: Arc<dyn Blob>,
+    /// Its format's read path.
+    pub package: Box<dyn Package>,
+    /// A number no other archive opened by this process has: cache keys use it, so
+    /// blocks of a removed or replaced package can never be served for another.
     pub key: u32,
 }
 
 /// Source of [`Archive::key`].
-static NEXT_KEY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-fn next_key() -> u32 {
-    NEXT_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
+static NEXT_KEY: AtomicU32 = AtomicU32::new(0);
 
 impl Archive {
-    /// Device and inode number of the file.
-    pub fn file_id(&self) -> (u64, u64) {
-        self.id
+    /// An archive of `blob` read through `package`.
+    pub fn new(blob: Arc<dyn Blob>, package: Box<dyn Package>) -> Self {
+        Archive {
+            path: blob.name().to_path_buf(),
+            blob,
+            package,
+            key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
-    /// An archive object with no file behind it (unit tests of the layers above).
+    /// The format's name.
+    pub fn format(&self) -> &'static str {
+        self.package.format()
+    }
+
+    /// Its modification time (directories it implies take it).
+    pub fn mtime(&self) -> i64 {
+        self.blob.mtime()
+    }
+
+    /// The index again (see [`Package::entries`]).
+    pub fn entries(&self, cx: &OpenContext) -> Result<Vec<Entry>> {
+        self.package.entries(&self.blob, cx)
+    }
+
+    /// Up to `len` bytes at `offset` of the member at `loc` of `size` bytes; fewer only
+    /// at its end. Bytes kept in the index are served here; the rest by the format.
+    pub fn read(
+        &self,
+        io: &Io,
+        loc: &Loc,
+        size: u64,
+        offset: u64,
+        len: u32,
+        span: Span,
+    ) -> Result<ReadData> {
+        if offset >= size {
+            return Ok(ReadData::empty());
+        }
+        let end = size.min(offset.saturating_add(u64::from(len)));
+        match loc {
+            Loc::None => Err(Error::Format("file has no data".into())),
+            Loc::Inline(bytes) => Ok(ReadData::Owned(crate::io::cache::Block::new(
+                bytes
+                    .get(offset as usize..end as usize)
+                    .ok_or_else(|| Error::Format("inline data shorter than its size".into()))?
+                    .to_vec(),
+            ))),
+            _ => self.package.read(
+                &Reading {
+                    io,
+                    archive: self,
+                    loc,
+                    size,
+                },
+                offset,
+                end,
+                span,
+            ),
+        }
+    }
+
+    /// See [`Package::extent`]; the range is clipped to the blob.
+    pub fn extent(&self, io: &Io, loc: &Loc, size: u64) -> Option<(u64, u64)> {
+        if matches!(loc, Loc::None | Loc::Inline(_)) {
+            return None;
+        }
+        let r = Reading {
+            io,
+            archive: self,
+            loc,
+            size,
+        };
+        let (start, end) = self.package.extent(&r)?;
+        let end = end.min(self.blob.size());
+        (start < end).then_some((start, end))
+    }
+
+    /// See [`Package::delivered`].
+    pub fn delivered(&self, io: &Io, loc: &Loc, size: u64, start: u64, end: u64) {
+        let end = end.min(size);
+        if start >= end || matches!(loc, Loc::None | Loc::Inline(_)) {
+            return;
+        }
+        let r = Reading {
+            io,
+            archive: self,
+            loc,
+            size,
+        };
+        self.package.delivered(&r, start, end);
+    }
+
+    /// An archive with no bytes and no format (unit tests of the layers above).
     #[cfg(test)]
     pub(crate) fn detached(name: &str) -> Self {
-        Archive {
-            path: PathBuf::from(name),
-            file: Mutex::new(None),
-            id: (0, 0),
-            size: 0,
-            mtime: 0,
-            mtime_ns: (0, 0),
-            format: Format::Zip,
-            table: None,
-            key: next_key(),
-        }
-    }
-
-    /// The open file, reopening it by path if it was closed.
-    pub fn file(&self) -> Result<Arc<File>> {
-        let mut slot = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = slot.as_ref() {
-            return Ok(f.clone());
-        }
-        let f = File::open(&self.path)?;
-        let meta = f.metadata()?;
-        if (meta.dev(), meta.ino()) != self.id {
-            return Err(Error::Corrupt(
-                "the archive was replaced by another file while mounted".into(),
-            ));
-        }
-        let f = Arc::new(f);
-        *slot = Some(f.clone());
-        drop(slot);
-        self.unchanged_in(&meta)?;
-        Ok(f)
-    }
-
-    /// Whether the descriptor is open.
-    pub fn is_open(&self) -> bool {
-        self.file
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-    }
-
-    /// Close the descriptor (readers holding it keep it until they finish).
-    pub fn close(&self) {
-        *self.file.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    /// Check that the file still has the size and modification time it was indexed with.
-    /// Called after reading from it: bytes read from a file rewritten in place must not
-    /// be served as if they were the old ones.
-    pub fn unchanged(&self) -> Result<()> {
-        let meta = self.file()?.metadata()?;
-        self.unchanged_in(&meta)
-    }
-
-    fn unchanged_in(&self, meta: &std::fs::Metadata) -> Result<()> {
-        if meta.len() != self.size || (meta.mtime(), meta.mtime_nsec()) != self.mtime_ns {
-            return Err(Error::Corrupt(format!(
-                "the archive changed while mounted (size {} -> {}); its reads return EIO until remounted",
-                self.size,
-                meta.len()
-            )));
-        }
-        Ok(())
+        Archive::new(
+            Arc::new(crate::io::blob::Bytes::new(name, Vec::new())),
+            Box::new(testing::NoData),
+        )
     }
 }
 
@@ -308,262 +404,60 @@ impl Foreign {
     }
 }
 
-/// Open `path`, detect its format by content and read its index. `cache` keeps the
-/// indexes of seekable archives that have no pkgfs index.
-pub fn open(
-    path: &Path,
-    cache: Option<&seekable::IndexCache>,
-) -> std::result::Result<Indexed, OpenError> {
-    let bad = |e: Error| OpenError::Bad(e);
-    let file = File::open(path).map_err(|e| bad(Error::Io(e)))?;
-    let meta = file.metadata().map_err(|e| bad(Error::Io(e)))?;
-    if !meta.is_file() {
-        return Err(OpenError::NotAnArchive);
-    }
-    let size = meta.len();
-    let mtime = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs() as i64);
-    let (tail, _) = zip::first_tail(&file, size).map_err(bad)?;
-    let (format, table, entries) = match seekable::read_table(&file, size, &tail).map_err(bad)? {
-        Some(mut table) => {
-            let entries =
-                seekable_entries(path, &file, &meta, &table, &tail, size, cache).map_err(bad)?;
-            table.count_file_bytes(&entries);
-            (Format::SeekableTar, Some(table), entries)
-        }
-        None => match zip::read_index_from(&file, size, tail) {
-            Ok(entries) => (Format::Zip, None, entries),
-            Err(zip::IndexError::NotZip) => {
-                let mut head = [0u8; 512];
-                let n = head.len().min(usize::try_from(size).unwrap_or(usize::MAX));
-                if read_exact_at(&file, &mut head[..n], 0).is_ok()
-                    && let Some(f) = Foreign::detect(&head[..n])
-                {
-                    return Err(bad(Error::Unsupported(format!(
-                        "{}; {}",
-                        f.what(),
-                        f.fix()
-                    ))));
-                }
-                return Err(OpenError::NotAnArchive);
-            }
-            Err(zip::IndexError::Bad(e)) => return Err(bad(e)),
-        },
-    };
-    Ok(Indexed {
-        archive: Archive {
-            path: path.to_path_buf(),
-            file: Mutex::new(Some(Arc::new(file))),
-            id: (meta.dev(), meta.ino()),
-            size,
-            mtime,
-            mtime_ns: (meta.mtime(), meta.mtime_nsec()),
-            format,
-            table,
-            key: next_key(),
-        },
-        entries,
-    })
-}
-
-/// Read the index of an already open archive again (a live mount rebuilding its tree
-/// keeps archive objects, not their entries, so memory stays proportional to the tree).
-/// Fails if the file changed since it was indexed.
-pub fn reindex(archive: &Archive, cache: Option<&seekable::IndexCache>) -> Result<Vec<Entry>> {
-    let file = archive.file()?;
-    let meta = file.metadata()?;
-    archive.unchanged_in(&meta)?;
-    let (tail, _) = zip::first_tail(&file, archive.size)?;
-    let entries = match &archive.table {
-        Some(table) => seekable_entries(
-            &archive.path,
-            &file,
-            &meta,
-            table,
-            &tail,
-            archive.size,
-            cache,
-        )?,
-        None => match zip::read_index_from(&file, archive.size, tail) {
-            Ok(entries) => entries,
-            Err(zip::IndexError::NotZip) => {
-                return Err(Error::Corrupt("the archive is no longer a ZIP file".into()));
-            }
-            Err(zip::IndexError::Bad(e)) => return Err(e),
-        },
-    };
-    archive.unchanged()?;
-    Ok(entries)
-}
-
-/// The entries of a seekable archive: its pkgfs index, else a cached index, else a scan
-/// of its tar headers (stored in the cache for next time).
-fn seekable_entries(
-    path: &Path,
-    file: &File,
-    meta: &std::fs::Metadata,
-    table: &seekable::SeekTable,
-    tail: &[u8],
-    size: u64,
-    cache: Option<&seekable::IndexCache>,
-) -> Result<Vec<Entry>> {
-    if let Some(entries) = seekable::read_embedded_index(file, table, tail, size)? {
-        return Ok(entries);
-    }
-    let key = cache.map(|c| (c, c.key_path(meta, table)));
-    if let Some((c, k)) = &key
-        && let Some(entries) = c.load(k, table)
-    {
-        log::debug!("{}: index from cache {}", path.display(), k.display());
-        return Ok(entries);
-    }
-    log::warn!(
-        "{}: seekable archive without a pkgfs index: scanning its tar headers (once{})",
-        path.display(),
-        if key.is_some() {
-            "; the index is cached"
-        } else {
-            "; no index cache"
-        }
-    );
-    let entries = tar::scan(seekable::StreamReader::new(file, table))
-        .map_err(|e| Error::Format(format!("tar stream: {e}")))?
-        .into_iter()
-        .map(tar_entry)
-        .collect::<Result<Vec<_>>>()?;
-    for e in &entries {
-        if let DataRef::Seekable { offset } = e.data
-            && offset
-                .checked_add(e.size)
-                .is_none_or(|end| end > table.total)
-        {
-            return Err(Error::Format(
-                "a tar entry runs past the end of the stream".into(),
-            ));
+/// Detect the format of `blob` by content and read its index.
+pub fn open(blob: Arc<dyn Blob>, cx: &OpenContext) -> std::result::Result<Indexed, OpenError> {
+    let probe = Probe::read(&*blob).map_err(OpenError::Bad)?;
+    for f in FORMATS {
+        if let Some(o) = f.open(&blob, &probe, cx).map_err(OpenError::Bad)? {
+            return Ok(Indexed {
+                archive: Archive::new(blob, o.package),
+                entries: o.entries,
+            });
         }
     }
-    if let Some((c, k)) = &key
-        && let Err(e) = c.store(k, &entries)
-    {
-        log::warn!(
-            "cannot store the index of {} in {}: {e}",
-            path.display(),
-            k.display()
-        );
+    match Foreign::detect(&probe.head) {
+        Some(f) => Err(OpenError::Bad(Error::Unsupported(format!(
+            "{}; {}",
+            f.what(),
+            f.fix()
+        )))),
+        None => Err(OpenError::NotAnArchive),
     }
-    Ok(entries)
 }
 
-/// `pkgfs check` of a seekable archive: decode every frame (verifying the zstd
-/// checksums), scan the tar stream, and compare it with the index the mount uses.
-/// Returns the differences found.
-pub fn verify_seekable(archive: &Archive, index: &[Entry]) -> Result<Vec<String>> {
-    let table = archive
-        .table
-        .as_ref()
-        .ok_or_else(|| Error::Format("not a seekable archive".into()))?;
-    let file = archive.file()?;
-    let scanned: Vec<Entry> = tar::scan(seekable::StreamReader::new(&file, table))
-        .map_err(|e| Error::Corrupt(format!("tar stream: {e}")))?
-        .into_iter()
-        .map(tar_entry)
-        .collect::<Result<_>>()?;
-    let mut problems = Vec::new();
-    if scanned.len() != index.len() {
-        problems.push(format!(
-            "the index lists {} entries, the tar stream has {}",
-            index.len(),
-            scanned.len()
-        ));
-    }
-    let trim = |p: &[u8]| -> Vec<u8> {
-        let p = p.strip_prefix(b"./").unwrap_or(p);
-        p.strip_suffix(b"/").unwrap_or(p).to_vec()
-    };
-    for (i, s) in index.iter().zip(&scanned) {
-        let same = trim(&i.path) == trim(&s.path)
-            && i.kind == s.kind
-            && i.size == s.size
-            && i.data == s.data
-            && i.link == s.link;
-        if !same {
-            problems.push(format!(
-                "index entry {:?} disagrees with the tar stream ({:?})",
-                String::from_utf8_lossy(&i.path),
-                String::from_utf8_lossy(&s.path)
-            ));
+/// Open the local file at `path` and index it (see [`open`]).
+pub fn open_path(path: &Path, cx: &OpenContext) -> std::result::Result<Indexed, OpenError> {
+    let blob = crate::io::blob::LocalFile::open(path).map_err(|e| match e {
+        Error::Format(_) => OpenError::NotAnArchive,
+        e => OpenError::Bad(e),
+    })?;
+    open(blob, cx)
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A package without data: reads fail.
+    #[derive(Debug)]
+    pub(crate) struct NoData;
+
+    impl Package for NoData {
+        fn format(&self) -> &'static str {
+            "none"
         }
-    }
-    Ok(problems)
-}
-
-/// Convert a scanned tar entry.
-fn tar_entry(t: tar::TarEntry) -> Result<Entry> {
-    let kind = match t.kind {
-        tar::TarKind::File => EntryKind::File,
-        tar::TarKind::Dir => EntryKind::Dir,
-        tar::TarKind::Symlink => EntryKind::Symlink,
-        tar::TarKind::HardLink => EntryKind::HardLink,
-        tar::TarKind::Other(_) => EntryKind::Special,
-    };
-    Ok(Entry {
-        size: match kind {
-            EntryKind::File => t.size,
-            EntryKind::Symlink => t.link.len() as u64,
-            _ => 0,
-        },
-        data: if kind == EntryKind::File {
-            DataRef::Seekable {
-                offset: t.data_offset,
-            }
-        } else {
-            DataRef::None
-        },
-        path: t.path,
-        kind,
-        perm: (t.mode & 0o7777) as u16,
-        mtime: t.mtime,
-        uid: u32::try_from(t.uid).ok(),
-        gid: u32::try_from(t.gid).ok(),
-        link: t.link,
-    })
-}
-
-/// How many archives may keep a descriptor open: the soft `RLIMIT_NOFILE` less a reserve
-/// for FUSE channels, logs and the index cache. Beyond it, descriptors are closed and
-/// reopened on demand.
-pub fn descriptor_budget() -> usize {
-    // SAFETY: getrlimit fills a local struct.
-    let soft = unsafe {
-        let mut lim: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur
-        } else {
-            1024
+        fn entries(&self, _: &Arc<dyn Blob>, _: &OpenContext) -> Result<Vec<Entry>> {
+            Ok(Vec::new())
         }
-    };
-    (soft.min(1 << 20) as usize).saturating_sub(128).max(16)
-}
-
-/// Read exactly `buf.len()` bytes at `offset`, or fail with a clear error if the file
-/// ends first (a truncated archive).
-pub fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => {
-                return Err(Error::Format(format!(
-                    "unexpected end of file at offset {}",
-                    offset + done as u64
-                )));
-            }
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::Io(e)),
+        fn read(&self, _: &Reading<'_>, _: u64, _: u64, _: Span) -> Result<ReadData> {
+            Err(Error::Format("no data".into()))
         }
+        fn extent(&self, _: &Reading<'_>) -> Option<(u64, u64)> {
+            None
+        }
+        fn delivered(&self, _: &Reading<'_>, _: u64, _: u64) {}
     }
-    Ok(())
 }

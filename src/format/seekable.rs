@@ -18,13 +18,14 @@
 //! for a packed archive.
 
 use std::cell::RefCell;
-use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use super::{DataRef, Entry, EntryKind, read_exact_at};
-use crate::error::Error;
+use super::{Archive, Entry, EntryKind, Format, Loc, OpenContext, Opened, Package, Probe, Reading};
+use crate::error::{Error, Result};
+use crate::io::blob::Blob;
+use crate::io::cache::Block;
+use crate::io::{BlockKey, ReadData, Span, gather};
 
 /// Magic number at the very end of a seekable zstd file.
 pub const SEEKABLE_MAGIC: u32 = 0x8F92_EAB1;
@@ -96,8 +97,7 @@ impl SeekTable {
     pub fn count_file_bytes(&mut self, entries: &[super::Entry]) {
         let mut counts = vec![0u32; self.frames.len()];
         for e in entries {
-            let (super::EntryKind::File, super::DataRef::Seekable { offset }) = (&e.kind, &e.data)
-            else {
+            let (EntryKind::File, Loc::Stream(offset)) = (&e.kind, &e.data) else {
                 continue;
             };
             let end = offset.saturating_add(e.size).min(self.total);
@@ -140,7 +140,7 @@ pub enum TableProbe {
 
 /// Look at the end of a file (`tail`, the last bytes of a file of `file_size` bytes) for
 /// a seek table footer and say how many bytes of tail the whole table needs.
-pub fn probe(tail: &[u8], file_size: u64) -> Result<TableProbe, Error> {
+pub fn probe(tail: &[u8], file_size: u64) -> Result<TableProbe> {
     if tail.len() < FOOTER_LEN + SKIPPABLE_HEADER || le32(tail, tail.len() - 4) != SEEKABLE_MAGIC {
         return Ok(TableProbe::Absent);
     }
@@ -165,7 +165,7 @@ pub fn probe(tail: &[u8], file_size: u64) -> Result<TableProbe, Error> {
 
 /// Parse a complete seek-table frame, the last `frame.len()` bytes of a file of
 /// `file_size` bytes.
-pub fn parse_seek_table(frame: &[u8], file_size: u64) -> Result<SeekTable, Error> {
+pub fn parse_seek_table(frame: &[u8], file_size: u64) -> Result<SeekTable> {
     if frame.len() < SKIPPABLE_HEADER + FOOTER_LEN {
         return Err(bad("seek table truncated"));
     }
@@ -252,7 +252,7 @@ pub fn encode_index(entries: &[Entry], level: i32) -> std::io::Result<Vec<u8>> {
         body.extend_from_slice(&e.mtime.to_le_bytes());
         body.extend_from_slice(&e.size.to_le_bytes());
         let off = match e.data {
-            DataRef::Seekable { offset } => offset,
+            Loc::Stream(offset) => offset,
             _ => 0,
         };
         body.extend_from_slice(&off.to_le_bytes());
@@ -279,7 +279,7 @@ pub fn encode_index(entries: &[Entry], level: i32) -> std::io::Result<Vec<u8>> {
 struct Cursor<'a>(&'a [u8]);
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.0.len() < n {
             return Err(bad("index entry truncated"));
         }
@@ -287,14 +287,14 @@ impl<'a> Cursor<'a> {
         self.0 = b;
         Ok(a)
     }
-    fn u8(&mut self) -> Result<u8, Error> {
+    fn u8(&mut self) -> Result<u8> {
         Ok(self.take(1)?[0])
     }
-    fn u32(&mut self) -> Result<u32, Error> {
+    fn u32(&mut self) -> Result<u32> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
-    fn u64(&mut self) -> Result<u64, Error> {
+    fn u64(&mut self) -> Result<u64> {
         let mut x = [0u8; 8];
         x.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(x))
@@ -303,7 +303,7 @@ impl<'a> Cursor<'a> {
 
 /// Decode a pkgfs index frame (skippable header included). Every data range is checked
 /// against `stream_size`, the decompressed size of the tar stream.
-pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>, Error> {
+pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>> {
     if frame.len() < SKIPPABLE_HEADER + 24 || le32(frame, 0) != INDEX_FRAME_MAGIC {
         return Err(bad("not a pkgfs index frame"));
     }
@@ -371,9 +371,9 @@ pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>, Error>
                         String::from_utf8_lossy(&path)
                     )));
                 }
-                DataRef::Seekable { offset }
+                Loc::Stream(offset)
             }
-            _ => DataRef::None,
+            _ => Loc::None,
         };
         entries.push(Entry {
             path,
@@ -394,18 +394,10 @@ pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>, Error>
     Ok(entries)
 }
 
-/// What the end of a seekable file holds.
-pub struct Opened {
-    /// The seek table.
-    pub table: SeekTable,
-    /// The entries, from the pkgfs index or the index cache or a scan.
-    pub entries: Vec<Entry>,
-}
-
-/// Read the seek table of `file` given the tail already read; `Ok(None)` if the file is
-/// not seekable zstd.
-pub fn read_table(file: &File, size: u64, tail: &[u8]) -> Result<Option<SeekTable>, Error> {
-    let len = match probe(tail, size)? {
+/// Read the seek table of `blob` given its probe; `Ok(None)` if it is not seekable zstd.
+pub fn read_table(blob: &dyn Blob, probe: &Probe) -> Result<Option<SeekTable>> {
+    let (size, tail) = (probe.size, &probe.tail);
+    let len = match self::probe(tail, size)? {
         TableProbe::Absent => return Ok(None),
         TableProbe::NeedTail(len) => len,
     };
@@ -413,7 +405,7 @@ pub fn read_table(file: &File, size: u64, tail: &[u8]) -> Result<Option<SeekTabl
         parse_seek_table(&tail[tail.len() - len..], size)?
     } else {
         let mut buf = vec![0u8; len];
-        read_exact_at(file, &mut buf, size - len as u64)?;
+        blob.read_exact_at(&mut buf, size - len as u64)?;
         parse_seek_table(&buf, size)?
     };
     Ok(Some(table))
@@ -426,11 +418,10 @@ pub fn is_plain_zstd(head: &[u8]) -> bool {
 
 /// Read the pkgfs index between the last data frame and the seek table, if present.
 pub fn read_embedded_index(
-    file: &File,
+    blob: &dyn Blob,
     table: &SeekTable,
-    tail: &[u8],
-    size: u64,
-) -> Result<Option<Vec<Entry>>, Error> {
+    probe: &Probe,
+) -> Result<Option<Vec<Entry>>> {
     let gap = table.table_start - table.data_end;
     if gap == 0 {
         return Ok(None);
@@ -440,22 +431,22 @@ pub fn read_embedded_index(
             "{gap} bytes between the frames and the seek table"
         )));
     }
-    let tail_start = size - tail.len() as u64;
+    let tail_start = probe.tail_start();
     let frame = if table.data_end >= tail_start {
         let at = (table.data_end - tail_start) as usize;
-        tail[at..at + gap as usize].to_vec()
+        probe.tail[at..at + gap as usize].to_vec()
     } else {
         let mut buf = vec![0u8; gap as usize];
-        read_exact_at(file, &mut buf, table.data_end)?;
+        blob.read_exact_at(&mut buf, table.data_end)?;
         buf
     };
     decode_index(&frame, table.total).map(Some)
 }
 
-/// Decode frame `i` of `table` from `file`: the unit of caching for these archives.
-pub fn decode_frame(file: &File, table: &SeekTable, i: usize) -> Result<Vec<u8>, Error> {
+/// Decode frame `i` of `table` from `blob`: the unit of caching for these archives.
+pub fn decode_frame(blob: &dyn Blob, table: &SeekTable, i: usize) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    decode_frame_into(file, table, i, &mut out)?;
+    decode_frame_into(blob, table, i, &mut out)?;
     Ok(out)
 }
 
@@ -469,11 +460,11 @@ thread_local! {
 /// [`decode_frame`] into `out` (emptied first; nothing is zeroed when it already has
 /// room for the frame).
 pub fn decode_frame_into(
-    file: &File,
+    blob: &dyn Blob,
     table: &SeekTable,
     i: usize,
     out: &mut Vec<u8>,
-) -> Result<(), Error> {
+) -> Result<()> {
     let f = table
         .frames
         .get(i)
@@ -484,7 +475,7 @@ pub fn decode_frame_into(
         let mut guard = cell.borrow_mut();
         let (dctx, src) = &mut *guard;
         src.resize(f.csize as usize, 0);
-        read_exact_at(file, src, f.coff)?;
+        blob.read_exact_at(src, f.coff)?;
         let dctx = match dctx {
             Some(d) => d,
             None => dctx.insert(zstd::bulk::Decompressor::new()?),
@@ -508,7 +499,7 @@ pub fn decode_frame_into(
 /// A reader of the whole decompressed stream, frame by frame (for scanning tar headers
 /// of archives without a pkgfs index, and for `pkgfs check`).
 pub struct StreamReader<'a> {
-    file: &'a File,
+    blob: &'a dyn Blob,
     table: &'a SeekTable,
     next: usize,
     buf: Vec<u8>,
@@ -516,10 +507,10 @@ pub struct StreamReader<'a> {
 }
 
 impl<'a> StreamReader<'a> {
-    /// Read the stream of `table` in `file` from the start.
-    pub fn new(file: &'a File, table: &'a SeekTable) -> Self {
+    /// Read the stream of `table` in `blob` from the start.
+    pub fn new(blob: &'a dyn Blob, table: &'a SeekTable) -> Self {
         StreamReader {
-            file,
+            blob,
             table,
             next: 0,
             buf: Vec::new(),
@@ -535,7 +526,7 @@ impl Read for StreamReader<'_> {
                 return Ok(0);
             }
             self.buf =
-                decode_frame(self.file, self.table, self.next).map_err(std::io::Error::other)?;
+                decode_frame(self.blob, self.table, self.next).map_err(std::io::Error::other)?;
             self.pos = 0;
             self.next += 1;
         }
@@ -546,68 +537,256 @@ impl Read for StreamReader<'_> {
     }
 }
 
-/// Where indexes of foreign seekable archives (those without a pkgfs index) are kept.
-///
-/// The key of a cached index is the archive's device, inode, size, modification and
-/// change times (nanoseconds) and a hash of its seek table: any write to the archive
-/// changes its ctime, so a changed archive is never served from a stale index.
-#[derive(Clone, Debug)]
-pub struct IndexCache {
-    dir: PathBuf,
+/// The seekable-zstd format: pkgfs packages, and seekable tar.zst written by other tools
+/// (t2sz, pyzstd, zeekstd), whose index is made once by scanning their tar headers and
+/// kept in the index cache.
+pub struct SeekableZstd;
+
+impl Format for SeekableZstd {
+    fn name(&self) -> &'static str {
+        "seekable-zstd"
+    }
+
+    fn open(
+        &self,
+        blob: &Arc<dyn Blob>,
+        probe: &Probe,
+        cx: &OpenContext,
+    ) -> Result<Option<Opened>> {
+        let Some(mut table) = read_table(&**blob, probe)? else {
+            return Ok(None);
+        };
+        let entries = entries_of(&**blob, &table, Some(probe), cx)?;
+        table.count_file_bytes(&entries);
+        Ok(Some(Opened {
+            package: Box::new(SeekablePackage { table }),
+            entries,
+        }))
+    }
 }
 
-impl IndexCache {
-    /// A cache in `dir` (created on first store).
-    pub fn new(dir: PathBuf) -> Self {
-        IndexCache { dir }
+/// A hash of a seek table, which the index cache's key must match too.
+fn table_hash(table: &SeekTable) -> String {
+    let mut h = crc32fast::Hasher::new();
+    for f in &table.frames {
+        h.update(&f.csize.to_le_bytes());
+        h.update(&f.dsize.to_le_bytes());
     }
+    format!("{:08x}", h.finalize())
+}
 
-    /// The default location: `$XDG_CACHE_HOME/pkgfs/index`, else `~/.cache/pkgfs/index`.
-    pub fn default_dir() -> Option<PathBuf> {
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
-        Some(base.join("pkgfs").join("index"))
-    }
-
-    /// The cache file for an archive.
-    pub fn key_path(&self, meta: &std::fs::Metadata, table: &SeekTable) -> PathBuf {
-        let mut h = crc32fast::Hasher::new();
-        for f in &table.frames {
-            h.update(&f.csize.to_le_bytes());
-            h.update(&f.dsize.to_le_bytes());
+/// The entries of a seekable archive: its pkgfs index, else a cached index, else a scan
+/// of its tar headers (stored in the cache for next time).
+fn entries_of(
+    blob: &dyn Blob,
+    table: &SeekTable,
+    probe: Option<&Probe>,
+    cx: &OpenContext,
+) -> Result<Vec<Entry>> {
+    let read;
+    let probe = match probe {
+        Some(p) => p,
+        None => {
+            read = Probe::read(blob)?;
+            &read
         }
-        let name = format!(
-            "{:x}-{:x}-{:x}-{}.{}-{}.{}-{:08x}.idx",
-            meta.dev(),
-            meta.ino(),
-            meta.size(),
-            meta.mtime(),
-            meta.mtime_nsec(),
-            meta.ctime(),
-            meta.ctime_nsec(),
-            h.finalize()
+    };
+    if let Some(entries) = read_embedded_index(blob, table, probe)? {
+        return Ok(entries);
+    }
+    let key = cx
+        .index_cache
+        .map(|c| (c, c.key("seekable-zstd", blob, &table_hash(table))));
+    if let Some((c, k)) = &key
+        && let Some(entries) = c.load(k).and_then(|b| decode_index(&b, table.total).ok())
+    {
+        log::debug!(
+            "{}: index from cache {}",
+            blob.name().display(),
+            k.path().display()
         );
-        self.dir.join(name)
+        return Ok(entries);
+    }
+    log::warn!(
+        "{}: seekable archive without a pkgfs index: scanning its tar headers (once{})",
+        blob.name().display(),
+        if key.is_some() {
+            "; the index is cached"
+        } else {
+            "; no index cache"
+        }
+    );
+    let entries = scan(blob, table).map_err(|e| Error::Format(format!("tar stream: {e}")))?;
+    for e in &entries {
+        if let Loc::Stream(offset) = e.data
+            && offset
+                .checked_add(e.size)
+                .is_none_or(|end| end > table.total)
+        {
+            return Err(Error::Format(
+                "a tar entry runs past the end of the stream".into(),
+            ));
+        }
+    }
+    if let Some((c, k)) = &key {
+        let stored = encode_index(&entries, 3)
+            .map_err(Error::Io)
+            .and_then(|b| c.store(k, &b));
+        if let Err(e) = stored {
+            log::warn!(
+                "cannot store the index of {} in {}: {e}",
+                blob.name().display(),
+                k.path().display()
+            );
+        }
+    }
+    Ok(entries)
+}
+
+/// The entries of the tar stream of a seekable archive, by decoding it all.
+fn scan(blob: &dyn Blob, table: &SeekTable) -> std::result::Result<Vec<Entry>, String> {
+    super::tar::scan(StreamReader::new(blob, table))
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|t| t.into_entry(Loc::Stream))
+        .collect()
+}
+
+/// An open seekable archive: its seek table. The unit of caching is a frame.
+#[derive(Debug)]
+pub struct SeekablePackage {
+    /// The seek table (with the file bytes of each frame counted).
+    pub table: SeekTable,
+}
+
+impl SeekablePackage {
+    fn frame(&self, r: &Reading<'_>, fi: usize) -> Result<Arc<Block>> {
+        let key = BlockKey {
+            archive: r.archive.key,
+            unit: fi as u64,
+            block: 0,
+        };
+        r.io.block(key, |_| {
+            let frame =
+                self.table.frames.get(fi).ok_or_else(|| {
+                    Error::Corrupt(format!("frame {fi} is not in the seek table"))
+                })?;
+            let mut data = Block::empty(frame.dsize as usize);
+            decode_frame_into(&*r.archive.blob, &self.table, fi, &mut data)?;
+            let data = Arc::new(Block::new(data));
+            r.io.count_read(frame.csize as usize);
+            r.io.count_decoded(data.len());
+            r.io.cache().insert(key, data.clone());
+            Ok(data)
+        })
     }
 
-    /// Load a cached index, if there is a valid one.
-    pub fn load(&self, key: &Path, table: &SeekTable) -> Option<Vec<Entry>> {
-        let bytes = std::fs::read(key).ok()?;
-        decode_index(&bytes, table.total).ok()
+    fn start(r: &Reading<'_>) -> Result<u64> {
+        match r.loc {
+            Loc::Stream(s) => Ok(*s),
+            other => Err(Error::Format(format!(
+                "{other:?} is no place in a seekable archive"
+            ))),
+        }
+    }
+}
+
+impl Package for SeekablePackage {
+    fn format(&self) -> &'static str {
+        "seekable-zstd"
     }
 
-    /// Store an index (best effort: a read-only cache only costs speed). Written to a
-    /// temporary file and renamed, so a concurrent mount never reads half a file.
-    pub fn store(&self, key: &Path, entries: &[Entry]) -> Result<(), Error> {
-        std::fs::create_dir_all(&self.dir)?;
-        let frame = encode_index(entries, 3)?;
-        let tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
-        std::fs::write(tmp.path(), &frame)?;
-        tmp.persist(key).map_err(|e| Error::Io(e.error))?;
-        Ok(())
+    fn entries(&self, blob: &Arc<dyn Blob>, cx: &OpenContext) -> Result<Vec<Entry>> {
+        entries_of(&**blob, &self.table, None, cx)
     }
+
+    /// Bytes of the decompressed stream, frame by frame through the cache; concurrent
+    /// misses on one frame share one decompression.
+    fn read(&self, r: &Reading<'_>, offset: u64, end: u64, span: Span) -> Result<ReadData> {
+        let start = Self::start(r)?;
+        gather(start + offset, start + end, span, |pos| {
+            let fi = self.table.frame_at(pos).ok_or_else(|| {
+                Error::Corrupt(format!("offset {pos} is past the end of the stream"))
+            })?;
+            Ok((self.table.frames[fi].doff, self.frame(r, fi)?))
+        })
+    }
+
+    /// The frames holding the file.
+    fn extent(&self, r: &Reading<'_>) -> Option<(u64, u64)> {
+        let start = Self::start(r).ok()?;
+        let t = &self.table;
+        let first = t.frames.get(t.frame_at(start)?)?;
+        let last_byte = (start + r.size).checked_sub(1)?;
+        let last = t.frames.get(t.frame_at(last_byte)?)?;
+        Some((first.coff, last.coff + u64::from(last.csize)))
+    }
+
+    /// A frame holds several files and their tar headers, which are never delivered, so
+    /// its bytes given are counted against the file bytes it holds
+    /// ([`SeekTable::file_bytes`]).
+    fn delivered(&self, r: &Reading<'_>, start: u64, end: u64) {
+        let Ok(data) = Self::start(r) else {
+            return;
+        };
+        let t = &self.table;
+        let (start, end) = (data + start, data + end);
+        let Some(mut f) = t.frame_at(start) else {
+            return;
+        };
+        while let (Some(frame), Some(&of)) = (t.frames.get(f), t.file_bytes.get(f)) {
+            if frame.doff >= end {
+                break;
+            }
+            let given = (frame.doff + u64::from(frame.dsize)).min(end) - frame.doff.max(start);
+            let key = BlockKey {
+                archive: r.archive.key,
+                unit: f as u64,
+                block: 0,
+            };
+            r.io.cache().delivered_bytes(&key, given, u64::from(of));
+            f += 1;
+        }
+    }
+
+    /// Decode every frame (verifying the zstd checksums), scan the tar stream, and
+    /// compare it with the index the mount uses.
+    fn verify(&self, archive: &Archive, cx: &OpenContext) -> Result<Vec<String>> {
+        let index = self.entries(&archive.blob, cx)?;
+        let scanned = scan(&*archive.blob, &self.table).map_err(Error::Corrupt)?;
+        Ok(compare(&index, &scanned))
+    }
+}
+
+/// The differences between an index and the entries of the tar stream it describes.
+pub fn compare(index: &[Entry], scanned: &[Entry]) -> Vec<String> {
+    let mut problems = Vec::new();
+    if scanned.len() != index.len() {
+        problems.push(format!(
+            "the index lists {} entries, the tar stream has {}",
+            index.len(),
+            scanned.len()
+        ));
+    }
+    let trim = |p: &[u8]| -> Vec<u8> {
+        let p = p.strip_prefix(b"./").unwrap_or(p);
+        p.strip_suffix(b"/").unwrap_or(p).to_vec()
+    };
+    for (i, s) in index.iter().zip(scanned) {
+        let same = trim(&i.path) == trim(&s.path)
+            && i.kind == s.kind
+            && i.size == s.size
+            && i.data == s.data
+            && i.link == s.link;
+        if !same {
+            problems.push(format!(
+                "index entry {:?} disagrees with the tar stream ({:?})",
+                String::from_utf8_lossy(&i.path),
+                String::from_utf8_lossy(&s.path)
+            ));
+        }
+    }
+    problems
 }
 
 #[cfg(test)]
@@ -624,9 +803,9 @@ mod tests {
             gid: Some(7),
             size,
             data: if kind == EntryKind::File {
-                DataRef::Seekable { offset }
+                Loc::Stream(offset)
             } else {
-                DataRef::None
+                Loc::None
             },
             link: if kind == EntryKind::Symlink {
                 b"target".to_vec()

@@ -59,6 +59,43 @@ pub struct TarEntry {
     pub data_offset: u64,
 }
 
+impl TarEntry {
+    /// The index entry of this tar entry; a regular file's data is at `loc(data_offset)`
+    /// (its place in the format holding the tar stream).
+    pub fn into_entry(
+        self,
+        loc: impl FnOnce(u64) -> super::Loc,
+    ) -> std::result::Result<super::Entry, String> {
+        use super::{Entry, EntryKind, Loc};
+        let kind = match self.kind {
+            TarKind::File => EntryKind::File,
+            TarKind::Dir => EntryKind::Dir,
+            TarKind::Symlink => EntryKind::Symlink,
+            TarKind::HardLink => EntryKind::HardLink,
+            TarKind::Other(_) => EntryKind::Special,
+        };
+        Ok(Entry {
+            size: match kind {
+                EntryKind::File => self.size,
+                EntryKind::Symlink => self.link.len() as u64,
+                _ => 0,
+            },
+            data: if kind == EntryKind::File {
+                loc(self.data_offset)
+            } else {
+                Loc::None
+            },
+            path: self.path,
+            kind,
+            perm: (self.mode & 0o7777) as u16,
+            mtime: self.mtime,
+            uid: u32::try_from(self.uid).ok(),
+            gid: u32::try_from(self.gid).ok(),
+            link: self.link,
+        })
+    }
+}
+
 /// Errors of the tar reader.
 #[derive(Debug)]
 pub enum TarError {

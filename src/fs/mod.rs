@@ -1,7 +1,7 @@
 //! The filesystem operations, with no FUSE in them.
 //!
 //! [`PkgFs`] answers `lookup`, `getattr`, `readdir`, `readlink`, `read` and `statfs` over
-//! the current generation of the merged tree ([`View`]) and the [`Reader`], returning
+//! the current generation of the merged tree ([`View`]) and its archives, returning
 //! [`Result`]s. The FUSE adapter (`crate::transport::fuse`) only translates; the offline tools
 //! (`ls`, `cat`, `check`) and the tests call this directly. Everything here is `&self`
 //! and thread-safe.
@@ -25,7 +25,7 @@ use log::warn;
 
 use crate::error::{Error, Result};
 use crate::format::Archive;
-use crate::read::{ReadData, Reader, Span};
+use crate::io::{Io, ReadData, Span};
 use crate::tree::view::{InoMap, Invalidation, Layer, View};
 use crate::tree::{Kind, Node, Tree};
 
@@ -156,7 +156,7 @@ pub struct PkgFs {
     /// Count lookups and keep retired generations (a mount that can change).
     live: bool,
     next_ino: AtomicU64,
-    reader: Reader,
+    io: Io,
     reported: Mutex<HashSet<u64>>,
     /// Request counters.
     pub stats: OpStats,
@@ -182,8 +182,6 @@ impl PkgFs {
     /// Assemble the filesystem; `live` prepares it for [`PkgFs::activate`].
     pub fn with_layers(tree: Tree, layers: Vec<Layer>, cache_bytes: u64, live: bool) -> Self {
         let view = Arc::new(View::first(tree, layers));
-        let reader = Reader::new(cache_bytes);
-        reader.adopt(view.layers.iter().map(|l| &l.archive));
         PkgFs {
             current: RwLock::new(view.clone()),
             inodes: Mutex::new(Inodes {
@@ -193,7 +191,7 @@ impl PkgFs {
             }),
             live,
             next_ino: AtomicU64::new(view.tree.len() as u64 + 1),
-            reader,
+            io: Io::new(cache_bytes),
             reported: Mutex::new(HashSet::new()),
             stats: OpStats::default(),
         }
@@ -213,9 +211,9 @@ impl PkgFs {
         v.tree.resolve(path).map(|l| v.global(l))
     }
 
-    /// The read path (statistics, cache).
-    pub fn reader(&self) -> &Reader {
-        &self.reader
+    /// The read services (statistics, cache).
+    pub fn io(&self) -> &Io {
+        &self.io
     }
 
     /// How many inodes of older generations are still held by the kernel.
@@ -287,7 +285,6 @@ impl PkgFs {
         let (view, invalidations) =
             crate::tree::view::carry_over(&old, tree, layers, generation, &self.next_ino);
         let view = Arc::new(view);
-        self.reader.adopt(view.layers.iter().map(|l| &l.archive));
         let retired = {
             let mut inodes = lock(&self.inodes);
             *self.current.write().unwrap_or_else(|e| e.into_inner()) = view.clone();
@@ -307,12 +304,12 @@ impl PkgFs {
             retired.retain(|ino, _| view.local(*ino).is_none());
             retired.len()
         };
-        // Archives that only older generations use must stay open for them: the read
-        // path must not close them to save descriptors (their files may be gone).
+        // Archives that only older generations use must stay open for them: they must
+        // not be closed to save descriptors (their files may be gone).
         let live_keys: HashSet<u32> = view.layers.iter().map(|l| l.archive.key).collect();
         for l in &old.layers {
             if !live_keys.contains(&l.archive.key) {
-                self.reader.pin(&l.archive);
+                l.archive.blob.pin();
             }
         }
         Activation {
@@ -520,17 +517,16 @@ impl PkgFs {
         size: u32,
         span: Span,
     ) -> Result<ReadData> {
-        let found = v.tree.member_index(node).and_then(|i| {
-            let m = v.tree.member(node)?;
-            let layer = v.layers.get(m.archive as usize)?;
-            Some((v.member_state(i)?, m, layer))
-        });
-        let Some((state, member, layer)) = found else {
+        let found = v
+            .tree
+            .member(node)
+            .and_then(|m| Some((m, v.layers.get(m.archive as usize)?)));
+        let Some((member, layer)) = found else {
             return self.report(v, local, ino, Error::Format("file has no data".into()));
         };
-        match self
-            .reader
-            .read_span(&layer.archive, state, member, offset, size, span)
+        match layer
+            .archive
+            .read(&self.io, &member.loc, member.size, offset, size, span)
         {
             Ok(data) => Ok(data),
             Err(e) => self.report(v, local, ino, e),
@@ -552,14 +548,17 @@ impl PkgFs {
             return;
         };
         if let Some(layer) = v.layers.get(m.archive as usize) {
-            self.reader
-                .delivered(&layer.archive, m, offset, offset.saturating_add(len));
+            layer
+                .archive
+                .delivered(&self.io, &m.loc, m.size, offset, offset.saturating_add(len));
         }
     }
 
-    /// Start reading from disk the archive bytes of `files` (local nodes of view `v`), which
-    /// are about to be decoded: see [`Reader::will_need`]. Each member is asked for once
-    /// (a walk plans the same files again each time the reader moves).
+    /// Start reading the archive bytes of `files` (local nodes of view `v`), which are
+    /// about to be decoded: each archive is asked for its extents of them once they are
+    /// sorted and merged ([`crate::io::advice`]: nothing if the walk visits them in
+    /// archive order, which the kernel's own read-ahead follows). Each member is asked
+    /// for once (a walk plans the same files again each time the reader moves).
     pub(crate) fn will_need(&self, v: &View, files: &[u64]) {
         let mut wanted: Vec<(u32, (u64, u64))> = files
             .iter()
@@ -571,15 +570,15 @@ impl PkgFs {
                     return None;
                 }
                 let layer = v.layers.get(m.archive as usize)?;
-                Some((m.archive, Reader::extent(&layer.archive, state, m)?))
+                Some((m.archive, layer.archive.extent(&self.io, &m.loc, m.size)?))
             })
             .collect();
         // Stable: each archive's extents stay in walk order.
         wanted.sort_by_key(|&(a, _)| a);
         for group in wanted.chunk_by(|x, y| x.0 == y.0) {
             if let Some(layer) = v.layers.get(group[0].0 as usize) {
-                let extents = group.iter().map(|&(_, e)| e).collect();
-                self.reader.will_need(&layer.archive, extents);
+                let advice = crate::io::advice(group.iter().map(|&(_, e)| e).collect());
+                layer.archive.blob.will_need(&advice);
             }
         }
     }
@@ -617,7 +616,7 @@ impl PkgFs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{DataRef, Entry, EntryKind};
+    use crate::format::{Entry, EntryKind, Loc};
     use crate::tree::{Ownership, ROOT_INO as ROOT, TreeBuilder};
 
     #[test]
@@ -632,7 +631,7 @@ mod tests {
                 uid: None,
                 gid: None,
                 size: 0,
-                data: DataRef::None,
+                data: Loc::None,
                 link: Vec::new(),
             })
             .collect();

@@ -63,7 +63,7 @@ use std::time::{Duration, Instant};
 use log::debug;
 
 use crate::fs::{KernelCache, PkgFs};
-use crate::read::Span;
+use crate::io::Span;
 use crate::tree::Kind;
 use crate::tree::view::View;
 
@@ -773,7 +773,7 @@ mod tests {
 
     /// A mount (no FUSE) of the archive at `path` alone, with a 1 MiB cache.
     fn fs_of(path: &std::path::Path) -> PkgFs {
-        let idx = crate::format::open(path, None).unwrap();
+        let idx = crate::format::open_path(path, &crate::format::OpenContext::default()).unwrap();
         let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
         b.add_layer(0, 0, &idx.entries);
         PkgFs::new(b.finish(), vec![idx.archive], 1 << 20)
@@ -1018,7 +1018,7 @@ mod tests {
     #[test]
     fn the_warmer_decodes_ahead_of_a_walk_in_walk_order() {
         let (fs, _f) = mount(10, 16 * 1024);
-        let decoded = || fs.reader().stats.decompressed_bytes.load(Relaxed);
+        let decoded = || fs.io().stats.decompressed_bytes.load(Relaxed);
         let from = fs.resolve(b"d/f005").unwrap();
         // A 64 KiB window: f006 to f009.
         assert_eq!(
@@ -1049,7 +1049,7 @@ mod tests {
     #[test]
     fn the_warmer_keeps_its_scan_as_the_walk_moves() {
         let (fs, _f) = mount(10, 16 * 1024);
-        let decoded = || fs.reader().stats.decompressed_bytes.load(Relaxed);
+        let decoded = || fs.io().stats.decompressed_bytes.load(Relaxed);
         let at = |name: &str| fs.resolve(name.as_bytes()).unwrap();
         let mut w = Warmer::new(fs.clone());
         // A 32 KiB window after f005: f006 and f007; f006 to f009 are scanned.

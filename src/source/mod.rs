@@ -12,16 +12,13 @@ pub mod live;
 pub mod watch;
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use log::{debug, info, warn};
 
 use crate::error::{Error, Result};
-use crate::format::seekable::IndexCache;
-use crate::format::{self, Archive, Indexed, OpenError};
+use crate::format::{self, Archive, IndexCache, Indexed, OpenContext, OpenError};
 use crate::fs::PkgFs;
 use crate::tree::view::Layer;
 use crate::tree::{Ownership, Tree, TreeBuilder};
@@ -146,24 +143,15 @@ impl StreamState {
     }
 }
 
-/// Open and index a new archive, or re-read the index of a kept one. `kept_open` counts
-/// the archives left open so far: beyond `budget` (descriptors), newly indexed archives
-/// are closed now and reopened when first read.
-fn index_job(
-    job: &Job,
-    cache: Option<&IndexCache>,
-    kept_open: &AtomicUsize,
-    budget: usize,
-) -> Opened {
+/// Open and index a new archive, or re-read the index of a kept one.
+fn index_job(job: &Job, cache: Option<&IndexCache>) -> Opened {
+    let cx = OpenContext { index_cache: cache };
     match *job {
         Job::Open(path) => {
-            let Indexed { archive, entries } = format::open(path, cache)?;
-            if kept_open.fetch_add(1, Ordering::Relaxed) >= budget {
-                archive.close();
-            }
+            let Indexed { archive, entries } = format::open_path(path, &cx)?;
             Ok((Arc::new(archive), entries))
         }
-        Job::Reindex(archive) => match format::reindex(archive, cache) {
+        Job::Reindex(archive) => match archive.entries(&cx) {
             Ok(entries) => Ok((archive.clone(), entries)),
             Err(e) => Err(OpenError::Bad(e)),
         },
@@ -257,18 +245,19 @@ pub struct LoadOptions {
     pub whiteouts: bool,
 }
 
-/// What identifies the file at a path: device, inode, size and modification time. A
-/// package replaced by rename, or rewritten in place, has a different stamp.
-pub type Stamp = (u64, u64, u64, (i64, i64));
+/// What identifies the file at a path: its blob version (device, inode, size and
+/// modification time). A package replaced by rename, or rewritten in place, has a
+/// different stamp.
+pub type Stamp = String;
 
 fn stamp_of(path: &Path) -> Option<Stamp> {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.len(), (m.mtime(), m.mtime_nsec())))
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| crate::io::blob::local_version(&m))
 }
 
 fn archive_stamp(a: &Archive) -> Stamp {
-    let (dev, ino) = a.file_id();
-    (dev, ino, a.size, a.mtime_ns)
+    a.blob.version().to_string()
 }
 
 /// An active package.
@@ -352,8 +341,6 @@ impl Packages {
             needs_open.push(kept.is_none() && !known_bad);
             reuse.push(kept);
         }
-        // Archives kept open: those reused, and then new ones up to the budget.
-        let kept_open = AtomicUsize::new(reuse.iter().flatten().filter(|a| a.is_open()).count());
 
         let mut report = LoadReport::default();
         let mut builder = TreeBuilder::new(self.opts.owner).with_whiteouts(self.opts.whiteouts);
@@ -373,8 +360,7 @@ impl Packages {
         let cache = self.opts.index_cache.as_ref();
         let threads = self.opts.threads;
         let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
-        let budget = format::descriptor_budget();
-        let work = |job: &Job| index_job(job, cache, &kept_open, budget);
+        let work = |job: &Job| index_job(job, cache);
         std::thread::scope(|scope| {
             let mut stream = IndexStream::start(scope, &streamed, &jobs, threads, &work);
             for (((cand, st), kept), opens) in
@@ -394,7 +380,7 @@ impl Packages {
                 match result {
                     Ok((archive, entries)) => {
                         debug!("{}: {} entries", cand.path.display(), entries.len());
-                        builder.add_layer(layers.len() as u32, archive.mtime, &entries);
+                        builder.add_layer(layers.len() as u32, archive.mtime(), &entries);
                         report.layers.push(cand.path.clone());
                         layers.push(Layer {
                             archive: archive.clone(),
@@ -420,7 +406,7 @@ impl Packages {
                         };
                         warn!("skipping {}: {e}", cand.path.display());
                         report.skipped.push((cand.path.clone(), e.clone()));
-                        self.bad.insert(cand.path.clone(), (*st, e));
+                        self.bad.insert(cand.path.clone(), (st.clone(), e));
                         still_bad.insert(cand.path.clone());
                     }
                 }
@@ -602,8 +588,7 @@ mod tests {
         let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
         for window in [1, 2, 5, 64] {
             let shared = StreamState::new(jobs.len(), window);
-            let kept_open = AtomicUsize::new(0);
-            let work = |job: &Job| index_job(job, None, &kept_open, usize::MAX);
+            let work = |job: &Job| index_job(job, None);
             let got: Vec<Opened> = std::thread::scope(|s| {
                 let mut stream = IndexStream::start(s, &shared, &jobs, 4, &work);
                 std::iter::from_fn(|| stream.next()).collect()
@@ -618,7 +603,6 @@ mod tests {
                     Err(_) => assert_eq!(i % 7, 3, "window {window}: {i} failed"),
                 }
             }
-            assert_eq!(kept_open.load(Ordering::Relaxed), 34);
         }
     }
 
@@ -628,8 +612,7 @@ mod tests {
         let paths = packages(dir.path(), 30);
         let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
         let shared = StreamState::new(jobs.len(), 2);
-        let kept_open = AtomicUsize::new(0);
-        let work = |job: &Job| index_job(job, None, &kept_open, usize::MAX);
+        let work = |job: &Job| index_job(job, None);
         // The scope joins the workers: it returns only if they stop.
         std::thread::scope(|s| {
             let mut stream = IndexStream::start(s, &shared, &jobs, 3, &work);
@@ -648,14 +631,13 @@ mod tests {
         let paths = packages(dir.path(), 12);
         let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
         let shared = StreamState::new(jobs.len(), 3);
-        let kept_open = AtomicUsize::new(0);
         let work = |job: &Job| {
             if let Job::Open(p) = job
                 && p.ends_with("p05.zip")
             {
                 panic!("injected");
             }
-            index_job(job, None, &kept_open, usize::MAX)
+            index_job(job, None)
         };
         let got: Vec<Opened> = std::thread::scope(|s| {
             let mut stream = IndexStream::start(s, &shared, &jobs, 2, &work);

@@ -10,10 +10,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use crate::error::Error;
-use crate::format::seekable::IndexCache;
+use crate::format::{IndexCache, OpenContext};
 use crate::fs::PkgFs;
 use crate::source::{self, LoadOptions, LoadReport, display_archive};
-use crate::tree::MemberData;
 use crate::tree::{Kind, Ownership, ROOT_INO};
 
 /// Bytes asked for per read when streaming a whole file.
@@ -199,21 +198,17 @@ pub fn check(
             c.reason
         ))?;
     }
-    // Seekable archives: the index must agree with the tar stream it describes.
+    // Checks of whole archives beyond their members (a seekable archive's index must
+    // agree with the tar stream it describes).
+    let cache = IndexCache::default_dir().map(IndexCache::new);
+    let cx = OpenContext {
+        index_cache: cache.as_ref(),
+    };
     for a in view.layers.iter().map(|l| &l.archive) {
-        if a.table.is_none() {
-            continue;
-        }
-        let cache = IndexCache::default_dir().map(IndexCache::new);
-        let result = crate::format::open(&a.path, cache.as_ref())
-            .map_err(|e| match e {
-                crate::format::OpenError::Bad(e) => e.to_string(),
-                crate::format::OpenError::NotAnArchive => "no longer an archive".into(),
-            })
-            .and_then(|idx| {
-                crate::format::verify_seekable(a, &idx.entries).map_err(|e| e.to_string())
-            });
-        let problems = result.unwrap_or_else(|e| vec![e]);
+        let problems = a
+            .package
+            .verify(a, &cx)
+            .unwrap_or_else(|e| vec![e.to_string()]);
         for p in problems {
             errors += 1;
             w(format!("error: {}: {p}\n", a.path.display()))?;
@@ -238,9 +233,13 @@ pub fn check(
             if n != member.size {
                 return Err(format!("read {n} bytes, directory says {}", member.size));
             }
-            match &member.data {
-                MemberData::Zip(z) if sum != z.crc32 => {
-                    Err(format!("CRC-32 {sum:08x}, directory says {:08x}", z.crc32))
+            let recorded = view
+                .layers
+                .get(member.archive as usize)
+                .and_then(|l| l.archive.package.crc32(&member.loc));
+            match recorded {
+                Some(crc) if sum != crc => {
+                    Err(format!("CRC-32 {sum:08x}, directory says {crc:08x}"))
                 }
                 // Seekable frames carry zstd checksums, verified as they decode.
                 _ => Ok(n),

@@ -35,7 +35,7 @@ use log::warn;
 
 use crate::format::seekable::{encode_index, encode_seek_table};
 use crate::format::tar::{TarError, TarKind, TarWriter, WriteEntry};
-use crate::format::{DataRef, Entry, EntryKind, Foreign};
+use crate::format::{Entry, EntryKind, Foreign, Loc};
 use crate::tree::path::PathError;
 
 /// Read size when copying file data.
@@ -180,7 +180,7 @@ fn walk(dir: &Path, cfg: &PackConfig) -> std::io::Result<Vec<Item>> {
                 } else {
                     0
                 },
-                data: DataRef::None,
+                data: Loc::None,
                 link,
             };
             if kind == EntryKind::Dir {
@@ -469,7 +469,7 @@ fn tar_entry(te: &crate::format::tar::TarEntry, cfg: &PackConfig) -> Result<Opti
         uid,
         gid,
         size: te.size,
-        data: DataRef::None,
+        data: Loc::None,
         link,
     }))
 }
@@ -595,9 +595,7 @@ fn write_package(
                     left -= n as u64;
                     send_done(&frames, &mut sent)?;
                 }
-                e.data = DataRef::Seekable {
-                    offset: data_offset,
-                };
+                e.data = Loc::Stream(data_offset);
                 stats.data_bytes += e.size;
             }
             tar.end_entry().map_err(|err| ctx("tar", err))?;

@@ -27,7 +27,7 @@ pub mod view;
 use std::collections::HashMap;
 
 use self::path::PathError;
-use crate::format::{DataRef, Entry, EntryKind, ZipData};
+use crate::format::{Entry, EntryKind, Loc};
 use std::collections::BTreeMap;
 
 /// Inode number of the root directory.
@@ -76,24 +76,13 @@ impl Ownership {
     }
 }
 
-/// Where a member's bytes are, by archive format.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MemberData {
-    /// A ZIP member.
-    Zip(ZipData),
-    /// A range of a seekable archive's decompressed stream, starting here.
-    Seekable(u64),
-    /// Bytes kept in the index itself (tar symlink targets).
-    Inline(Box<[u8]>),
-}
-
 /// A file's data: which archive and where in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
     /// Index of the archive (layer) in mount order.
     pub archive: u32,
-    /// Location and encoding inside that archive.
-    pub data: MemberData,
+    /// Where in that archive, in the terms of its format.
+    pub loc: Loc,
     /// Uncompressed size.
     pub size: u64,
 }
@@ -560,7 +549,7 @@ impl TreeBuilder {
             uid: Some(t.uid),
             gid: Some(t.gid),
             size: t.size,
-            data: DataRef::None,
+            data: Loc::None,
             link: Vec::new(),
         };
         let (kind, member) = (t.kind, t.member.clone());
@@ -663,18 +652,15 @@ impl TreeBuilder {
             Some(g) if !owner.force_gid => g,
             _ => owner.gid,
         };
-        let data = match (&e.data, kind) {
+        let loc = match (&e.data, kind) {
             (_, Kind::Dir) => None,
-            (DataRef::Zip(zip), _) => Some(MemberData::Zip(*zip)),
-            (DataRef::Seekable { offset }, _) => Some(MemberData::Seekable(*offset)),
-            (DataRef::None, Kind::Symlink) => {
-                Some(MemberData::Inline(e.link.clone().into_boxed_slice()))
-            }
-            (DataRef::None, _) => Some(MemberData::Inline(Box::default())),
+            (Loc::None, Kind::Symlink) => Some(Loc::Inline(e.link.clone().into_boxed_slice())),
+            (Loc::None, _) => Some(Loc::Inline(Box::default())),
+            (loc, _) => Some(loc.clone()),
         };
-        let member = data.map(|data| Member {
+        let member = loc.map(|loc| Member {
             archive,
-            data,
+            loc,
             size: e.size,
         });
         let node = Building {
@@ -878,15 +864,7 @@ mod tests {
             uid: None,
             gid: None,
             size,
-            data: DataRef::Zip(ZipData {
-                header_offset: size,
-                compressed_size: size,
-                crc32: 0,
-                method: 0,
-                encrypted: false,
-                name_len: 0,
-                name_crc: 0,
-            }),
+            data: Loc::Record(size as u32),
             link: Vec::new(),
         }
     }
@@ -900,7 +878,7 @@ mod tests {
             uid: Some(1),
             gid: Some(2),
             size: 0,
-            data: DataRef::None,
+            data: Loc::None,
             link: Vec::new(),
         }
     }

@@ -59,13 +59,11 @@ pub struct Layer {
     pub entries: usize,
 }
 
-/// Per-member state the read path learns lazily.
+/// What a generation knows of each member: whether the kernel has it, and what the
+/// directory read-ahead did with it. (What the read path learns of a member is its
+/// format's, kept with the archive.)
 #[derive(Debug, Default)]
 pub struct MemberState {
-    /// Where the member's data starts (0: not read yet).
-    pub data_start: AtomicU64,
-    /// Its CRC has been checked.
-    pub verified: AtomicBool,
     /// The kernel has been given (or asked for) its data from the start: a read at
     /// offset 0 or a prefetch push (see `prefetch`).
     pub cached: AtomicBool,
@@ -199,7 +197,7 @@ fn same_file(old: &View, o: &Node, new: &View, n: &Node) -> bool {
     ) else {
         return false;
     };
-    Arc::ptr_eq(&oa.archive, &na.archive) && om.data == nm.data && om.size == nm.size
+    Arc::ptr_eq(&oa.archive, &na.archive) && om.loc == nm.loc && om.size == nm.size
 }
 
 /// Deletions for everything under old directory `dir` (local `dl`), deepest first, so
@@ -373,7 +371,7 @@ pub fn carry_over(
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
-    use crate::format::{DataRef, Entry, EntryKind, ZipData};
+    use crate::format::{Entry, EntryKind, Loc};
     use crate::tree::{Ownership, TreeBuilder};
 
     pub(crate) fn file(path: &str, off: u64) -> Entry {
@@ -385,15 +383,7 @@ pub(crate) mod testing {
             uid: None,
             gid: None,
             size: 1,
-            data: DataRef::Zip(ZipData {
-                header_offset: off,
-                compressed_size: 1,
-                crc32: 0,
-                method: 0,
-                encrypted: false,
-                name_len: 0,
-                name_crc: 0,
-            }),
+            data: Loc::Record(off as u32),
             link: Vec::new(),
         }
     }

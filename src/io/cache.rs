@@ -12,7 +12,7 @@
 //! tenth of the decoding thread's time in a profile of a read-all. Buffers come in
 //! power-of-two size classes, so blocks of slightly different sizes (frames end at file
 //! boundaries) share them, and reads that gather several blocks (large files) take their
-//! buffers from the pool too ([`crate::read::ReadData::Owned`]). Each class has its own
+//! buffers from the pool too ([`crate::io::ReadData::Owned`]). Each class has its own
 //! free list and limit: with one shared limit, evicted 256 KiB blocks filled the pool and
 //! every gathering read of another class mapped, faulted in and unmapped a fresh buffer
 //! (a quarter of the daemon's page faults in a read-all of ZIP packages). Buffers under

@@ -125,6 +125,32 @@ impl Drop for Inflater {
     }
 }
 
+/// A saved position inside a deflate stream: a copy of the decoder, where its input
+/// resumes (bytes of the compressed stream consumed), its output position, and the
+/// CRC-32 of the output so far.
+pub struct Checkpoint {
+    /// The decoder, as it was.
+    pub inflater: Inflater,
+    /// Compressed bytes consumed.
+    pub in_pos: u64,
+    /// Decompressed bytes produced.
+    pub out_pos: u64,
+    /// CRC-32 of those bytes.
+    pub crc: crc32fast::Hasher,
+}
+
+impl Checkpoint {
+    /// An independent copy, to resume from while this one stays as it is.
+    pub fn try_clone(&mut self) -> Result<Checkpoint> {
+        Ok(Checkpoint {
+            inflater: self.inflater.try_clone()?,
+            in_pos: self.in_pos,
+            out_pos: self.out_pos,
+            crc: self.crc.clone(),
+        })
+    }
+}
+
 /// A one-call deflate decoder (libdeflate): a whole raw deflate stream into a buffer.
 pub struct OneShot(std::ptr::NonNull<libdeflate_sys::libdeflate_decompressor>);
 

@@ -1,4 +1,4 @@
-//! ZIP index reader: the end-of-central-directory record (ZIP64 included) and the central
+//! The ZIP index: the end-of-central-directory record (ZIP64 included) and the central
 //! directory, nothing else.
 //!
 //! pkgfs parses ZIP itself rather than through the `zip` crate because mounting must cost
@@ -20,10 +20,39 @@
 //! the distance between where the central directory says it ends and where the end record
 //! really is becomes an offset added to every position.
 
-use std::fs::File;
-
-use super::{DataRef, Entry, EntryKind, ZipData, read_exact_at};
 use crate::error::Error;
+use crate::format::{Entry, EntryKind, Loc};
+use crate::io::blob::Blob;
+
+/// Where a member's bytes are and how they are encoded: a central-directory record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZipData {
+    /// Absolute offset of the member's local file header in the archive file.
+    pub header_offset: u64,
+    /// Size of the (possibly compressed) data.
+    pub compressed_size: u64,
+    /// CRC-32 of the uncompressed data, from the central directory.
+    pub crc32: u32,
+    /// The ZIP compression method number (0 stored, 8 deflate, 93 zstd, …).
+    pub method: u16,
+    /// The member is encrypted (general purpose flag bit 0).
+    pub encrypted: bool,
+    /// Length and CRC-32 of the name stored in the central directory: the local header
+    /// must carry the same name, or the entry overlaps another (a zip-bomb trick).
+    pub name_len: u16,
+    /// See `name_len`.
+    pub name_crc: u32,
+}
+
+/// A parsed central directory: the entries, and the records of those with data
+/// (`Loc::Record(n)` is `records[n]`).
+#[derive(Debug, Default)]
+pub struct Index {
+    /// The entries in directory order.
+    pub entries: Vec<Entry>,
+    /// The records of the entries that have data.
+    pub records: Vec<ZipData>,
+}
 
 const EOCD_SIG: &[u8; 4] = b"PK\x05\x06";
 const EOCD_LEN: usize = 22;
@@ -128,17 +157,17 @@ pub struct Tail {
 }
 
 /// Read the last `FIRST_TAIL` bytes of a file (the first read of every archive).
-pub fn first_tail(file: &File, size: u64) -> Result<(Vec<u8>, u64), Error> {
+pub fn first_tail(blob: &dyn Blob, size: u64) -> Result<(Vec<u8>, u64), Error> {
     let want = size.min(FIRST_TAIL as u64) as usize;
     let start = size - want as u64;
     let mut bytes = vec![0u8; want];
-    read_exact_at(file, &mut bytes, start)?;
+    blob.read_exact_at(&mut bytes, start)?;
     Ok((bytes, start))
 }
 
 /// Find the end record in `first` (the file's last bytes, from [`first_tail`]); for
 /// archives with a long comment, read the largest tail that can hold it.
-pub fn find_tail(file: &File, size: u64, first: Vec<u8>) -> Result<Tail, IndexError> {
+pub fn find_tail(blob: &dyn Blob, size: u64, first: Vec<u8>) -> Result<Tail, IndexError> {
     if let Some(eocd) = find_eocd(&first) {
         return Ok(Tail {
             start: size - first.len() as u64,
@@ -152,13 +181,13 @@ pub fn find_tail(file: &File, size: u64, first: Vec<u8>) -> Result<Tail, IndexEr
     }
     let start = size - max as u64;
     let mut bytes = vec![0u8; max];
-    read_exact_at(file, &mut bytes, start)?;
+    blob.read_exact_at(&mut bytes, start)?;
     let eocd = find_eocd(&bytes).ok_or(IndexError::NotZip)?;
     Ok(Tail { bytes, start, eocd })
 }
 
 /// Locate the central directory from the end records in `tail`.
-pub fn locate(file: &File, size: u64, tail: &Tail) -> Result<Locator, IndexError> {
+pub fn locate(blob: &dyn Blob, size: u64, tail: &Tail) -> Result<Locator, IndexError> {
     let (tail_start, pos) = (tail.start, tail.eocd);
     let tail = &tail.bytes;
     let eocd = &tail[pos..pos + EOCD_LEN];
@@ -179,7 +208,7 @@ pub fn locate(file: &File, size: u64, tail: &Tail) -> Result<Locator, IndexError
         if pos >= ZIP64_LOCATOR_LEN {
             loc.copy_from_slice(&tail[pos - ZIP64_LOCATOR_LEN..pos]);
         } else {
-            read_exact_at(file, &mut loc, loc_abs)?;
+            blob.read_exact_at(&mut loc, loc_abs)?;
         }
         if &loc[0..4] == ZIP64_LOCATOR_SIG {
             let recorded = u64_at(&loc, 8);
@@ -195,7 +224,7 @@ pub fn locate(file: &File, size: u64, tail: &Tail) -> Result<Locator, IndexError
                     .checked_add(ZIP64_EOCD_LEN as u64)
                     .is_some_and(|e| e <= size)
                 {
-                    read_exact_at(file, &mut rec, at)?;
+                    blob.read_exact_at(&mut rec, at)?;
                     if &rec[0..4] == ZIP64_EOCD_SIG {
                         found = Some(at);
                         break;
@@ -225,15 +254,16 @@ pub fn locate(file: &File, size: u64, tail: &Tail) -> Result<Locator, IndexError
 }
 
 /// Read the whole index of a ZIP file.
-pub fn read_index(file: &File, size: u64) -> Result<Vec<Entry>, IndexError> {
-    let (first, _) = first_tail(file, size)?;
-    read_index_from(file, size, first)
+pub fn read_index(blob: &dyn Blob) -> Result<Index, IndexError> {
+    let size = blob.size();
+    let (first, _) = first_tail(blob, size)?;
+    read_index_from(blob, size, first)
 }
 
 /// Read the whole index of a ZIP file whose last bytes (`first`) were already read.
-pub fn read_index_from(file: &File, size: u64, first: Vec<u8>) -> Result<Vec<Entry>, IndexError> {
-    let tail = find_tail(file, size, first)?;
-    let loc = locate(file, size, &tail)?;
+pub fn read_index_from(blob: &dyn Blob, size: u64, first: Vec<u8>) -> Result<Index, IndexError> {
+    let tail = find_tail(blob, size, first)?;
+    let loc = locate(blob, size, &tail)?;
     let len = usize::try_from(loc.cd_size).map_err(|_| bad("central directory too large"))?;
     // The directory is often inside the tail already read.
     if let Some(rel) = loc.cd_offset.checked_sub(tail.start)
@@ -242,19 +272,16 @@ pub fn read_index_from(file: &File, size: u64, first: Vec<u8>) -> Result<Vec<Ent
         return parse_central_directory(cd, loc.shift, size).map_err(IndexError::Bad);
     }
     let mut cd = vec![0u8; len];
-    read_exact_at(file, &mut cd, loc.cd_offset)?;
+    blob.read_exact_at(&mut cd, loc.cd_offset)?;
     parse_central_directory(&cd, loc.shift, size).map_err(IndexError::Bad)
 }
 
 /// Parse every record of a central directory. `shift` is added to local header offsets;
 /// `archive_size` bounds them. A malformed record fails the whole archive: a directory
 /// that cannot be trusted in one place cannot be trusted elsewhere.
-pub fn parse_central_directory(
-    cd: &[u8],
-    shift: u64,
-    archive_size: u64,
-) -> Result<Vec<Entry>, Error> {
+pub fn parse_central_directory(cd: &[u8], shift: u64, archive_size: u64) -> Result<Index, Error> {
     let mut entries = Vec::with_capacity(cd.len() / (CDFH_LEN + 16));
+    let mut records = Vec::with_capacity(entries.capacity());
     let mut pos = 0usize;
     while pos < cd.len() {
         let rest = &cd[pos..];
@@ -279,10 +306,15 @@ pub fn parse_central_directory(
         }
         let name = &rest[CDFH_LEN..CDFH_LEN + name_len];
         let extra = &rest[CDFH_LEN + name_len..CDFH_LEN + name_len + extra_len];
-        entries.push(parse_record(rest, name, extra, shift, archive_size)?);
+        let (mut entry, record) = parse_record(rest, name, extra, shift, archive_size)?;
+        if let Some(r) = record {
+            entry.data = Loc::Record(records.len() as u32);
+            records.push(r);
+        }
+        entries.push(entry);
         pos += total;
     }
-    Ok(entries)
+    Ok(Index { entries, records })
 }
 
 fn parse_record(
@@ -291,7 +323,7 @@ fn parse_record(
     extra: &[u8],
     shift: u64,
     archive_size: u64,
-) -> Result<Entry, Error> {
+) -> Result<(Entry, Option<ZipData>), Error> {
     let host = rec[5];
     let flags = u16_at(rec, 8);
     let method = u16_at(rec, 10);
@@ -384,9 +416,9 @@ fn parse_record(
                 String::from_utf8_lossy(&path)
             ))
         })?;
-    let data = match kind {
-        EntryKind::Dir => DataRef::None,
-        _ => DataRef::Zip(ZipData {
+    let record = match kind {
+        EntryKind::Dir => None,
+        _ => Some(ZipData {
             header_offset,
             compressed_size,
             crc32,
@@ -396,7 +428,7 @@ fn parse_record(
             name_crc: crc32fast::hash(name),
         }),
     };
-    Ok(Entry {
+    let entry = Entry {
         path,
         kind,
         perm,
@@ -404,9 +436,10 @@ fn parse_record(
         uid,
         gid,
         size: if kind == EntryKind::Dir { 0 } else { size },
-        data,
+        data: Loc::None,
         link: Vec::new(),
-    })
+    };
+    Ok((entry, record))
 }
 
 /// Iterator over the `(id, data)` pairs of an extra field; stops at the first field that
@@ -608,7 +641,8 @@ mod tests {
         cd.extend(cdfh(b"dir/", 0, 0x10, &[]));
         cd.extend(cdfh(b"ro.txt", 0, 0x01, &[]));
         cd.extend(cdfh(b"dev", 3, (0o020644) << 16, &[]));
-        let e = parse_central_directory(&cd, 0, 1000).unwrap();
+        let idx = parse_central_directory(&cd, 0, 1000).unwrap();
+        let e = &idx.entries;
         assert_eq!(e.len(), 5);
         assert_eq!(e[0].kind, EntryKind::File);
         assert_eq!(e[0].perm, 0o755);
@@ -618,7 +652,9 @@ mod tests {
         assert_eq!(e[1].kind, EntryKind::Symlink);
         assert_eq!(e[2].kind, EntryKind::Dir);
         assert_eq!(e[2].perm, 0o755);
-        assert_eq!(e[2].data, DataRef::None);
+        assert_eq!(e[2].data, Loc::None);
+        assert_eq!(e[3].data, Loc::Record(2), "directories have no record");
+        assert_eq!(idx.records.len(), 4);
         assert_eq!((e[3].kind, e[3].perm), (EntryKind::File, 0o444));
         assert_eq!(e[4].kind, EntryKind::Special);
     }
@@ -633,11 +669,12 @@ mod tests {
         rec[30..32].copy_from_slice(&(extra.len() as u16).to_le_bytes());
         rec.extend_from_slice(b"big");
         rec.extend_from_slice(&extra);
-        let e = parse_central_directory(&rec, 0, 1000).unwrap();
-        assert_eq!(e[0].size, 5 << 32);
+        let idx = parse_central_directory(&rec, 0, 1000).unwrap();
+        assert_eq!(idx.entries[0].size, 5 << 32);
+        assert_eq!(idx.entries[0].data, Loc::Record(0));
         assert_eq!(
-            e[0].data,
-            DataRef::Zip(ZipData {
+            idx.records[0],
+            (ZipData {
                 header_offset: 0,
                 compressed_size: 10,
                 crc32: 0xdead_beef,
