@@ -271,7 +271,7 @@ fn foreign_seekable_archives_mount_and_their_index_is_cached() {
 }
 
 #[test]
-fn tarballs_are_refused_with_the_fix_named_and_the_rest_mounts() {
+fn tarballs_pkgfs_cannot_serve_are_refused_with_the_fix_named_and_the_rest_mounts() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     fs::create_dir(&src).unwrap();
@@ -286,7 +286,6 @@ fn tarballs_are_refused_with_the_fix_named_and_the_rest_mounts() {
             "| zstd -q",
             "a zstd file without a seek table",
         ),
-        ("layer.tar.gz", "| gzip", "a gzip file"),
         ("src.tar.bz2", "| bzip2", "a bzip2 file"),
         ("src.tar.xz", "| xz", "an xz file"),
         ("layer.tar", "", "an uncompressed tar archive"),
@@ -317,6 +316,29 @@ fn tarballs_are_refused_with_the_fix_named_and_the_rest_mounts() {
     assert!(
         String::from_utf8_lossy(&ls.stdout).contains(" a\t"),
         "the package is listed"
+    );
+    // A gzip tarball is served in place; a gzip file holding no tar is refused.
+    sh(
+        r#"tar -C "$1" -cf - . | gzip > "$2"; printf 'not a tar\n' | gzip > "$3""#,
+        &[&src, &pkgs.join("layer.tar.gz"), &pkgs.join("notes.txt.gz")],
+    );
+    let cat = pkgfs()
+        .arg("cat")
+        .arg(pkgs.join("layer.tar.gz"))
+        .arg("a")
+        .output()
+        .unwrap();
+    assert_eq!(cat.stdout, b"a\n");
+    let out = pkgfs()
+        .arg("check")
+        .arg(pkgs.join("notes.txt.gz"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a gzip file that holds no tar archive"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     // pack refuses the two compressions it does not read and names the pipe that packs
     // them; that command, run as given, makes a package that serves the file.

@@ -41,6 +41,9 @@ pub enum Error {
     Denied,
     /// A bug caught at the edge (a panic in a handler): the request fails, the mount lives.
     Internal(String),
+    /// Opening an archive needs a long pass over its data, which the caller asked to
+    /// defer (see `format::OpenContext::defer_over`); never reaches a request.
+    Deferred,
     /// An error tied to one archive file.
     WithPath(PathBuf, Box<Error>),
 }
@@ -65,6 +68,7 @@ impl Clone for Error {
             Error::NoIoctl => Error::NoIoctl,
             Error::Denied => Error::Denied,
             Error::Internal(m) => Error::Internal(m.clone()),
+            Error::Deferred => Error::Deferred,
             Error::WithPath(p, e) => Error::WithPath(p.clone(), e.clone()),
         }
     }
@@ -88,7 +92,7 @@ impl Error {
             Error::Declined => libc::ENOSYS,
             Error::NoIoctl => libc::ENOTTY,
             Error::Denied => libc::EACCES,
-            Error::Internal(_) => libc::EIO,
+            Error::Internal(_) | Error::Deferred => libc::EIO,
             Error::WithPath(_, inner) => inner.errno(),
         }
     }
@@ -127,6 +131,7 @@ impl fmt::Display for Error {
             Error::NoIoctl => f.write_str("no such ioctl"),
             Error::Denied => f.write_str("permission denied"),
             Error::Internal(m) => write!(f, "internal error: {m}"),
+            Error::Deferred => f.write_str("needs a pass over its data (deferred)"),
             Error::WithPath(p, e) => write!(f, "{}: {e}", p.display()),
         }
     }

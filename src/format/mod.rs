@@ -13,6 +13,7 @@
 pub mod cache;
 pub mod seekable;
 pub mod tar;
+pub mod targz;
 pub mod zip;
 
 use std::path::{Path, PathBuf};
@@ -119,17 +120,41 @@ impl Probe {
     }
 }
 
+/// Told how a pass over an archive's data (the index pass of a tar.gz) is going.
+pub trait IndexProgress: Sync {
+    /// `done` of the `total` bytes of the archive `name` have been read.
+    fn indexing(&self, name: &Path, done: u64, total: u64);
+}
+
 /// What opening needs besides the blob.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct OpenContext<'a> {
     /// Where to keep indexes that cost a pass over the data to make (None: no cache).
     pub index_cache: Option<&'a IndexCache>,
+    /// An archive larger than this that needs a pass over its data (its index is in no
+    /// cache) is not opened now: [`Error::Deferred`], so the caller can do it in the
+    /// background. `None`: always now.
+    pub defer_over: Option<u64>,
+    /// Who hears about passes over archives' data.
+    pub progress: Option<&'a dyn IndexProgress>,
+}
+
+impl std::fmt::Debug for OpenContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenContext")
+            .field("index_cache", &self.index_cache)
+            .field("defer_over", &self.defer_over)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 /// An opened archive of some format: its read path and what it needs to keep.
 pub trait Package: Send + Sync + std::fmt::Debug {
     /// The format's name, for `status` and messages.
     fn format(&self) -> &'static str;
+    /// Itself, to reach a format's own type (tests, format-specific reports).
+    fn as_any(&self) -> &dyn std::any::Any;
     /// The entries of the index, read again (a live rescan reuses an unchanged archive
     /// and reads its index anew rather than keeping every entry in memory). The same
     /// entries, with the same [`Loc`]s, as when it was opened.
@@ -188,8 +213,9 @@ pub trait Format: Sync {
 
 /// The formats pkgfs serves, in the order they are tried. A seekable zstd file is
 /// recognised by its last bytes, a ZIP by its end record near the end: a file that is
-/// both (one appended to the other) is read as the one whose index ends it.
-pub static FORMATS: &[&dyn Format] = &[&seekable::SeekableZstd, &zip::Zip];
+/// both (one appended to the other) is read as the one whose index ends it. A gzip tar
+/// archive is recognised by its first bytes (and the tar header they decode to).
+pub static FORMATS: &[&dyn Format] = &[&seekable::SeekableZstd, &zip::Zip, &targz::TarGz];
 
 /// An archive with its format's read path.
 #[derive(Debug)]
@@ -373,7 +399,7 @@ impl Foreign {
             Foreign::Zstd => {
                 "a zstd file without a seek table (not seekable): it cannot be read in place"
             }
-            Foreign::Gzip => "a gzip file (a .tar.gz?): it cannot be read in place",
+            Foreign::Gzip => "a gzip file that holds no tar archive: it cannot be mounted",
             Foreign::Bzip2 => "a bzip2 file (a .tar.bz2?): it cannot be read in place",
             Foreign::Xz => "an xz file (a .tar.xz?): it cannot be read in place",
             Foreign::Tar => {
@@ -395,11 +421,13 @@ impl Foreign {
         Some(format!("{tool} -dc{file} | pkgfs pack - -o {package}"))
     }
 
-    /// The fix, for messages.
+    /// The fix, for messages: what turns it into something pkgfs serves.
     pub fn fix(self) -> String {
-        match self.pipe(Some("FILE"), "PACKAGE") {
-            Some(pipe) => format!("convert it through a pipe with `{pipe}`"),
-            None => "convert it with `pkgfs pack FILE -o PACKAGE`".into(),
+        match (self, self.pipe(Some("FILE"), "PACKAGE")) {
+            // A gzip tarball is served as it is: this one holds something else.
+            (Foreign::Gzip, _) => "pkgfs serves gzip files that hold a tar archive".into(),
+            (_, Some(pipe)) => format!("convert it through a pipe with `{pipe}`"),
+            (_, None) => "convert it with `pkgfs pack FILE -o PACKAGE`".into(),
         }
     }
 }
@@ -448,6 +476,9 @@ pub(crate) mod testing {
     impl Package for NoData {
         fn format(&self) -> &'static str {
             "none"
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
         }
         fn entries(&self, _: &Arc<dyn Blob>, _: &OpenContext) -> Result<Vec<Entry>> {
             Ok(Vec::new())

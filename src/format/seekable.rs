@@ -696,6 +696,10 @@ impl Package for SeekablePackage {
         "seekable-zstd"
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn entries(&self, blob: &Arc<dyn Blob>, cx: &OpenContext) -> Result<Vec<Entry>> {
         entries_of(&**blob, &self.table, None, cx)
     }

@@ -179,6 +179,15 @@ fn checksum_ok(h: &[u8; BLOCK]) -> Result<bool, TarError> {
     Ok(stored == unsigned || stored as i64 == signed)
 }
 
+/// Whether `block` (the first 512 bytes of a stream) starts a tar archive: a header with
+/// a valid checksum, or the end-of-archive block of an empty archive.
+pub fn is_header(block: &[u8]) -> bool {
+    let Ok(h) = <&[u8; BLOCK]>::try_from(block.get(..BLOCK).unwrap_or(&[])) else {
+        return false;
+    };
+    h.iter().all(|&b| b == 0) || checksum_ok(h).unwrap_or(false)
+}
+
 /// A reader that counts its position.
 struct Counting<R> {
     inner: R,
@@ -293,6 +302,9 @@ struct Overrides {
     mtime: Option<i64>,
     uid: Option<u64>,
     gid: Option<u64>,
+    /// A GNU sparse file in pax form (`GNU.sparse.*` keys): its data is a sparse map
+    /// followed by the non-hole parts, not the file's bytes.
+    sparse: bool,
 }
 
 impl Overrides {
@@ -305,6 +317,7 @@ impl Overrides {
                 b"mtime" => self.mtime = Some(pax_time(&v)?),
                 b"uid" => self.uid = Some(pax_number(&v)?),
                 b"gid" => self.gid = Some(pax_number(&v)?),
+                k if k.starts_with(b"GNU.sparse.") => self.sparse = true,
                 _ => {}
             }
         }
@@ -319,6 +332,7 @@ impl Overrides {
             mtime: self.mtime.or(global.mtime),
             uid: self.uid.or(global.uid),
             gid: self.gid.or(global.gid),
+            sparse: self.sparse || global.sparse,
         }
     }
 }
@@ -428,7 +442,9 @@ pub fn each<R: Read>(
                 }
             }
         };
-        let typeflag = h[156];
+        // Sparse files (GNU `S`, or pax `GNU.sparse.*`) are reported as such: their stored
+        // data is not the file's bytes.
+        let typeflag = if o.sparse { b'S' } else { h[156] };
         let kind = match typeflag {
             b'0' | 0 | b'7' => {
                 if path.last() == Some(&b'/') {

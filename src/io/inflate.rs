@@ -19,7 +19,10 @@
 
 use std::ffi::c_int;
 
-use libz_rs_sys::{Z_BUF_ERROR, Z_NO_FLUSH, Z_OK, Z_STREAM_END, z_stream};
+use libz_rs_sys::{Z_BLOCK, Z_BUF_ERROR, Z_NO_FLUSH, Z_OK, Z_STREAM_END, z_stream};
+
+/// The largest distance a deflate stream refers back: the window a resumed decoder needs.
+pub const WINDOW: usize = 32 * 1024;
 
 use crate::error::{Error, Result};
 
@@ -71,6 +74,69 @@ impl Inflater {
 
     /// Decode from `input` into `output`.
     pub fn step(&mut self, input: &[u8], output: &mut [u8]) -> Result<Progress> {
+        self.run(input, output, Z_NO_FLUSH)
+    }
+
+    /// [`Inflater::step`], returning early at the end of a deflate block: then
+    /// [`Inflater::boundary`] says where the next block starts.
+    pub fn step_to_block(&mut self, input: &[u8], output: &mut [u8]) -> Result<Progress> {
+        self.run(input, output, Z_BLOCK)
+    }
+
+    /// If the decoder stands between two deflate blocks (after [`Inflater::step_to_block`]
+    /// returned there) and the stream does not end with the last one: how many bits of
+    /// the input consumed so far it has not used yet. The next block starts that many
+    /// bits before the end of the consumed input: a place to resume from with
+    /// [`Inflater::resume`], given the last 32 KiB of output ([`Inflater::window`]).
+    pub fn boundary(&self) -> Option<u32> {
+        let t = self.strm.data_type;
+        (t & 128 != 0 && t & 64 == 0).then_some((t & 63) as u32)
+    }
+
+    /// The last (up to) 32 KiB the decoder produced: the window a later block may refer
+    /// back into.
+    pub fn window(&self) -> Result<Vec<u8>> {
+        let mut w = vec![0u8; WINDOW];
+        let mut len: libz_rs_sys::uInt = 0;
+        // SAFETY: `w` has room for 32 KiB, the most a window holds; `len` is a valid
+        // place for the count.
+        let r =
+            unsafe { libz_rs_sys::inflateGetDictionary(&*self.strm, w.as_mut_ptr(), &mut len) };
+        if r != Z_OK {
+            return Err(failure("inflateGetDictionary", r));
+        }
+        w.truncate(len as usize);
+        Ok(w)
+    }
+
+    /// A decoder at a block boundary found earlier: `prime` is the `(bits, value)` of the
+    /// byte before the resumed input that belong to the block (0 to 7 bits, the high
+    /// bits of that byte: `value = byte >> (8 - bits)`), and `window` the output before.
+    pub fn resume(prime: (u32, u32), window: &[u8]) -> Result<Self> {
+        let mut d = Inflater::new()?;
+        let (bits, value) = prime;
+        if bits > 0 {
+            // SAFETY: a live raw inflate stream; at most 7 bits.
+            let r =
+                unsafe { libz_rs_sys::inflatePrime(&mut *d.strm, bits as c_int, value as c_int) };
+            if r != Z_OK {
+                return Err(failure("inflatePrime", r));
+            }
+        }
+        if !window.is_empty() {
+            let len = window.len().min(WINDOW) as libz_rs_sys::uInt;
+            let w = &window[window.len() - len as usize..];
+            // SAFETY: `w` is a live slice of `len` bytes; a raw inflate stream takes a
+            // dictionary at any point before data.
+            let r = unsafe { libz_rs_sys::inflateSetDictionary(&mut *d.strm, w.as_ptr(), len) };
+            if r != Z_OK {
+                return Err(failure("inflateSetDictionary", r));
+            }
+        }
+        Ok(d)
+    }
+
+    fn run(&mut self, input: &[u8], output: &mut [u8], flush: c_int) -> Result<Progress> {
         let s = &mut *self.strm;
         s.next_in = input.as_ptr();
         s.avail_in = input.len().min(u32::MAX as usize) as u32;
@@ -78,7 +144,7 @@ impl Inflater {
         s.avail_out = output.len().min(u32::MAX as usize) as u32;
         let (in0, out0) = (s.avail_in, s.avail_out);
         // SAFETY: next_in/next_out point into the live slices for their stated lengths.
-        let r = unsafe { libz_rs_sys::inflate(s, Z_NO_FLUSH) };
+        let r = unsafe { libz_rs_sys::inflate(s, flush) };
         let progress = Progress {
             consumed: (in0 - s.avail_in) as usize,
             produced: (out0 - s.avail_out) as usize,
@@ -175,23 +241,29 @@ impl OneShot {
     /// libdeflate writes into the spare capacity, and `out` holds the bytes it reports
     /// written, only once they are exactly `size`.
     pub fn decode(&mut self, input: &[u8], out: &mut Vec<u8>, size: usize) -> Result<()> {
+        out.clear();
+        self.decode_append(input, out, size)
+    }
+
+    /// [`OneShot::decode`], appending the `size` bytes to what `out` already holds.
+    pub fn decode_append(&mut self, input: &[u8], out: &mut Vec<u8>, size: usize) -> Result<()> {
         use libdeflate_sys::{
             libdeflate_deflate_decompress,
             libdeflate_result_LIBDEFLATE_INSUFFICIENT_SPACE as NO_ROOM,
             libdeflate_result_LIBDEFLATE_SUCCESS as SUCCESS,
         };
-        out.clear();
         out.reserve_exact(size);
+        let have = out.len();
         let mut written = 0usize;
-        // SAFETY: `input` is a live slice for its length; the output pointer has room
-        // for `size` bytes (reserved above), which is what libdeflate is told it may
-        // write; `written` is a valid place for the count.
+        // SAFETY: `input` is a live slice for its length; the output pointer, past the
+        // bytes `out` holds, has room for `size` bytes (reserved above), which is what
+        // libdeflate is told it may write; `written` is a valid place for the count.
         let r = unsafe {
             libdeflate_deflate_decompress(
                 self.0.as_ptr(),
                 input.as_ptr().cast(),
                 input.len(),
-                out.as_mut_ptr().cast(),
+                out.as_mut_ptr().add(have).cast(),
                 size,
                 &mut written,
             )
@@ -199,8 +271,8 @@ impl OneShot {
         match r {
             SUCCESS if written == size => {
                 // SAFETY: libdeflate reported `written` (= size, within the capacity)
-                // bytes written from the buffer's start.
-                unsafe { out.set_len(written) };
+                // bytes written right after the `have` bytes already there.
+                unsafe { out.set_len(have + written) };
                 Ok(())
             }
             SUCCESS => Err(Error::Corrupt(format!(
@@ -230,6 +302,83 @@ mod tests {
         let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::new(6));
         e.write_all(data).unwrap();
         e.finish().unwrap()
+    }
+
+    /// Decode `packed` with block-boundary stops; at every boundary past `every` bytes of
+    /// output since the last, note (bit position, output position, window).
+    /// (bit position, output position, window) of a block boundary.
+    type Boundary = (u64, usize, Vec<u8>);
+
+    fn boundaries(packed: &[u8], every: usize) -> (Vec<u8>, Vec<Boundary>) {
+        let mut d = Inflater::new().unwrap();
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 7000];
+        let mut at = 0usize;
+        let mut points = Vec::new();
+        let mut last = 0usize;
+        loop {
+            // Odd input chunks, so boundaries fall anywhere in them.
+            let chunk = &packed[at..(at + 3001).min(packed.len())];
+            let p = d.step_to_block(chunk, &mut buf).unwrap();
+            at += p.consumed;
+            out.extend_from_slice(&buf[..p.produced]);
+            if p.ended {
+                break;
+            }
+            if let Some(bits) = d.boundary()
+                && out.len() - last >= every
+            {
+                points.push((
+                    8 * at as u64 - u64::from(bits),
+                    out.len(),
+                    d.window().unwrap(),
+                ));
+                last = out.len();
+            }
+            assert!(p.consumed > 0 || p.produced > 0 || d.boundary().is_some());
+        }
+        (out, points)
+    }
+
+    #[test]
+    fn a_decoder_resumed_at_a_block_boundary_decodes_the_rest_exactly() {
+        // Text-like: compressible, with deflate blocks of some tens of KiB.
+        let mut x = 1u32;
+        let data: Vec<u8> = (0..4_000_000)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                b"abcdefghij klmnop\n"[(x >> 27) as usize % 18]
+            })
+            .collect();
+        let packed = deflate(&data);
+        let (out, points) = boundaries(&packed, 300_000);
+        assert!(out == data);
+        assert!(points.len() >= 5, "{} boundaries", points.len());
+        for (bit, out_pos, window) in points {
+            assert_eq!(window.len(), WINDOW.min(out_pos));
+            assert!(window == data[out_pos - window.len()..out_pos]);
+            let (byte, bits) = ((bit / 8) as usize, (bit % 8) as u32);
+            // The block starts `bits` bits into byte `byte`: those high bits are primed.
+            let (start, prime) = if bits == 0 {
+                (byte, (0, 0))
+            } else {
+                (byte + 1, (8 - bits, u32::from(packed[byte]) >> bits))
+            };
+            let mut d = Inflater::resume(prime, &window).unwrap();
+            let mut rest = vec![0u8; data.len() - out_pos];
+            let mut done = 0;
+            let mut at = start;
+            while done < rest.len() {
+                let p = d.step(&packed[at..], &mut rest[done..]).unwrap();
+                at += p.consumed;
+                done += p.produced;
+                assert!(p.consumed > 0 || p.produced > 0);
+            }
+            assert!(rest == data[out_pos..], "resumed at bit {bit}");
+        }
+        // Garbage primed in: an error or wrong bytes, never a crash.
+        let mut d = Inflater::resume((3, 5), &[]).unwrap();
+        let _ = d.step(&packed[packed.len() / 2..], &mut vec![0u8; 100_000]);
     }
 
     #[test]

@@ -145,7 +145,10 @@ impl StreamState {
 
 /// Open and index a new archive, or re-read the index of a kept one.
 fn index_job(job: &Job, cache: Option<&IndexCache>) -> Opened {
-    let cx = OpenContext { index_cache: cache };
+    let cx = OpenContext {
+        index_cache: cache,
+        ..OpenContext::default()
+    };
     match *job {
         Job::Open(path) => {
             let Indexed { archive, entries } = format::open_path(path, &cx)?;

@@ -203,6 +203,7 @@ pub fn check(
     let cache = IndexCache::default_dir().map(IndexCache::new);
     let cx = OpenContext {
         index_cache: cache.as_ref(),
+        ..OpenContext::default()
     };
     for a in view.layers.iter().map(|l| &l.archive) {
         let problems = a

@@ -138,6 +138,10 @@ impl Package for ZipPackage {
         "zip"
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn entries(&self, blob: &Arc<dyn Blob>, _cx: &OpenContext) -> Result<Vec<Entry>> {
         match index::read_index(&**blob) {
             Ok(idx) if idx.records.len() == self.records.len() => Ok(idx.entries),
