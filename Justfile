@@ -62,6 +62,6 @@ bench-peers *ARGS:
 asan:
     RUSTFLAGS=-Zsanitizer=address CFLAGS=-fsanitize=address cargo +nightly test --lib --target x86_64-unknown-linux-gnu --target-dir target/asan
 
-# Fuzz one parser for a while: just fuzz zip_index|seekable_index|tar_headers
+# Fuzz one parser for a while: just fuzz zip_index|seekable_index|tar_headers|targz_index
 fuzz TARGET SECONDS="300":
     cd fuzz && mkdir -p corpus/{{TARGET}} && cargo +nightly fuzz run -O {{TARGET}} corpus/{{TARGET}} seeds/{{TARGET}} -- -max_total_time={{SECONDS}} -max_len=65536

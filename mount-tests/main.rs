@@ -8,6 +8,7 @@ mod faults;
 mod live;
 mod pack;
 mod prefetch;
+mod targz;
 
 use std::collections::HashMap;
 use std::fs;

@@ -41,6 +41,10 @@ pub struct Cli {
     /// Log level: error, warn, info, debug or trace (RUST_LOG overrides it).
     #[arg(long, global = true, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// No progress bars, and only errors on the terminal (a log file still gets the
+    /// daemon's usual level).
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
     #[command(subcommand)]
     command: CliCommand,
 }

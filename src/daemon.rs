@@ -29,9 +29,10 @@ use crate::cli::MountConfig;
 use crate::format::IndexCache;
 use crate::fs::prefetch::{HINT_QUEUE, read_ahead};
 use crate::fs::{KernelCache, PkgFs};
+use crate::progress::IndexBars;
 use crate::source::live::{Activator, Live, skipped_list};
 use crate::source::watch::Watcher;
-use crate::source::{LoadOptions, Packages};
+use crate::source::{LoadOptions, Packages, Progress};
 use crate::status::{self, Activity, MountInfo};
 use crate::transport::fuse::{Fuse, KernelNotifier};
 use crate::transport::ops::{AccessRule, Handler};
@@ -194,6 +195,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         cache_bytes: cfg.cache_bytes,
         index_cache: cfg.index_cache.clone().map(IndexCache::new),
         whiteouts: cfg.whiteouts,
+        progress: Some(Progress(Arc::new(IndexBars::default()))),
     };
     let mut packages = Packages::new(cfg.sources.clone(), opts);
     let dirs = packages.source_dirs();
@@ -277,6 +279,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         None => warn!("cannot stat the mountpoint: no status channel"),
     }
     if let Some(w) = watcher {
+        packages.index_in_background(w.waker())?;
         let live = Live::new(w, Activator::new(packages, fs, kernel, activity));
         spawn("pkgfs-watch", "the watcher", move || live.run())?;
         info!("watching {} for packages", join_paths(&dirs));
@@ -324,15 +327,20 @@ fn join_paths(p: &[PathBuf]) -> String {
 /// Set by [`quiet_until_ready`].
 static QUIET_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Log only warnings until the mount is ready (they reach the user's terminal), then the
-/// configured level (into the log file).
-pub fn quiet_until_ready() {
+/// Log only warnings (with `quiet`, only errors) until the mount is ready (they reach
+/// the user's terminal), then the configured level (into the log file).
+pub fn quiet_until_ready(quiet: bool) {
     QUIET_START.store(true, std::sync::atomic::Ordering::Relaxed);
     LEVEL_AFTER_READY.store(
         log::max_level() as usize,
         std::sync::atomic::Ordering::Relaxed,
     );
-    log::set_max_level(log::max_level().min(log::LevelFilter::Warn));
+    let terminal = if quiet {
+        log::LevelFilter::Error
+    } else {
+        log::LevelFilter::Warn
+    };
+    log::set_max_level(log::max_level().min(terminal));
 }
 
 static LEVEL_AFTER_READY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

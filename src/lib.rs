@@ -27,6 +27,7 @@ pub mod error;
 pub mod format;
 pub mod fs;
 pub mod io;
+pub mod progress;
 pub mod source;
 pub mod status;
 pub mod tools;

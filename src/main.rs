@@ -31,6 +31,8 @@ fn main() -> ExitCode {
         }
     };
     let level = cli.log_level.clone();
+    let quiet = cli.quiet;
+    pkgfs::progress::set_quiet(quiet);
     let command = match cli.into_command() {
         Ok(c) => c,
         Err(e) => {
@@ -41,13 +43,18 @@ fn main() -> ExitCode {
     // A mount daemon logs activations at info level into its log; before it is ready, a
     // background mount only shows warnings on the user's terminal.
     let is_mount = matches!(command, Command::Mount(_));
-    init_logging(level.as_deref(), if is_mount { "info" } else { "warn" });
+    let default = match (is_mount, quiet) {
+        (true, _) => "info",
+        (false, true) => "error",
+        (false, false) => "warn",
+    };
+    init_logging(level.as_deref(), default);
     if let Command::Mount(c) = &command
         && !c.foreground
         && level.is_none()
         && std::env::var_os("RUST_LOG").is_none()
     {
-        daemon::quiet_until_ready();
+        daemon::quiet_until_ready(quiet);
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

@@ -59,6 +59,8 @@ pub struct Activity {
     pub skipped: Vec<(PathBuf, String)>,
     /// Rescans that failed (a source directory could not be read).
     pub failed_scans: u64,
+    /// Archives being indexed in the background (not active yet).
+    pub indexing: Vec<PathBuf>,
 }
 
 fn secs(t: SystemTime) -> u64 {
@@ -74,6 +76,8 @@ fn mib(b: u64) -> String {
 struct PackageRow {
     path: String,
     format: &'static str,
+    /// Where its index came from.
+    index: crate::format::IndexOrigin,
     entries: usize,
     #[serde(rename = "conflicts_won")]
     wins: usize,
@@ -133,6 +137,7 @@ struct Report {
     last_activation: Option<LastActivation>,
     packages: Vec<PackageRow>,
     skipped: Vec<SkippedRow>,
+    indexing: Vec<String>,
     inodes: usize,
     inodes_retired: usize,
     cache: CacheReport,
@@ -192,6 +197,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         .map(|l| PackageRow {
             path: l.archive.path.display().to_string(),
             format: l.archive.format(),
+            index: l.archive.origin,
             entries: l.entries,
             wins: 0,
             loses: 0,
@@ -234,6 +240,11 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
                 path: p.display().to_string(),
                 reason: why.clone(),
             })
+            .collect(),
+        indexing: activity
+            .indexing
+            .iter()
+            .map(|p| p.display().to_string())
             .collect(),
         inodes: view.tree.len(),
         inodes_retired: fs.retired_count(),
@@ -323,6 +334,9 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
         r.inodes,
         r.inodes_retired
     );
+    if !r.indexing.is_empty() {
+        let _ = writeln!(o, "indexing in the background: {}", r.indexing.join(" "));
+    }
     let c = &r.cache;
     let rate = if c.hits + c.misses > 0 {
         100.0 * c.hits as f64 / (c.hits + c.misses) as f64

@@ -168,6 +168,35 @@ macro_rules! on_both_transports {
     };
 }
 
+/// Whether FUSE mounts can run here ([`require_fuse`]) and every tool in `tools` is on
+/// the PATH. `.ci/run` installs them; under CI a missing one fails the test instead of
+/// skipping it.
+pub fn require_tools(tools: &[&str]) -> bool {
+    if !require_fuse() {
+        return false;
+    }
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {t}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI=true but these tools are missing: {missing:?}"
+    );
+    eprintln!("skipping: missing tools {missing:?}");
+    false
+}
+
 /// The pkgfs binary under test.
 pub fn pkgfs() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pkgfs"));

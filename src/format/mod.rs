@@ -193,12 +193,26 @@ pub struct Reading<'a> {
     pub size: u64,
 }
 
+/// Where an archive's index came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexOrigin {
+    /// The archive's own index (a ZIP's central directory, a package's index frame).
+    Archive,
+    /// The index cache.
+    Cache,
+    /// A pass over the archive's data (then stored in the cache, if there is one).
+    Pass,
+}
+
 /// What a [`Format`] makes of a blob it recognises.
 pub struct Opened {
     /// The read path.
     pub package: Box<dyn Package>,
     /// The index.
     pub entries: Vec<Entry>,
+    /// Where the index came from.
+    pub origin: IndexOrigin,
 }
 
 /// One archive format.
@@ -229,19 +243,22 @@ pub struct Archive {
     /// A number no other archive opened by this process has: cache keys use it, so
     /// blocks of a removed or replaced package can never be served for another.
     pub key: u32,
+    /// Where its index came from when it was opened.
+    pub origin: IndexOrigin,
 }
 
 /// Source of [`Archive::key`].
 static NEXT_KEY: AtomicU32 = AtomicU32::new(0);
 
 impl Archive {
-    /// An archive of `blob` read through `package`.
-    pub fn new(blob: Arc<dyn Blob>, package: Box<dyn Package>) -> Self {
+    /// An archive of `blob` read through `package`, whose index came from `origin`.
+    pub fn new(blob: Arc<dyn Blob>, package: Box<dyn Package>, origin: IndexOrigin) -> Self {
         Archive {
             path: blob.name().to_path_buf(),
             blob,
             package,
             key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+            origin,
         }
     }
 
@@ -334,6 +351,7 @@ impl Archive {
         Archive::new(
             Arc::new(crate::io::blob::Bytes::new(name, Vec::new())),
             Box::new(testing::NoData),
+            IndexOrigin::Archive,
         )
     }
 }
@@ -438,7 +456,7 @@ pub fn open(blob: Arc<dyn Blob>, cx: &OpenContext) -> std::result::Result<Indexe
     for f in FORMATS {
         if let Some(o) = f.open(&blob, &probe, cx).map_err(OpenError::Bad)? {
             return Ok(Indexed {
-                archive: Archive::new(blob, o.package),
+                archive: Archive::new(blob, o.package, o.origin),
                 entries: o.entries,
             });
         }

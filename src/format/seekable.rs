@@ -21,7 +21,10 @@ use std::cell::RefCell;
 use std::io::Read;
 use std::sync::Arc;
 
-use super::{Archive, Entry, EntryKind, Format, Loc, OpenContext, Opened, Package, Probe, Reading};
+use super::{
+    Archive, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe,
+    Reading,
+};
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
 use crate::io::cache::Block;
@@ -556,11 +559,12 @@ impl Format for SeekableZstd {
         let Some(mut table) = read_table(&**blob, probe)? else {
             return Ok(None);
         };
-        let entries = entries_of(&**blob, &table, Some(probe), cx)?;
+        let (entries, origin) = entries_of(&**blob, &table, Some(probe), cx)?;
         table.count_file_bytes(&entries);
         Ok(Some(Opened {
             package: Box::new(SeekablePackage { table }),
             entries,
+            origin,
         }))
     }
 }
@@ -582,7 +586,7 @@ fn entries_of(
     table: &SeekTable,
     probe: Option<&Probe>,
     cx: &OpenContext,
-) -> Result<Vec<Entry>> {
+) -> Result<(Vec<Entry>, IndexOrigin)> {
     let read;
     let probe = match probe {
         Some(p) => p,
@@ -592,7 +596,7 @@ fn entries_of(
         }
     };
     if let Some(entries) = read_embedded_index(blob, table, probe)? {
-        return Ok(entries);
+        return Ok((entries, IndexOrigin::Archive));
     }
     let key = cx
         .index_cache
@@ -605,7 +609,7 @@ fn entries_of(
             blob.name().display(),
             k.path().display()
         );
-        return Ok(entries);
+        return Ok((entries, IndexOrigin::Cache));
     }
     log::warn!(
         "{}: seekable archive without a pkgfs index: scanning its tar headers (once{})",
@@ -640,7 +644,7 @@ fn entries_of(
             );
         }
     }
-    Ok(entries)
+    Ok((entries, IndexOrigin::Pass))
 }
 
 /// The entries of the tar stream of a seekable archive, by decoding it all.
@@ -701,7 +705,7 @@ impl Package for SeekablePackage {
     }
 
     fn entries(&self, blob: &Arc<dyn Blob>, cx: &OpenContext) -> Result<Vec<Entry>> {
-        entries_of(&**blob, &self.table, None, cx)
+        entries_of(&**blob, &self.table, None, cx).map(|(e, _)| e)
     }
 
     /// Bytes of the decompressed stream, frame by frame through the cache; concurrent

@@ -34,7 +34,10 @@ use std::sync::Arc;
 
 use log::warn;
 
-use super::{Archive, Entry, EntryKind, Format, Loc, OpenContext, Opened, Package, Probe, Reading};
+use super::{
+    Archive, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe,
+    Reading,
+};
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
 use crate::io::cache::Block;
@@ -201,17 +204,18 @@ impl Format for TarGz {
         if !is_gzip_tar(&**blob, probe)? {
             return Ok(None);
         }
-        let (idx, entries) = index(&**blob, cx)?;
+        let (idx, entries, origin) = index(&**blob, cx)?;
         let package = TarGzPackage::new(idx, &entries);
         Ok(Some(Opened {
             package: Box::new(package),
             entries,
+            origin,
         }))
     }
 }
 
 /// The index of `blob`: from the cache, else by a pass (stored in the cache after).
-fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
+fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>, IndexOrigin)> {
     let key = cx.index_cache.map(|c| (c, c.key("tar.gz", blob, "")));
     if let Some((c, k)) = &key
         && let Some(bytes) = c.load(k)
@@ -226,7 +230,7 @@ fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
                     blob.name().display(),
                     k.path().display()
                 );
-                return Ok((idx, entries));
+                return Ok((idx, entries, IndexOrigin::Cache));
             }
             Err(e) => log::debug!("{}: cached index unusable: {e}", k.path().display()),
         }
@@ -256,11 +260,16 @@ fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
             );
         }
     }
-    Ok((idx, entries))
+    Ok((idx, entries, IndexOrigin::Pass))
 }
 
 /// The index pass: one streaming decode of the whole archive through the tar scanner.
 fn pass(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
+    if let Some(p) = cx.progress
+        && blob.size() > REPORT_EVERY
+    {
+        p.indexing(blob.name(), 0, blob.size());
+    }
     let mut ix = Indexer::new(blob, cx);
     let mut entries = Vec::new();
     let scanned = super::tar::each(&mut ix, |te, _| {
@@ -289,6 +298,11 @@ fn pass(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
     // checked, and the end of the stream is found.
     while ix.produce()? {
         ix.ostart = ix.oend;
+    }
+    if let Some(p) = cx.progress
+        && blob.size() > REPORT_EVERY
+    {
+        p.indexing(blob.name(), blob.size(), blob.size());
     }
     let idx = ix.finish();
     if entries.is_empty() && !idx.note.is_empty() && !idx.points.iter().any(|p| p.ok) {
@@ -1210,7 +1224,7 @@ impl Package for TarGzPackage {
             progress: None,
             ..*cx
         };
-        let (idx, entries) = index(&**blob, &cx)?;
+        let (idx, entries, _) = index(&**blob, &cx)?;
         if idx.points.len() != self.idx.points.len() || idx.total != self.idx.total {
             return Err(Error::Corrupt("the archive's index changed".into()));
         }
@@ -1394,7 +1408,7 @@ mod tests {
             .open(&blob, &probe, &OpenContext::default())
             .unwrap()
             .expect("a tar.gz");
-        (Archive::new(blob, o.package), o.entries)
+        (Archive::new(blob, o.package, o.origin), o.entries)
     }
 
     fn read(a: &Archive, io: &Io, e: &Entry, offset: u64, len: u32) -> Result<Vec<u8>> {
@@ -1541,13 +1555,14 @@ mod tests {
         };
         let bytes = gzip(&tar(&[("f", text(2 << 20, 9))]));
         let blob = Bytes::new("t.tar.gz", bytes);
-        let (i1, e1) = index(&blob, &cx).unwrap();
+        let (i1, e1, o1) = index(&blob, &cx).unwrap();
         assert_eq!(
             std::fs::read_dir(dir.path().join("idx")).unwrap().count(),
             1
         );
-        let (i2, e2) = index(&blob, &cx).unwrap();
+        let (i2, e2, o2) = index(&blob, &cx).unwrap();
         assert_eq!((i1, e1), (i2, e2));
+        assert_eq!((o1, o2), (IndexOrigin::Pass, IndexOrigin::Cache));
         // Deferring: a pass is needed (another version of the blob), and it is too big.
         let other = Bytes::new("u.tar.gz", gzip(&tar(&[("f", text(100_000, 1))])));
         let late = OpenContext {
@@ -1650,7 +1665,11 @@ mod tests {
         crc.update(&t[..total as usize]);
         idx.points[0].crc = crc.finalize();
         let blob = a.blob.clone();
-        let a = Archive::new(blob, Box::new(TarGzPackage::new(idx, &entries)));
+        let a = Archive::new(
+            blob,
+            Box::new(TarGzPackage::new(idx, &entries)),
+            IndexOrigin::Pass,
+        );
         let io = Io::new(2 << 20);
         let e = &entries[0];
         assert!(read(&a, &io, e, 0, u32::MAX).unwrap() == big);

@@ -100,8 +100,7 @@ impl Inflater {
         let mut len: libz_rs_sys::uInt = 0;
         // SAFETY: `w` has room for 32 KiB, the most a window holds; `len` is a valid
         // place for the count.
-        let r =
-            unsafe { libz_rs_sys::inflateGetDictionary(&*self.strm, w.as_mut_ptr(), &mut len) };
+        let r = unsafe { libz_rs_sys::inflateGetDictionary(&*self.strm, w.as_mut_ptr(), &mut len) };
         if r != Z_OK {
             return Err(failure("inflateGetDictionary", r));
         }

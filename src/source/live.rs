@@ -68,6 +68,7 @@ impl Activator {
         // A bug in a rescan must not end live activation: the mount keeps its tree.
         let scanned =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.packages.scan(busy)));
+        lock(&self.activity).indexing = self.packages.pending();
         let scan = match scanned {
             Ok(Ok(Some(scan))) => scan,
             Ok(Ok(None)) => return Applied::Nothing,
@@ -223,6 +224,7 @@ mod tests {
             cache_bytes: 1 << 20,
             index_cache: None,
             whiteouts: false,
+            progress: None,
         };
         let mut packages = Packages::new(vec![dir.path().to_path_buf()], opts);
         let scan = packages.scan(&HashSet::new()).unwrap().unwrap();

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use log::{debug, info, warn};
 
 use crate::error::{Error, Result};
-use crate::format::{self, Archive, IndexCache, Indexed, OpenContext, OpenError};
+use crate::format::{self, Archive, IndexCache, IndexProgress, Indexed, OpenContext, OpenError};
 use crate::fs::PkgFs;
 use crate::tree::view::Layer;
 use crate::tree::{Ownership, Tree, TreeBuilder};
@@ -144,20 +144,24 @@ impl StreamState {
 }
 
 /// Open and index a new archive, or re-read the index of a kept one.
-fn index_job(job: &Job, cache: Option<&IndexCache>) -> Opened {
-    let cx = OpenContext {
-        index_cache: cache,
-        ..OpenContext::default()
-    };
+fn index_job(job: &Job, cx: &OpenContext) -> Opened {
     match *job {
         Job::Open(path) => {
-            let Indexed { archive, entries } = format::open_path(path, &cx)?;
+            let Indexed { archive, entries } = format::open_path(path, cx)?;
             Ok((Arc::new(archive), entries))
         }
-        Job::Reindex(archive) => match archive.entries(&cx) {
-            Ok(entries) => Ok((archive.clone(), entries)),
-            Err(e) => Err(OpenError::Bad(e)),
-        },
+        Job::Reindex(archive) => {
+            // A kept archive's index costs no pass (it was made once): never deferred.
+            let cx = OpenContext {
+                defer_over: None,
+                progress: None,
+                ..*cx
+            };
+            match archive.entries(&cx) {
+                Ok(entries) => Ok((archive.clone(), entries)),
+                Err(e) => Err(OpenError::Bad(e)),
+            }
+        }
     }
 }
 
@@ -242,10 +246,39 @@ pub struct LoadOptions {
     pub owner: Ownership,
     /// Block cache budget in bytes.
     pub cache_bytes: u64,
-    /// Where to keep indexes of seekable archives that have none (None: no cache).
+    /// Where to keep indexes that cost a pass over an archive (None: no cache).
     pub index_cache: Option<IndexCache>,
     /// Treat `.wh.` entries as OCI whiteouts ([`TreeBuilder::with_whiteouts`]).
     pub whiteouts: bool,
+    /// Who hears about passes over archives while the first scan indexes them.
+    pub progress: Option<Progress>,
+}
+
+/// A shared [`IndexProgress`].
+#[derive(Clone)]
+pub struct Progress(pub Arc<dyn IndexProgress + Send>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress")
+    }
+}
+
+/// On a live mount, an archive larger than this whose index needs a pass over its data
+/// is indexed in the background instead of holding up the rescan (and with it every
+/// other change): about half a second of decoding on one core.
+pub const BACKGROUND_OVER: u64 = 32 << 20;
+
+/// What a background index pass gave: an archive and its entries, or why not.
+type Indexing = std::result::Result<(Arc<Archive>, Vec<crate::format::Entry>), Error>;
+
+/// Archives indexed by the `pkgfs-index` thread, for the next rescan to take.
+struct Background {
+    jobs: std::sync::mpsc::Sender<PathBuf>,
+    /// Results by path (the archive knows the version it was made of).
+    ready: Arc<Mutex<HashMap<PathBuf, Indexing>>>,
+    /// Paths queued and not taken yet, with the stamp they were queued at.
+    queued: HashMap<PathBuf, Option<Stamp>>,
 }
 
 /// What identifies the file at a path: its blob version (device, inode, size and
@@ -261,6 +294,21 @@ fn stamp_of(path: &Path) -> Option<Stamp> {
 
 fn archive_stamp(a: &Archive) -> Stamp {
     a.blob.version().to_string()
+}
+
+/// What a scan does with one candidate.
+enum Plan {
+    /// Unchanged since the last scan: its index is read again.
+    Reindex(Arc<Archive>),
+    /// Indexed in the background since the last scan (the result is in `ready_for`).
+    Ready,
+    /// Being indexed in the background: the archive this path had before, if any,
+    /// stays (its index read again).
+    Pending(Option<Arc<Archive>>),
+    /// Failed before and unchanged: skipped quietly.
+    KnownBad,
+    /// New or changed: opened and indexed.
+    Open,
 }
 
 /// An active package.
@@ -297,6 +345,8 @@ pub struct Packages {
     /// Files that failed, by stamp: warned about once, not retried until they change.
     bad: HashMap<PathBuf, (Option<Stamp>, Error)>,
     scanned: bool,
+    /// The background indexer of a live mount.
+    background: Option<Background>,
 }
 
 impl Packages {
@@ -308,7 +358,62 @@ impl Packages {
             active: Vec::new(),
             bad: HashMap::new(),
             scanned: false,
+            background: None,
         }
+    }
+
+    /// From now on, rescans leave archives that need a long pass to a background thread
+    /// (`pkgfs-index`), which wakes `waker` each time one is ready; until then a path
+    /// keeps the version it had, if any.
+    pub fn index_in_background(&mut self, waker: crate::source::watch::Waker) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<PathBuf>();
+        let ready: Arc<Mutex<HashMap<PathBuf, Indexing>>> = Arc::default();
+        let done = ready.clone();
+        let cache = self.opts.index_cache.clone();
+        std::thread::Builder::new()
+            .name("pkgfs-index".into())
+            .spawn(move || {
+                for path in rx {
+                    info!("indexing {} in the background", path.display());
+                    let cx = OpenContext {
+                        index_cache: cache.as_ref(),
+                        ..OpenContext::default()
+                    };
+                    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        format::open_path(&path, &cx)
+                    }));
+                    let r = match opened {
+                        Ok(Ok(Indexed { archive, entries })) => Ok((Arc::new(archive), entries)),
+                        Ok(Err(OpenError::Bad(e))) => Err(e),
+                        Ok(Err(OpenError::NotAnArchive)) => {
+                            Err(Error::Format("not an archive".into()))
+                        }
+                        Err(_) => Err(Error::Internal("indexing panicked".into())),
+                    };
+                    done.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(path, r);
+                    waker.wake();
+                }
+            })
+            .map_err(Error::Io)?;
+        self.background = Some(Background {
+            jobs: tx,
+            ready,
+            queued: HashMap::new(),
+        });
+        Ok(())
+    }
+
+    /// Archives being indexed in the background, not active yet.
+    pub fn pending(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self
+            .background
+            .as_ref()
+            .map(|b| b.queued.keys().cloned().collect())
+            .unwrap_or_default();
+        v.sort();
+        v
     }
 
     /// The directories among the sources (the ones a live mount watches).
@@ -328,21 +433,49 @@ impl Packages {
             .filter(|c| !busy.contains(&c.path))
             .collect();
         let stamps: Vec<Option<Stamp>> = candidates.iter().map(|c| stamp_of(&c.path)).collect();
+        // What the background indexer has finished: taken by this scan (results for
+        // paths no longer there are dropped).
+        let mut ready: HashMap<PathBuf, Indexing> = match &mut self.background {
+            Some(b) => {
+                let done = std::mem::take(&mut *b.ready.lock().unwrap_or_else(|e| e.into_inner()));
+                for p in done.keys() {
+                    b.queued.remove(p);
+                }
+                done
+            }
+            None => HashMap::new(),
+        };
         // Reuse what is unchanged; open the rest on worker threads while this thread
         // folds the archives already indexed into the tree, in order (at most
         // INDEX_WINDOW archives of raw entries wait in memory, not all of them).
         let old: HashMap<&Path, &Active> =
             self.active.iter().map(|a| (a.path.as_path(), a)).collect();
-        let mut reuse: Vec<Option<Arc<Archive>>> = Vec::with_capacity(candidates.len());
-        let mut needs_open = Vec::with_capacity(candidates.len());
+        let mut plan: Vec<Plan> = Vec::with_capacity(candidates.len());
+        let mut ready_for: Vec<Option<Indexing>> = Vec::with_capacity(candidates.len());
         for (c, st) in candidates.iter().zip(&stamps) {
-            let kept = old
-                .get(c.path.as_path())
+            ready_for.push(None);
+            let previous = old.get(c.path.as_path());
+            let kept = previous
                 .filter(|a| Some(archive_stamp(&a.archive)) == *st)
                 .map(|a| a.archive.clone());
-            let known_bad = matches!(self.bad.get(&c.path), Some((s, _)) if s == st);
-            needs_open.push(kept.is_none() && !known_bad);
-            reuse.push(kept);
+            let queued = self
+                .background
+                .as_ref()
+                .and_then(|b| b.queued.get(&c.path))
+                .is_some_and(|q| q == st);
+            plan.push(if let Some(archive) = kept {
+                Plan::Reindex(archive)
+            } else if let Some(r) = ready.remove(&c.path) {
+                ready_for[plan.len()] = Some(r);
+                Plan::Ready
+            } else if queued {
+                // Still being indexed: the version this path had, if any, stays.
+                Plan::Pending(previous.map(|a| a.archive.clone()))
+            } else if matches!(self.bad.get(&c.path), Some((s, _)) if s == st) {
+                Plan::KnownBad
+            } else {
+                Plan::Open
+            });
         }
 
         let mut report = LoadReport::default();
@@ -353,25 +486,48 @@ impl Packages {
         let mut still_bad = HashSet::new();
         let jobs: Vec<Job> = candidates
             .iter()
-            .zip(&reuse)
-            .zip(&needs_open)
-            .filter_map(|((c, kept), opens)| match kept {
-                Some(archive) => Some(Job::Reindex(archive)),
-                None => opens.then_some(Job::Open(&c.path)),
+            .zip(&plan)
+            .filter_map(|(c, p)| match p {
+                Plan::Reindex(archive) | Plan::Pending(Some(archive)) => {
+                    Some(Job::Reindex(archive))
+                }
+                Plan::Open => Some(Job::Open(&c.path)),
+                _ => None,
             })
             .collect();
-        let cache = self.opts.index_cache.as_ref();
+        let progress = self.opts.progress.clone();
+        let cx = OpenContext {
+            index_cache: self.opts.index_cache.as_ref(),
+            // A rescan of a live mount does not wait for long passes.
+            defer_over: (!first && self.background.is_some()).then_some(BACKGROUND_OVER),
+            progress: match (&progress, first) {
+                (Some(p), true) => Some(&*p.0),
+                _ => None,
+            },
+        };
         let threads = self.opts.threads;
         let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
-        let work = |job: &Job| index_job(job, cache);
+        let work = |job: &Job| index_job(job, &cx);
+        let mut deferred = Vec::new();
         std::thread::scope(|scope| {
             let mut stream = IndexStream::start(scope, &streamed, &jobs, threads, &work);
-            for (((cand, st), kept), opens) in
-                candidates.iter().zip(&stamps).zip(&reuse).zip(&needs_open)
+            for (((cand, st), plan), ready) in candidates
+                .iter()
+                .zip(&stamps)
+                .zip(&plan)
+                .zip(&mut ready_for)
             {
-                let result = match (kept.is_some() || *opens).then(|| stream.next()).flatten() {
-                    Some(r) => r,
-                    None => {
+                let result = match plan {
+                    Plan::Reindex(_) | Plan::Open | Plan::Pending(Some(_)) => match stream.next() {
+                        Some(r) => r,
+                        None => continue,
+                    },
+                    Plan::Ready => match ready.take() {
+                        Some(r) => r.map_err(OpenError::Bad),
+                        None => continue,
+                    },
+                    Plan::Pending(None) => continue,
+                    Plan::KnownBad => {
                         // Known bad and unchanged: skip quietly.
                         if let Some((_, e)) = self.bad.get(&cand.path) {
                             report.skipped.push((cand.path.clone(), e.clone()));
@@ -393,6 +549,28 @@ impl Packages {
                             path: cand.path.clone(),
                             archive,
                         });
+                    }
+                    Err(OpenError::Bad(Error::Deferred)) => {
+                        deferred.push((cand.path.clone(), st.clone()));
+                        // The version this path had stays until the new one is ready.
+                        if let Some(a) = old.get(cand.path.as_path()) {
+                            let cx = OpenContext {
+                                index_cache: self.opts.index_cache.as_ref(),
+                                ..OpenContext::default()
+                            };
+                            if let Ok(entries) = a.archive.entries(&cx) {
+                                builder.add_layer(layers.len() as u32, a.archive.mtime(), &entries);
+                                report.layers.push(cand.path.clone());
+                                layers.push(Layer {
+                                    archive: a.archive.clone(),
+                                    entries: entries.len(),
+                                });
+                                active.push(Active {
+                                    path: cand.path.clone(),
+                                    archive: a.archive.clone(),
+                                });
+                            }
+                        }
                     }
                     Err(OpenError::NotAnArchive)
                         if !cand.explicit && !looks_like_archive(&cand.path) =>
@@ -417,6 +595,13 @@ impl Packages {
         });
         for gone in bad_before.difference(&still_bad) {
             self.bad.remove(gone);
+        }
+        if let Some(b) = &mut self.background {
+            for (path, st) in deferred {
+                if b.queued.get(&path) != Some(&st) && b.jobs.send(path.clone()).is_ok() {
+                    b.queued.insert(path, st);
+                }
+            }
         }
 
         let unchanged = !first
@@ -591,7 +776,7 @@ mod tests {
         let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
         for window in [1, 2, 5, 64] {
             let shared = StreamState::new(jobs.len(), window);
-            let work = |job: &Job| index_job(job, None);
+            let work = |job: &Job| index_job(job, &OpenContext::default());
             let got: Vec<Opened> = std::thread::scope(|s| {
                 let mut stream = IndexStream::start(s, &shared, &jobs, 4, &work);
                 std::iter::from_fn(|| stream.next()).collect()
@@ -615,7 +800,7 @@ mod tests {
         let paths = packages(dir.path(), 30);
         let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
         let shared = StreamState::new(jobs.len(), 2);
-        let work = |job: &Job| index_job(job, None);
+        let work = |job: &Job| index_job(job, &OpenContext::default());
         // The scope joins the workers: it returns only if they stop.
         std::thread::scope(|s| {
             let mut stream = IndexStream::start(s, &shared, &jobs, 3, &work);
@@ -640,7 +825,7 @@ mod tests {
             {
                 panic!("injected");
             }
-            index_job(job, None)
+            index_job(job, &OpenContext::default())
         };
         let got: Vec<Opened> = std::thread::scope(|s| {
             let mut stream = IndexStream::start(s, &shared, &jobs, 2, &work);
@@ -678,6 +863,7 @@ mod tests {
             cache_bytes: 1 << 20,
             index_cache: None,
             whiteouts: false,
+            progress: None,
         };
         let mut pk = Packages::new(vec![d.to_path_buf()], opts);
         let none = HashSet::new();

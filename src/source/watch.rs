@@ -14,7 +14,9 @@
 //!   never indexed (install by rename to be atomic; see docs/SEMANTICS.md);
 //! - hidden names (starting with `.`, e.g. a package manager's temporary file) never
 //!   count, as they are never mounted;
-//! - a queue overflow or the directory itself moving or vanishing forces a rescan.
+//! - a queue overflow or the directory itself moving or vanishing forces a rescan;
+//! - a [`Waker`] (an eventfd beside the inotify descriptor) forces one too: the
+//!   background indexer wakes the watcher when a package it indexed is ready.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr};
@@ -50,9 +52,24 @@ pub struct Batch {
     pub busy: HashSet<PathBuf>,
 }
 
+/// Makes [`Watcher::next_batch`] return, from any thread.
+#[derive(Clone, Debug)]
+pub struct Waker(std::sync::Arc<OwnedFd>);
+
+impl Waker {
+    /// Wake the watcher (it rescans once, however many wakes came meanwhile).
+    pub fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes to an eventfd we own; a full counter (never reached)
+        // would only fail the write.
+        unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+}
+
 /// An inotify instance watching some directories.
 pub struct Watcher {
     fd: OwnedFd,
+    wake: std::sync::Arc<OwnedFd>,
     dirs: HashMap<i32, PathBuf>,
     /// Files written to but not closed yet.
     writing: HashSet<PathBuf>,
@@ -68,8 +85,16 @@ impl Watcher {
         }
         // SAFETY: `raw` is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain syscall; the result is checked.
+        let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if ev < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `ev` is a fresh descriptor we own.
+        let wake = std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(ev) });
         let mut w = Watcher {
             fd,
+            wake,
             dirs: HashMap::new(),
             writing: HashSet::new(),
         };
@@ -95,17 +120,22 @@ impl Watcher {
         Ok(())
     }
 
-    /// Wait up to `timeout` for the descriptor to become readable.
+    /// A waker of this watcher.
+    pub fn waker(&self) -> Waker {
+        Waker(self.wake.clone())
+    }
+
+    /// Wait up to `timeout` for inotify or the waker to become readable.
     fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
+        let mut pfd = [self.fd.as_raw_fd(), self.wake.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        };
+        });
         let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
         loop {
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            // SAFETY: two valid pollfds.
+            let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, ms) };
             if r >= 0 {
                 return Ok(r > 0);
             }
@@ -116,10 +146,14 @@ impl Watcher {
         }
     }
 
-    /// Read and digest the pending events; returns how many mattered.
+    /// Read and digest the pending events; returns how many mattered (a wake counts
+    /// as one).
     fn drain(&mut self) -> io::Result<usize> {
         let mut buf = vec![0u8; 64 * 1024];
-        let mut relevant = 0;
+        let mut count = [0u8; 8];
+        // SAFETY: reading 8 bytes into a buffer we own from our eventfd.
+        let woken = unsafe { libc::read(self.wake.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+        let mut relevant = usize::from(woken == 8);
         loop {
             // SAFETY: reading into a buffer we own, of the length given.
             let n = unsafe {
@@ -237,5 +271,14 @@ mod tests {
         drop(f);
         let b = w.next_batch().unwrap();
         assert!(b.busy.is_empty(), "{b:?}");
+        // A wake from another thread is a batch of its own, however many came.
+        let waker = w.waker();
+        let t = std::thread::spawn(move || {
+            waker.wake();
+            waker.wake();
+        });
+        let b = w.next_batch().unwrap();
+        assert_eq!(b.events, 1);
+        t.join().unwrap();
     }
 }

@@ -53,6 +53,9 @@ fn load(sources: &[PathBuf], whiteouts: bool) -> Result<(PkgFs, LoadReport), Too
         cache_bytes: 64 << 20,
         index_cache: IndexCache::default_dir().map(IndexCache::new),
         whiteouts,
+        progress: Some(source::Progress(std::sync::Arc::new(
+            crate::progress::IndexBars::default(),
+        ))),
     };
     Ok(source::load(sources, &opts)?)
 }

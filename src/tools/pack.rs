@@ -24,7 +24,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
-use std::io::{IsTerminal, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -486,7 +486,7 @@ fn write_package(
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(out_dir).map_err(|e| ctx("temporary file", e))?;
-    let progress = std::io::stderr().is_terminal();
+    let progress = crate::progress::pack_spinner();
     let mut stats = PackStats::default();
     let frames = Rc::new(RefCell::new(Frames {
         current: Vec::with_capacity(cfg.frame_size),
@@ -602,12 +602,13 @@ fn write_package(
             stats.entries += 1;
             entries.push(e);
             send_done(&frames, &mut sent)?;
-            if progress && stats.entries % 1000 == 0 {
-                eprint!(
-                    "\rpacked {} entries, {} MB",
+            if stats.entries % 256 == 0 {
+                progress.set_message(format!(
+                    "{} entries, {} MiB of data",
                     stats.entries,
                     stats.data_bytes >> 20
-                );
+                ));
+                progress.tick();
             }
             Ok(())
         };
@@ -622,13 +623,7 @@ fn write_package(
         sizes = writer
             .join()
             .map_err(|_| PackError::Internal("the writer thread panicked"))??;
-        if progress {
-            eprintln!(
-                "\rpacked {} entries, {} MB",
-                stats.entries,
-                stats.data_bytes >> 20
-            );
-        }
+        progress.finish_and_clear();
         Ok(())
     })?;
 

@@ -576,6 +576,7 @@ mod tests {
             cache_bytes: 1 << 20,
             index_cache: None,
             whiteouts: false,
+            progress: None,
         };
         let (fs, _) = crate::source::load(&[path], &opts).unwrap();
         (dir, Handler::new(Arc::new(fs), hints))

@@ -76,6 +76,7 @@ impl Format for Zip {
             Ok(idx) => Ok(Some(Opened {
                 package: Box::new(ZipPackage::new(idx.records)),
                 entries: idx.entries,
+                origin: super::IndexOrigin::Archive,
             })),
             Err(IndexError::NotZip) => Ok(None),
             Err(IndexError::Bad(e)) => Err(e),
