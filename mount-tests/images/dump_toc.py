@@ -234,7 +234,7 @@ def main(argv):
         print(json.dumps(summary, indent=1))
         for e in entries[:n_entries]:
             print(json.dumps(e, separators=(",", ":")))
-        if len(entries) > n_entries:
+        if 0 < n_entries < len(entries):
             print(f"... {len(entries) - n_entries} more entries")
     if do_verify and summary["verify"]["bad"]:
         return 1
