@@ -124,6 +124,7 @@ add("dir/old", b"before 1970\n", mode=0o644, mtime=-86400 * 365)
 add("dir/frac", b"fraction\n", mode=0o644, mtime=1_600_000_004.75)
 add("dir/link", type=tarfile.SYMTYPE, linkname="ünïcödé 名前.txt", mtime=1_600_000_005)
 add("dir/hard", type=tarfile.LNKTYPE, linkname="dir/old", mtime=1_600_000_006)
+add("dir/" + "d" * 120, type=tarfile.DIRTYPE, mode=0o755, mtime=1_600_000_009)
 add("dir/" + "d" * 120 + "/" + "f" * 120, b"deep\n", mode=0o644, mtime=1_600_000_008)
 add("empty", type=tarfile.DIRTYPE, mode=0o700, mtime=1_600_000_007)
 t.close()
@@ -133,6 +134,72 @@ t.close()
     extract(&a, &expected);
     let m = mount(&[&a], tmp, &[]);
     trees_match(&expected, &m.path(), &[]);
+}
+
+crate::on_both_transports! {
+    /// What system trees hold: character and block devices, a FIFO, a setuid file, and
+    /// extended attributes (`user.*`, a file capability) archived by GNU tar `--xattrs`.
+    /// The mount equals GNU tar's extraction, devices and attributes included.
+    fn devices_fifos_and_extended_attributes_equal_gnu_tar_s_extraction() {
+        if !crate::common::require_tools(&["tar", "mknod", "mkfifo", "setfattr", "getfattr"]) {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path();
+        let src = tmp.join("src");
+        sh(
+            r#"set -e; mkdir -p "$1/dev" "$1/run" "$1/bin"
+            mknod -m 666 "$1/dev/null" c 1 3
+            mknod -m 660 "$1/dev/loop9" b 7 300
+            mkfifo -m 600 "$1/run/initctl"
+            printf 'ping\n' > "$1/bin/ping"; chmod 4755 "$1/bin/ping"
+            setfattr -n user.mime_type -v text/plain "$1/bin/ping"
+            setfattr -n security.capability -v 0x0100000200200000000000000000000000000000 "$1/bin/ping"
+            setfattr -n user.empty "$1/run"
+            ln "$1/bin/ping" "$1/bin/ping6"
+            printf 'plain\n' > "$1/bin/plain""#,
+            &[&src],
+        );
+        let a = tmp.join("sys.tar.gz");
+        sh(
+            r#"tar --xattrs --xattrs-include='*' -C "$1" -czf "$2" ."#,
+            &[&src, &a],
+        );
+        let expected = tmp.join("expected");
+        fs::create_dir_all(&expected).unwrap();
+        sh(
+            r#"tar --xattrs --xattrs-include='*' -C "$2" -xpf "$1" --same-owner"#,
+            &[&a, &expected],
+        );
+        let m = mount(&[&a], tmp, &[]);
+        trees_match(&expected, &m.path(), &[]);
+        // And through the tools people use.
+        let out = Command::new("getfattr")
+            .args(["-d", "-m", "-", "--absolute-names"])
+            .arg(m.path().join("bin/ping"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("user.mime_type=\"text/plain\""), "{text}");
+        assert!(text.contains("security.capability=0s"), "{text}");
+        let out = Command::new("stat")
+            .args(["-c", "%F %t:%T"])
+            .arg(m.path().join("dev/loop9"))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "block special file 7:12c\n");
+        // A device of the mount is not opened as one unless asked: nodev by default.
+        assert!(fs::read(m.path().join("dev/null")).is_err());
+        drop(m);
+        let m = mount(&[&a], tmp, &["-o", "dev,suid"]);
+        assert_eq!(fs::read(m.path().join("dev/null")).unwrap(), b"");
+        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = mounts
+            .lines()
+            .find(|l| l.contains(&*m.path().to_string_lossy()))
+            .unwrap();
+        assert!(!line.contains("nosuid") && !line.contains("nodev"), "{line}");
+    }
 }
 
 /// Packages as the world ships them: crates from cargo's own cache (those this build

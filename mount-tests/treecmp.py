@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Compare two directory trees byte for byte and attribute by attribute.
 
-    treecmp.py EXPECTED ACTUAL [--no-owner] [--no-dir-mtime]
+    treecmp.py EXPECTED ACTUAL [--no-owner] [--no-dir-mtime] [--no-xattrs]
 
 Compares the set of paths, file type, permission bits (including setuid/setgid/sticky),
-size, mtime (whole seconds), uid/gid, symlink targets, file content (sha256), and hard
+size, mtime (whole seconds), uid/gid, symlink targets, file content (sha256), device
+numbers, extended attributes (names and values; `--no-xattrs` skips them), and hard
 links: names that share an inode in EXPECTED must share one in ACTUAL, with the same
 link count. Exit 0 if equal; else prints the differences (at most 50) and exits 1.
 Used to check `pkgfs pack` round trips: the source tree against the mounted package and
@@ -40,6 +41,14 @@ def scan(root):
                 node.update(size=st.st_size, digest=digest(full))
             elif stat.S_ISLNK(st.st_mode):
                 node.update(target=os.readlink(full))
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                node.update(rdev=(os.major(st.st_rdev), os.minor(st.st_rdev)))
+            try:
+                names = os.listxattr(full, follow_symlinks=False)
+            except OSError:
+                names = []
+            node.update(xattrs={n: os.getxattr(full, n, follow_symlinks=False)
+                                for n in sorted(names)})
             out[rel] = node
     return out
 
@@ -57,7 +66,9 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     want, got = scan(argv[0]), scan(argv[1])
-    keys = ["type", "mode", "uid", "gid", "mtime", "size", "digest", "target"]
+    keys = ["type", "mode", "uid", "gid", "mtime", "size", "digest", "target", "rdev", "xattrs"]
+    if "--no-xattrs" in argv:
+        keys.remove("xattrs")
     if "--no-owner" in argv:
         keys.remove("uid")
         keys.remove("gid")

@@ -156,9 +156,9 @@ struct MountArgs {
     #[arg(long)]
     allow_other: bool,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
-    /// fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
+    /// suid, dev (both off by default), fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
     /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring; options
-    /// mount(8) passes (ro, nosuid, nodev, defaults, nofail, _netdev, x-*) are accepted.
+    /// mount(8) passes (ro, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Where the background daemon writes its log (default: discarded once mounted).
@@ -266,6 +266,10 @@ pub struct MountConfig {
     pub noexec: bool,
     /// Mount with `noatime`.
     pub noatime: bool,
+    /// Honour setuid/setgid bits (off: `nosuid`).
+    pub suid: bool,
+    /// Let device nodes be opened as devices (off: `nodev`).
+    pub dev: bool,
     /// Name shown in /proc/mounts.
     pub fsname: String,
     /// Daemon log destination.
@@ -548,6 +552,8 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
         },
         noexec: false,
         noatime: false,
+        suid: false,
+        dev: false,
         log_file: m.log_file,
         index_cache: if m.no_index_cache {
             None
@@ -581,6 +587,10 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
             "noexec" => cfg.noexec = true,
             "exec" => cfg.noexec = false,
             "noatime" => cfg.noatime = true,
+            "suid" => cfg.suid = true,
+            "nosuid" => cfg.suid = false,
+            "dev" => cfg.dev = true,
+            "nodev" => cfg.dev = false,
             "atime" | "relatime" | "strictatime" => cfg.noatime = false,
             "fsname" => cfg.fsname = need()?.to_string(),
             "uid" => {
@@ -606,10 +616,6 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
             // fstab lines and mount(8) helpers work.
             "ro"
             | "rw"
-            | "nosuid"
-            | "nodev"
-            | "suid"
-            | "dev"
             | "defaults"
             | "auto"
             | "noauto"
@@ -687,6 +693,12 @@ mod tests {
             };
             assert!(c.whiteouts, "{opts:?}");
         }
+        assert!(!c.suid && !c.dev, "nosuid,nodev unless asked");
+        let Ok(Command::Mount(c)) = cli(&["pkgfs", "mount", "a", "/m", "-o", "suid,dev,nodev"])
+        else {
+            panic!("not a mount")
+        };
+        assert!(c.suid && !c.dev, "the last of dev/nodev wins");
         assert!(cli(&["pkgfs", "mount", "a", "/m", "-o", "bogus"]).is_err());
         assert!(
             cli(&["pkgfs", "mount", "/m"]).is_err(),

@@ -241,6 +241,8 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         access,
         noexec: cfg.noexec,
         noatime: cfg.noatime,
+        suid: cfg.suid,
+        dev: cfg.dev,
         threads: cfg.threads,
     };
     let (session, dev_fd) = session::start(fuse, &options)?;

@@ -39,6 +39,10 @@ pub enum Error {
     NoIoctl,
     /// The caller may not use the mount (the access rule of `allow_other`/`allow_root`).
     Denied,
+    /// No extended attribute of that name.
+    NoXattr,
+    /// The caller's buffer is too small for the value (or list) asked for.
+    Range,
     /// A bug caught at the edge (a panic in a handler): the request fails, the mount lives.
     Internal(String),
     /// Opening an archive needs a long pass over its data, which the caller asked to
@@ -67,6 +71,8 @@ impl Clone for Error {
             Error::Declined => Error::Declined,
             Error::NoIoctl => Error::NoIoctl,
             Error::Denied => Error::Denied,
+            Error::NoXattr => Error::NoXattr,
+            Error::Range => Error::Range,
             Error::Internal(m) => Error::Internal(m.clone()),
             Error::Deferred => Error::Deferred,
             Error::WithPath(p, e) => Error::WithPath(p.clone(), e.clone()),
@@ -92,6 +98,8 @@ impl Error {
             Error::Declined => libc::ENOSYS,
             Error::NoIoctl => libc::ENOTTY,
             Error::Denied => libc::EACCES,
+            Error::NoXattr => libc::ENODATA,
+            Error::Range => libc::ERANGE,
             Error::Internal(_) | Error::Deferred => libc::EIO,
             Error::WithPath(_, inner) => inner.errno(),
         }
@@ -130,6 +138,8 @@ impl fmt::Display for Error {
             Error::Declined => f.write_str("operation not implemented"),
             Error::NoIoctl => f.write_str("no such ioctl"),
             Error::Denied => f.write_str("permission denied"),
+            Error::NoXattr => f.write_str("no such extended attribute"),
+            Error::Range => f.write_str("buffer too small"),
             Error::Internal(m) => write!(f, "internal error: {m}"),
             Error::Deferred => f.write_str("needs a pass over its data (deferred)"),
             Error::WithPath(p, e) => write!(f, "{}: {e}", p.display()),

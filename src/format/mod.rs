@@ -37,9 +37,21 @@ pub enum EntryKind {
     Symlink,
     /// A hard link to an earlier entry (tar); the target path is in [`Entry::link`].
     HardLink,
-    /// A device, FIFO or socket: listed by the reader, never mounted.
+    /// A character device; its number is [`Entry::rdev`].
+    CharDev,
+    /// A block device; its number is [`Entry::rdev`].
+    BlockDev,
+    /// A FIFO (named pipe).
+    Fifo,
+    /// A socket.
+    Socket,
+    /// Something that cannot be served (a sparse file, an unknown type): listed by the
+    /// reader, skipped by the tree with a warning.
     Special,
 }
+
+/// Extended attributes: (name, value) pairs, in the order the archive gives them.
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// Where an entry's bytes are, in the terms of its archive's format. Only the archive's
 /// [`Package`] interprets it.
@@ -79,6 +91,10 @@ pub struct Entry {
     /// Symlink target (when the format stores it in the index, as tar does; ZIP stores
     /// it as data) or hard-link target path.
     pub link: Vec<u8>,
+    /// A device's number (`makedev(major, minor)`); 0 for anything else.
+    pub rdev: u64,
+    /// Extended attributes (pax `SCHILY.xattr.*` records, a TOC's `xattrs`).
+    pub xattrs: Xattrs,
 }
 
 /// What is known of a file before any format looks at it: its first and last bytes.

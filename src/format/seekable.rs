@@ -38,8 +38,9 @@ pub const SEEK_TABLE_MAGIC: u32 = 0x184D_2A5E;
 pub const INDEX_FRAME_MAGIC: u32 = 0x184D_2A5B;
 /// First bytes of the pkgfs index payload.
 pub const INDEX_MAGIC: &[u8; 8] = b"PKGFSIDX";
-/// Version of the index encoding.
-pub const INDEX_VERSION: u32 = 1;
+/// Version of the index encoding: 1, or 2 when some entry is a device, FIFO or socket,
+/// or has extended attributes (docs/FORMAT.md).
+pub const INDEX_VERSION: u32 = 2;
 /// Limits from the seekable format specification.
 const MAX_FRAMES: u64 = 0x800_0000;
 /// Largest decompressed frame accepted. The specification allows 1 GiB; pkgfs packs at
@@ -231,7 +232,7 @@ pub fn encode_seek_table(sizes: &[(u32, u32)]) -> Vec<u8> {
     out
 }
 
-/// Kinds in the index encoding.
+/// Kinds in the index encoding (5 and up: version 2 only).
 fn kind_code(k: EntryKind) -> u8 {
     match k {
         EntryKind::File => 0,
@@ -239,12 +240,28 @@ fn kind_code(k: EntryKind) -> u8 {
         EntryKind::Symlink => 2,
         EntryKind::HardLink => 3,
         EntryKind::Special => 4,
+        EntryKind::CharDev => 5,
+        EntryKind::BlockDev => 6,
+        EntryKind::Fifo => 7,
+        EntryKind::Socket => 8,
     }
+}
+
+/// Whether an entry needs index version 2.
+fn needs_v2(e: &Entry) -> bool {
+    kind_code(e.kind) >= 5 || e.rdev != 0 || !e.xattrs.is_empty()
 }
 
 /// Encode a pkgfs index frame for `entries` (their `data` must be `Seekable` or `None`,
 /// symlink and hard-link targets in `link`).
 pub fn encode_index(entries: &[Entry], level: i32) -> std::io::Result<Vec<u8>> {
+    // Version 1 whenever it can say everything: packages stay readable by older readers
+    // (and byte for byte what they were).
+    let version = if entries.iter().any(needs_v2) {
+        2u32
+    } else {
+        1
+    };
     let mut body = Vec::with_capacity(entries.len() * 64);
     body.extend_from_slice(&(entries.len() as u64).to_le_bytes());
     for e in entries {
@@ -263,11 +280,21 @@ pub fn encode_index(entries: &[Entry], level: i32) -> std::io::Result<Vec<u8>> {
         body.extend_from_slice(&e.path);
         body.extend_from_slice(&(e.link.len() as u32).to_le_bytes());
         body.extend_from_slice(&e.link);
+        if version >= 2 {
+            body.extend_from_slice(&e.rdev.to_le_bytes());
+            body.extend_from_slice(&(e.xattrs.len() as u32).to_le_bytes());
+            for (name, value) in &e.xattrs {
+                body.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                body.extend_from_slice(name);
+                body.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                body.extend_from_slice(value);
+            }
+        }
     }
     let compressed = zstd::bulk::compress(&body, level)?;
     let mut payload = Vec::with_capacity(compressed.len() + 28);
     payload.extend_from_slice(INDEX_MAGIC);
-    payload.extend_from_slice(&INDEX_VERSION.to_le_bytes());
+    payload.extend_from_slice(&version.to_le_bytes());
     payload.extend_from_slice(&(body.len() as u64).to_le_bytes());
     payload.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
     payload.extend_from_slice(&compressed);
@@ -318,7 +345,7 @@ pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>> {
         return Err(bad("index frame lacks the pkgfs magic"));
     }
     let version = le32(p, 8);
-    if version != INDEX_VERSION {
+    if !(1..=INDEX_VERSION).contains(&version) {
         return Err(Error::Unsupported(format!("pkgfs index version {version}")));
     }
     let mut c = Cursor(&p[12..]);
@@ -354,6 +381,10 @@ pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>> {
             2 => EntryKind::Symlink,
             3 => EntryKind::HardLink,
             4 => EntryKind::Special,
+            5 if version >= 2 => EntryKind::CharDev,
+            6 if version >= 2 => EntryKind::BlockDev,
+            7 if version >= 2 => EntryKind::Fifo,
+            8 if version >= 2 => EntryKind::Socket,
             k => return Err(bad(format!("unknown entry kind {k}"))),
         };
         let perm = (c.u32()? & 0o7777) as u16;
@@ -366,6 +397,23 @@ pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>> {
         let path = c.take(plen)?.to_vec();
         let llen = c.u32()? as usize;
         let link = c.take(llen)?.to_vec();
+        let (rdev, xattrs) = if version >= 2 {
+            let rdev = c.u64()?;
+            let n = c.u32()? as usize;
+            if n > super::tar::MAX_XATTRS {
+                return Err(bad(format!("{n} extended attributes")));
+            }
+            let mut xattrs = Vec::with_capacity(n);
+            for _ in 0..n {
+                let len = c.u32()? as usize;
+                let name = c.take(len)?.to_vec();
+                let len = c.u32()? as usize;
+                xattrs.push((name, c.take(len)?.to_vec()));
+            }
+            (rdev, xattrs)
+        } else {
+            (0, Vec::new())
+        };
         let data = match kind {
             EntryKind::File => {
                 if offset.checked_add(size).is_none_or(|end| end > stream_size) {
@@ -392,6 +440,8 @@ pub fn decode_index(frame: &[u8], stream_size: u64) -> Result<Vec<Entry>> {
             },
             data,
             link,
+            rdev,
+            xattrs,
         });
     }
     Ok(entries)
@@ -820,6 +870,8 @@ mod tests {
             } else {
                 Vec::new()
             },
+            rdev: 0,
+            xattrs: Vec::new(),
         }
     }
 
@@ -885,6 +937,31 @@ mod tests {
         assert!(decode_index(&bad_crc, 522).is_err());
         for cut in 0..frame.len() {
             assert!(decode_index(&frame[..cut], 522).is_err());
+        }
+    }
+
+    #[test]
+    fn version_2_carries_devices_and_extended_attributes_and_version_1_stays_as_it_was() {
+        let plain = vec![entry("f", EntryKind::File, 10, 0)];
+        let v1 = encode_index(&plain, 3).unwrap();
+        assert_eq!(
+            le32(&v1, SKIPPABLE_HEADER + 8),
+            1,
+            "nothing needs version 2"
+        );
+        let mut dev = entry("null", EntryKind::CharDev, 0, 0);
+        dev.rdev = libc::makedev(1, 3);
+        let mut f = entry("cap", EntryKind::File, 10, 0);
+        f.xattrs = vec![
+            (b"security.capability".to_vec(), vec![1, 0, 0, 2, 0, 32]),
+            (b"user.x".to_vec(), b"with = and \n\0 inside".to_vec()),
+        ];
+        let all = vec![dev, f, entry("pipe", EntryKind::Fifo, 0, 0)];
+        let v2 = encode_index(&all, 3).unwrap();
+        assert_eq!(le32(&v2, SKIPPABLE_HEADER + 8), 2);
+        assert_eq!(decode_index(&v2, 100).unwrap(), all);
+        for cut in 0..v2.len() {
+            assert!(decode_index(&v2[..cut], 100).is_err());
         }
     }
 

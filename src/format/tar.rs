@@ -17,6 +17,8 @@ use std::io::{self, Read, Write};
 
 /// Largest pax extended header or GNU long name accepted.
 pub const MAX_EXTENSION: u64 = 1 << 20;
+/// Most extended attributes one entry may have.
+pub const MAX_XATTRS: usize = 256;
 const BLOCK: usize = 512;
 
 /// Kind of a tar entry.
@@ -57,6 +59,10 @@ pub struct TarEntry {
     pub header_offset: u64,
     /// Stream offset of the entry's data.
     pub data_offset: u64,
+    /// A device's number (`makedev(devmajor, devminor)`); 0 otherwise.
+    pub rdev: u64,
+    /// Extended attributes from pax `SCHILY.xattr.NAME` records.
+    pub xattrs: super::Xattrs,
 }
 
 impl TarEntry {
@@ -72,6 +78,9 @@ impl TarEntry {
             TarKind::Dir => EntryKind::Dir,
             TarKind::Symlink => EntryKind::Symlink,
             TarKind::HardLink => EntryKind::HardLink,
+            TarKind::Other(b'3') => EntryKind::CharDev,
+            TarKind::Other(b'4') => EntryKind::BlockDev,
+            TarKind::Other(b'6') => EntryKind::Fifo,
             TarKind::Other(_) => EntryKind::Special,
         };
         Ok(Entry {
@@ -92,6 +101,8 @@ impl TarEntry {
             uid: u32::try_from(self.uid).ok(),
             gid: u32::try_from(self.gid).ok(),
             link: self.link,
+            rdev: self.rdev,
+            xattrs: self.xattrs,
         })
     }
 }
@@ -305,6 +316,8 @@ struct Overrides {
     /// A GNU sparse file in pax form (`GNU.sparse.*` keys): its data is a sparse map
     /// followed by the non-hole parts, not the file's bytes.
     sparse: bool,
+    /// `SCHILY.xattr.NAME=VALUE` records.
+    xattrs: super::Xattrs,
 }
 
 impl Overrides {
@@ -318,6 +331,12 @@ impl Overrides {
                 b"uid" => self.uid = Some(pax_number(&v)?),
                 b"gid" => self.gid = Some(pax_number(&v)?),
                 k if k.starts_with(b"GNU.sparse.") => self.sparse = true,
+                k if k.starts_with(b"SCHILY.xattr.") && k.len() > 13 => {
+                    if self.xattrs.len() >= MAX_XATTRS {
+                        return Err(format_err("too many extended attributes"));
+                    }
+                    self.xattrs.push((k[13..].to_vec(), v));
+                }
                 _ => {}
             }
         }
@@ -333,6 +352,11 @@ impl Overrides {
             uid: self.uid.or(global.uid),
             gid: self.gid.or(global.gid),
             sparse: self.sparse || global.sparse,
+            xattrs: if self.xattrs.is_empty() {
+                global.xattrs.clone()
+            } else {
+                self.xattrs
+            },
         }
     }
 }
@@ -463,6 +487,20 @@ pub fn each<R: Read>(
         }
         let size = o.size.unwrap_or(size);
         let data_offset = r.pos;
+        // ustar's device numbers (octal, 8 bytes each at 329 and 337).
+        let rdev = if matches!(kind, TarKind::Other(b'3' | b'4')) {
+            // Undefined before ustar: a field that does not parse is 0, not an error.
+            let field = |r: std::ops::Range<usize>| {
+                number(&h[r])
+                    .ok()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0)
+            };
+            let (major, minor) = (field(329..337), field(337..345));
+            libc::makedev(major, minor)
+        } else {
+            0
+        };
         let entry = TarEntry {
             path,
             kind,
@@ -480,6 +518,8 @@ pub fn each<R: Read>(
             link: o.link.unwrap_or_else(|| cstr(&h[157..257]).to_vec()),
             header_offset: first_header.take().unwrap_or(at),
             data_offset,
+            rdev,
+            xattrs: o.xattrs,
         };
         let mut data = Data {
             r: &mut r,
@@ -932,5 +972,66 @@ mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
         assert_eq!(std::fs::read(x.join(&long_path)).unwrap(), b"xyz");
+    }
+
+    #[test]
+    fn devices_fifos_and_schily_xattrs_from_python_s_tarfile() {
+        let script = r#"
+import io, sys, tarfile
+t = tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT)
+def add(name, kind, data=b"", pax=None, major=0, minor=0):
+    i = tarfile.TarInfo(name); i.type = kind; i.size = len(data)
+    i.devmajor, i.devminor = major, minor
+    if pax: i.pax_headers = pax
+    t.addfile(i, io.BytesIO(data) if data else None)
+add("dev/null", tarfile.CHRTYPE, major=1, minor=3)
+add("dev/loop9", tarfile.BLKTYPE, major=7, minor=300)
+add("run/fifo", tarfile.FIFOTYPE)
+add("bin/ping", tarfile.REGTYPE, b"elf", {"SCHILY.xattr.security.capability": "\x01\x00",
+    "SCHILY.xattr.user.note": "h\u00e9"})
+t.close()
+"#;
+        let out = Command::new("python3")
+            .args(["-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got = scan(&out.stdout[..]).unwrap();
+        let find = |p: &[u8]| got.iter().find(|e| e.path == p).unwrap();
+        let null = find(b"dev/null");
+        assert_eq!(
+            (null.kind, null.rdev),
+            (TarKind::Other(b'3'), libc::makedev(1, 3))
+        );
+        let lp = find(b"dev/loop9");
+        assert_eq!(
+            (lp.kind, lp.rdev),
+            (TarKind::Other(b'4'), libc::makedev(7, 300))
+        );
+        assert_eq!(find(b"run/fifo").kind, TarKind::Other(b'6'));
+        let ping = find(b"bin/ping");
+        // pax values are UTF-8: Python writes U+00E9 as two bytes.
+        assert_eq!(
+            ping.xattrs,
+            vec![
+                (b"security.capability".to_vec(), vec![1, 0]),
+                (b"user.note".to_vec(), "h\u{e9}".as_bytes().to_vec())
+            ]
+        );
+        let kinds: Vec<_> = got
+            .iter()
+            .map(|e| {
+                e.clone()
+                    .into_entry(|_| crate::format::Loc::None)
+                    .unwrap()
+                    .kind
+            })
+            .collect();
+        use crate::format::EntryKind as K;
+        assert_eq!(kinds, [K::CharDev, K::BlockDev, K::Fifo, K::File]);
     }
 }

@@ -55,6 +55,16 @@ pub struct Attr {
     pub blocks: u64,
     /// Modification time (also used for atime and ctime), seconds since the epoch.
     pub mtime: i64,
+    /// A device's number in the kernel's 32-bit encoding (`new_encode_dev`, what FUSE's
+    /// `fuse_attr.rdev` carries); 0 for anything else.
+    pub rdev: u32,
+}
+
+/// A device number (`makedev(major, minor)`) as FUSE carries it: the kernel's
+/// `new_encode_dev`.
+pub fn fuse_rdev(rdev: u64) -> u32 {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
 }
 
 /// One directory entry handed to a `readdir` callback.
@@ -158,6 +168,8 @@ pub struct PkgFs {
     next_ino: AtomicU64,
     io: Io,
     reported: Mutex<HashSet<u64>>,
+    /// Extended attributes are served (see [`PkgFs::xattrs_served`]).
+    xattrs: bool,
     /// Request counters.
     pub stats: OpStats,
 }
@@ -193,6 +205,7 @@ impl PkgFs {
             next_ino: AtomicU64::new(view.tree.len() as u64 + 1),
             io: Io::new(cache_bytes),
             reported: Mutex::new(HashSet::new()),
+            xattrs: view.tree.has_xattrs,
             stats: OpStats::default(),
         }
     }
@@ -326,7 +339,12 @@ impl PkgFs {
         }
     }
 
-    fn attr_of(ino: u64, n: &Node) -> Attr {
+    fn attr_of(v: &View, local: u64, ino: u64, n: &Node) -> Attr {
+        let rdev = if n.kind.is_special() {
+            v.tree.extra(local).map_or(0, |x| fuse_rdev(x.rdev))
+        } else {
+            0
+        };
         Attr {
             ino,
             kind: n.kind,
@@ -337,6 +355,7 @@ impl PkgFs {
             size: n.size,
             blocks: n.size.div_ceil(512),
             mtime: n.mtime,
+            rdev,
         }
     }
 
@@ -348,7 +367,7 @@ impl PkgFs {
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         self.stats.getattrs.fetch_add(1, Relaxed);
         let (v, l) = self.find(ino)?;
-        Ok(Self::attr_of(ino, Self::node(&v, l)?))
+        Ok(Self::attr_of(&v, l, ino, Self::node(&v, l)?))
     }
 
     /// Find `name` in directory `parent`. On a live mount this counts as one kernel
@@ -374,7 +393,7 @@ impl PkgFs {
         };
         let ino = v.global(local);
         let node = Self::node(&v, local)?;
-        let attr = Self::attr_of(ino, node);
+        let attr = Self::attr_of(&v, local, ino, node);
         Self::note_known(&v, node);
         if self.live {
             self.note_lookup(&mut lock(&self.inodes), ino, &v, local);
@@ -425,7 +444,7 @@ impl PkgFs {
             let full = add(DirEntry {
                 ino: child_ino,
                 next_offset: pos + 1,
-                attr: Self::attr_of(child_ino, Self::node(&v, child)?),
+                attr: Self::attr_of(&v, child, child_ino, Self::node(&v, child)?),
                 name,
             });
             if full {
@@ -445,6 +464,33 @@ impl PkgFs {
             }
         }
         Ok(())
+    }
+
+    /// Whether extended attributes are served: the first generation had some. (A mount
+    /// without any answers `ENOSYS`, after which the kernel never asks again: an `exec`
+    /// or an `ls -l` then costs no request for them.)
+    pub fn xattrs_served(&self) -> bool {
+        self.xattrs
+    }
+
+    /// The value of extended attribute `name` of `ino`.
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        let (v, l) = self.find(ino)?;
+        let x = v.tree.extra(l).map_or(&[][..], |x| &x.xattrs[..]);
+        x.binary_search_by(|(n, _)| n.as_slice().cmp(name))
+            .map(|i| x[i].1.clone())
+            .map_err(|_| Error::NoXattr)
+    }
+
+    /// The names of the extended attributes of `ino`, each followed by a NUL.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        let (v, l) = self.find(ino)?;
+        let mut out = Vec::new();
+        for (name, _) in v.tree.extra(l).map_or(&[][..], |x| &x.xattrs[..]) {
+            out.extend_from_slice(name);
+            out.push(0);
+        }
+        Ok(out)
     }
 
     /// Target of symlink `ino`.
@@ -633,6 +679,8 @@ mod tests {
                 size: 0,
                 data: Loc::None,
                 link: Vec::new(),
+                rdev: 0,
+                xattrs: Vec::new(),
             })
             .collect();
         let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
@@ -707,5 +755,83 @@ mod tests {
             weak_b.upgrade().is_none(),
             "archive b is released with its generation"
         );
+    }
+
+    fn node(path: &str, kind: EntryKind) -> Entry {
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind,
+            perm: 0o644,
+            mtime: 0,
+            uid: None,
+            gid: None,
+            size: 0,
+            data: Loc::None,
+            link: Vec::new(),
+            rdev: 0,
+            xattrs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn devices_fifos_and_extended_attributes_are_served() {
+        let x = |n: &str, v: &str| (n.as_bytes().to_vec(), v.as_bytes().to_vec());
+        let mut null = node("dev/null", EntryKind::CharDev);
+        null.rdev = libc::makedev(1, 3);
+        null.size = 99; // a device has no data, whatever the archive says
+        let mut disk = node("dev/sda", EntryKind::BlockDev);
+        disk.rdev = libc::makedev(8, 0x123);
+        let mut ping = node("bin/ping", EntryKind::File);
+        ping.xattrs = vec![
+            x("user.z", "1"),
+            x("security.capability", "caps"),
+            x("user.z", "2"),
+        ];
+        let mut link = node("bin/ping6", EntryKind::HardLink);
+        link.link = b"bin/ping".to_vec();
+        let entries = vec![
+            null,
+            disk,
+            node("run/fifo", EntryKind::Fifo),
+            node("run/sock", EntryKind::Socket),
+            ping,
+            link,
+        ];
+        let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
+        b.add_layer(0, 0, &entries);
+        let fs = PkgFs::new(b.finish(), Vec::new(), 0);
+        assert!(fs.xattrs_served());
+        let at = |p: &str| fs.getattr(fs.resolve(p.as_bytes()).unwrap()).unwrap();
+        let n = at("dev/null");
+        assert_eq!((n.kind, n.size, n.rdev), (Kind::CharDev, 0, 0x103));
+        let d = at("dev/sda");
+        // minor 0x123: low byte in bits 0-7, the rest from bit 20 (new_encode_dev).
+        assert_eq!(
+            (d.kind, d.rdev),
+            (Kind::BlockDev, 0x23 | (8 << 8) | (1 << 20))
+        );
+        assert_eq!(at("run/fifo").kind, Kind::Fifo);
+        assert_eq!(at("run/sock").kind, Kind::Socket);
+        assert_eq!(at("run/fifo").rdev, 0);
+        let ping = fs.resolve(b"bin/ping").unwrap();
+        assert_eq!(
+            fs.listxattr(ping).unwrap(),
+            b"security.capability\0user.z\0"
+        );
+        assert_eq!(
+            fs.getxattr(ping, b"user.z").unwrap(),
+            b"2",
+            "the last value wins"
+        );
+        assert_eq!(fs.getxattr(ping, b"security.capability").unwrap(), b"caps");
+        assert!(matches!(fs.getxattr(ping, b"user.y"), Err(Error::NoXattr)));
+        let ping6 = fs.resolve(b"bin/ping6").unwrap();
+        assert_eq!(fs.listxattr(ping6).unwrap(), fs.listxattr(ping).unwrap());
+        let null = fs.resolve(b"dev/null").unwrap();
+        assert_eq!(fs.listxattr(null).unwrap(), b"");
+        // A tree without any extended attribute does not serve them.
+        let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
+        b.add_layer(0, 0, &entries[..4]);
+        assert!(!PkgFs::new(b.finish(), Vec::new(), 0).xattrs_served());
     }
 }

@@ -66,6 +66,10 @@ fn mode_string(kind: Kind, perm: u16) -> String {
         Kind::Dir => 'd',
         Kind::Symlink => 'l',
         Kind::File => '-',
+        Kind::CharDev => 'c',
+        Kind::BlockDev => 'b',
+        Kind::Fifo => 'p',
+        Kind::Socket => 's',
     });
     for (i, c) in "rwxrwxrwx".chars().enumerate() {
         s.push(if perm & (0o400 >> i) != 0 { c } else { '-' });

@@ -182,6 +182,8 @@ fn walk(dir: &Path, cfg: &PackConfig) -> std::io::Result<Vec<Item>> {
                 },
                 data: Loc::None,
                 link,
+                rdev: 0,
+                xattrs: Vec::new(),
             };
             if kind == EntryKind::Dir {
                 subdirs.push((source.clone(), r.clone()));
@@ -248,7 +250,11 @@ fn tar_kind(k: EntryKind) -> TarKind {
         EntryKind::Dir => TarKind::Dir,
         EntryKind::Symlink => TarKind::Symlink,
         EntryKind::HardLink => TarKind::HardLink,
-        EntryKind::Special => TarKind::Other(b'0'),
+        // Never handed to the writer: the walk and the tar conversion skip them.
+        EntryKind::CharDev => TarKind::Other(b'3'),
+        EntryKind::BlockDev => TarKind::Other(b'4'),
+        EntryKind::Fifo => TarKind::Other(b'6'),
+        EntryKind::Socket | EntryKind::Special => TarKind::Other(b'0'),
     }
 }
 
@@ -471,6 +477,8 @@ fn tar_entry(te: &crate::format::tar::TarEntry, cfg: &PackConfig) -> Result<Opti
         size: te.size,
         data: Loc::None,
         link,
+        rdev: 0,
+        xattrs: Vec::new(),
     }))
 }
 

@@ -25,7 +25,7 @@ use fuser::{
 };
 use log::debug;
 
-use super::ops::{Access, Handler, MAX_WRITE, Op, TTL};
+use super::ops::{Access, Handler, MAX_WRITE, Op, TTL, Xattr};
 use super::uring::RingStats;
 use crate::error::Error;
 use crate::fs::{Attr, BLKSIZE, KernelCache};
@@ -56,6 +56,14 @@ fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+fn xattr_reply(reply: ReplyXattr, r: Result<Xattr, Error>) {
+    match r {
+        Ok(Xattr::Size(n)) => reply.size(n),
+        Ok(Xattr::Data(v)) => reply.data(&v),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 /// `fuser`'s session rule for an [`Access`] (the same rule [`super::ops::AccessRule`]
 /// applies on the rings).
 pub fn session_acl(access: Access) -> fuser::SessionACL {
@@ -71,6 +79,10 @@ fn file_type(kind: Kind) -> FileType {
         Kind::File => FileType::RegularFile,
         Kind::Dir => FileType::Directory,
         Kind::Symlink => FileType::Symlink,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
     }
 }
 
@@ -97,7 +109,7 @@ fn file_attr(a: &Attr) -> FileAttr {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.rdev,
         blksize: BLKSIZE,
         flags: 0,
     }
@@ -263,19 +275,12 @@ impl Filesystem for Fuse {
         reply.error(self.refusal(Op::Ioctl));
     }
 
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        reply.error(self.refusal(Op::Getxattr));
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, self.h.getxattr(ino.0, name.as_bytes(), size));
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
-        reply.error(self.refusal(Op::Listxattr));
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, self.h.listxattr(ino.0, size));
     }
 
     fn flush(

@@ -53,6 +53,7 @@ pub const NEGATIVE: Attr = Attr {
     size: 0,
     blocks: 0,
     mtime: 0,
+    rdev: 0,
 };
 
 /// The operations of the FUSE protocol (`enum fuse_opcode` of `linux/fuse.h`).
@@ -268,6 +269,8 @@ impl Op {
             | Op::Readdir
             | Op::Readdirplus
             | Op::Statfs
+            | Op::Getxattr
+            | Op::Listxattr
             | Op::Init
             | Op::Destroy
             | Op::Interrupt => Served,
@@ -289,9 +292,8 @@ impl Op {
             | Op::CopyFileRange => ReadOnly,
             Op::Ioctl => NoIoctl,
             // OPEN and OPENDIR: the kernel keeps every cache; RELEASE(DIR) never come
-            // then. The rest: nothing to do, and the kernel stops asking. GETXATTR and
-            // LISTXATTR: archives carry no extended attributes. ACCESS: the mount uses
-            // default_permissions, the kernel checks modes itself.
+            // then. The rest: nothing to do, and the kernel stops asking. ACCESS: the
+            // mount uses default_permissions, the kernel checks modes itself.
             Op::Open
             | Op::Opendir
             | Op::Release
@@ -299,8 +301,6 @@ impl Op {
             | Op::Flush
             | Op::Fsync
             | Op::Fsyncdir
-            | Op::Getxattr
-            | Op::Listxattr
             | Op::Access
             | Op::Getlk
             | Op::Setlk
@@ -529,6 +529,46 @@ impl Handler {
     pub fn statfs(&self) -> Result<StatFs, Error> {
         guarded(Op::Statfs, || Ok(self.fs.statfs()))
     }
+
+    /// GETXATTR: with `size` 0 the value's length, else the value if it fits. A mount
+    /// without extended attributes declines (`ENOSYS`: the kernel stops asking).
+    pub fn getxattr(&self, ino: u64, name: &[u8], size: u32) -> Result<Xattr, Error> {
+        guarded(Op::Getxattr, || {
+            if !self.fs.xattrs_served() {
+                return Err(Error::Declined);
+            }
+            sized(self.fs.getxattr(ino, name)?, size)
+        })
+    }
+
+    /// LISTXATTR: the names, each followed by a NUL, sized as GETXATTR's value is.
+    pub fn listxattr(&self, ino: u64, size: u32) -> Result<Xattr, Error> {
+        guarded(Op::Listxattr, || {
+            if !self.fs.xattrs_served() {
+                return Err(Error::Declined);
+            }
+            sized(self.fs.listxattr(ino)?, size)
+        })
+    }
+}
+
+/// The answer to GETXATTR or LISTXATTR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Xattr {
+    /// The length (the caller asked with size 0).
+    Size(u32),
+    /// The bytes.
+    Data(Vec<u8>),
+}
+
+/// `value` for a caller with a buffer of `size` bytes (0: it asks for the length).
+fn sized(value: Vec<u8>, size: u32) -> Result<Xattr, Error> {
+    let len = u32::try_from(value.len()).map_err(|_| Error::Range)?;
+    match size {
+        0 => Ok(Xattr::Size(len)),
+        s if s < len => Err(Error::Range),
+        _ => Ok(Xattr::Data(value)),
+    }
 }
 
 /// Run a handler body, turning panics into [`Error::Internal`]. Data errors are logged
@@ -619,7 +659,7 @@ mod tests {
     fn refusals_are_the_table_s_errors() {
         let (_d, h) = handler(None);
         assert_eq!(h.refuse(Op::Unlink).errno(), libc::EROFS);
-        assert_eq!(h.refuse(Op::Getxattr).errno(), libc::ENOSYS);
+        assert_eq!(h.refuse(Op::Flush).errno(), libc::ENOSYS);
         assert_eq!(h.refuse(Op::Ioctl).errno(), libc::ENOTTY);
         // A served operation sent down the refusal path is a bug, still an errno.
         assert_eq!(h.refuse(Op::Read).errno(), libc::EIO);
@@ -731,5 +771,51 @@ mod tests {
             libc::EIO
         );
         assert!(h.1.lookup(ROOT_INO, b"top").is_ok());
+    }
+
+    #[test]
+    fn extended_attributes_are_sized_as_the_caller_asks_and_declined_when_absent() {
+        let (_d, zip) = handler(None);
+        assert!(matches!(
+            zip.getxattr(ROOT_INO, b"user.a", 0),
+            Err(Error::Declined)
+        ));
+        assert!(matches!(zip.listxattr(ROOT_INO, 0), Err(Error::Declined)));
+        let mut e = crate::format::Entry {
+            path: b"f".to_vec(),
+            kind: crate::format::EntryKind::File,
+            perm: 0o644,
+            mtime: 0,
+            uid: None,
+            gid: None,
+            size: 0,
+            data: crate::format::Loc::None,
+            link: Vec::new(),
+            rdev: 0,
+            xattrs: vec![(b"user.a".to_vec(), b"value".to_vec())],
+        };
+        let mut b = crate::tree::TreeBuilder::new(crate::tree::Ownership::defaults(0, 0));
+        b.add_layer(0, 0, std::slice::from_mut(&mut e));
+        let h = Handler::new(Arc::new(PkgFs::new(b.finish(), Vec::new(), 0)), None);
+        let f = h.fs.resolve(b"f").unwrap();
+        assert_eq!(h.getxattr(f, b"user.a", 0).unwrap(), Xattr::Size(5));
+        assert_eq!(
+            h.getxattr(f, b"user.a", 64).unwrap(),
+            Xattr::Data(b"value".to_vec())
+        );
+        assert_eq!(
+            h.getxattr(f, b"user.a", 4).unwrap_err().errno(),
+            libc::ERANGE
+        );
+        assert_eq!(
+            h.getxattr(f, b"user.b", 64).unwrap_err().errno(),
+            libc::ENODATA
+        );
+        assert_eq!(h.listxattr(f, 0).unwrap(), Xattr::Size(7));
+        assert_eq!(h.listxattr(ROOT_INO, 64).unwrap(), Xattr::Data(Vec::new()));
+        assert_eq!(
+            h.getxattr(999_999, b"user.a", 0).unwrap_err().errno(),
+            libc::ENOENT
+        );
     }
 }

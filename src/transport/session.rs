@@ -35,6 +35,10 @@ pub struct MountOptions {
     pub noexec: bool,
     /// `noatime`.
     pub noatime: bool,
+    /// Honour setuid bits (else `nosuid`).
+    pub suid: bool,
+    /// Honour device nodes (else `nodev`).
+    pub dev: bool,
     /// FUSE worker threads on `/dev/fuse`.
     pub threads: usize,
 }
@@ -89,8 +93,8 @@ fn fuser_config(o: &MountOptions) -> fuser::Config {
     let mut config = fuser::Config::default();
     let mut opts = vec![
         O::RO,
-        O::NoSuid,
-        O::NoDev,
+        if o.suid { O::Suid } else { O::NoSuid },
+        if o.dev { O::Dev } else { O::NoDev },
         O::DefaultPermissions,
         O::FSName(o.fsname.clone()),
         O::Subtype(SUBTYPE.into()),
@@ -160,7 +164,13 @@ fn kernel_mount(dev: &std::fs::File, target: &Path, o: &MountOptions) -> std::io
         // allow_root is enforced by the session's rule on top of the kernel's allow_other.
         data.push_str(",allow_other");
     }
-    let mut flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    let mut flags = libc::MS_RDONLY;
+    if !o.suid {
+        flags |= libc::MS_NOSUID;
+    }
+    if !o.dev {
+        flags |= libc::MS_NODEV;
+    }
     if o.noexec {
         flags |= libc::MS_NOEXEC;
     }

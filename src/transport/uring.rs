@@ -27,10 +27,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use log::{debug, error, warn};
 
-use super::ops::{AccessRule, Handler, MAX_WRITE, Op, TTL};
+use super::ops::{AccessRule, Handler, MAX_WRITE, Op, TTL, Xattr};
 use crate::error::Error;
 use crate::fs::{Attr, BLKSIZE, DirEntry};
-use crate::tree::Kind;
 
 // The request header an entry receives: `struct fuse_uring_req_header`.
 const IN_OUT: usize = 0; // struct fuse_in_header / fuse_out_header
@@ -433,6 +432,24 @@ impl Queue {
                 out[48..52].copy_from_slice(&s.bsize.to_ne_bytes());
                 Ok(put(payload, 0, &out))
             }
+            Op::Getxattr | Op::Listxattr => {
+                // `struct fuse_getxattr_in` (size, padding); GETXATTR's name, NUL-ended,
+                // is the payload.
+                let size = u32_at(op_in, 0);
+                let r = if op == Op::Getxattr {
+                    let name = &payload[..in_len];
+                    let name = name.strip_suffix(&[0]).unwrap_or(name);
+                    h.getxattr(nodeid, name, size)?
+                } else {
+                    h.listxattr(nodeid, size)?
+                };
+                match r {
+                    // `struct fuse_getxattr_out`.
+                    Xattr::Size(n) => Ok(put(payload, 0, &u64::from(n).to_ne_bytes())),
+                    Xattr::Data(v) if v.len() <= payload.len() => Ok(put(payload, 0, &v)),
+                    Xattr::Data(_) => Err(Error::Range),
+                }
+            }
             Op::Destroy => Ok(0),
             // INIT, FORGET and INTERRUPT never come on a ring; everything else is the
             // table's refusal.
@@ -460,12 +477,7 @@ fn put(buf: &mut [u8], at: usize, bytes: &[u8]) -> usize {
 }
 
 fn mode(a: &Attr) -> u32 {
-    let t = match a.kind {
-        Kind::File => libc::S_IFREG,
-        Kind::Dir => libc::S_IFDIR,
-        Kind::Symlink => libc::S_IFLNK,
-    };
-    t | u32::from(a.perm)
+    a.kind.mode_bits() | u32::from(a.perm)
 }
 
 /// `struct fuse_attr`, as `fuser` fills it (times in whole seconds).
@@ -489,6 +501,7 @@ fn fuse_attr(a: &Attr) -> [u8; 88] {
         (64, a.nlink),
         (68, a.uid),
         (72, a.gid),
+        (76, a.rdev),
         (80, BLKSIZE),
     ] {
         o[at..at + 4].copy_from_slice(&v.to_ne_bytes());
@@ -533,6 +546,7 @@ fn dirent(buf: &mut [u8], e: &DirEntry<'_>, plus: bool) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tree::Kind;
 
     fn attr(kind: Kind) -> Attr {
         Attr {
@@ -545,6 +559,7 @@ mod tests {
             size: 12345,
             blocks: 25,
             mtime: 1_700_000_000,
+            rdev: 0,
         }
     }
 

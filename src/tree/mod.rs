@@ -49,6 +49,64 @@ pub enum Kind {
     Dir,
     /// Symbolic link.
     Symlink,
+    /// Character device (its number in [`Extra::rdev`]).
+    CharDev,
+    /// Block device (its number in [`Extra::rdev`]).
+    BlockDev,
+    /// FIFO.
+    Fifo,
+    /// Socket.
+    Socket,
+}
+
+impl Kind {
+    /// The file type bits of `st_mode` (`S_IFREG`…).
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::File => libc::S_IFREG,
+            Kind::Dir => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
+            Kind::CharDev => libc::S_IFCHR,
+            Kind::BlockDev => libc::S_IFBLK,
+            Kind::Fifo => libc::S_IFIFO,
+            Kind::Socket => libc::S_IFSOCK,
+        }
+    }
+
+    /// Devices, FIFOs and sockets: nodes with no data.
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            Kind::CharDev | Kind::BlockDev | Kind::Fifo | Kind::Socket
+        )
+    }
+}
+
+/// What few nodes have: a device number, extended attributes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Extra {
+    /// A device's number (`makedev(major, minor)`); 0 for anything else.
+    pub rdev: u64,
+    /// Extended attributes, by name (sorted, each name once).
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Extra {
+    /// The extra of an entry, if it has any.
+    fn of(e: &Entry) -> Option<Box<Extra>> {
+        if e.rdev == 0 && e.xattrs.is_empty() {
+            return None;
+        }
+        let mut xattrs = e.xattrs.clone();
+        // The last value of a name wins, as the archive's order says.
+        xattrs.reverse();
+        xattrs.sort_by(|a, b| a.0.cmp(&b.0));
+        xattrs.dedup_by(|a, b| a.0 == b.0);
+        Some(Box::new(Extra {
+            rdev: e.rdev,
+            xattrs,
+        }))
+    }
 }
 
 /// Who owns nodes whose archive records no owner, and whether to override recorded ones.
@@ -154,9 +212,19 @@ pub struct Tree {
     pub skipped: Vec<Skipped>,
     /// Sum of the sizes of all files.
     pub total_bytes: u64,
+    /// Device numbers and extended attributes, by node.
+    extras: HashMap<u64, Box<Extra>>,
+    /// Whether any node has extended attributes.
+    pub has_xattrs: bool,
 }
 
 impl Tree {
+    /// The device number and extended attributes of node `ino` (after hard links are
+    /// followed: see [`Tree::canonical`]).
+    pub fn extra(&self, ino: u64) -> Option<&Extra> {
+        self.extras.get(&self.canonical(ino)).map(|b| &**b)
+    }
+
     /// The node of inode `ino`, if it exists.
     pub fn node(&self, ino: u64) -> Option<&Node> {
         let idx = usize::try_from(ino.checked_sub(1)?).ok()?;
@@ -314,6 +382,8 @@ struct Building {
     children: u32,
     /// Hard-link group: nodes with the same group share one inode.
     group: Option<u32>,
+    /// Device number, extended attributes.
+    extra: Option<Box<Extra>>,
 }
 
 /// Whether `path` (`/`-separated) is the path of the components `comps`.
@@ -370,6 +440,7 @@ impl TreeBuilder {
             member: None,
             children: NO_CHILDREN,
             group: None,
+            extra: None,
         };
         TreeBuilder {
             nodes: vec![root],
@@ -403,6 +474,7 @@ impl TreeBuilder {
             member: None,
             children: NO_CHILDREN,
             group: None,
+            extra: None,
         }
     }
 
@@ -440,12 +512,20 @@ impl TreeBuilder {
                 EntryKind::File => Kind::File,
                 EntryKind::Dir => Kind::Dir,
                 EntryKind::Symlink => Kind::Symlink,
+                EntryKind::CharDev => Kind::CharDev,
+                EntryKind::BlockDev => Kind::BlockDev,
+                EntryKind::Fifo => Kind::Fifo,
+                EntryKind::Socket => Kind::Socket,
                 EntryKind::HardLink => {
                     self.hard_link(archive, archive_mtime, &comps, entry);
                     continue;
                 }
                 EntryKind::Special => {
-                    self.skip(archive, entry, "device, FIFO or socket".into());
+                    self.skip(
+                        archive,
+                        entry,
+                        "a sparse file or an entry of an unknown type".into(),
+                    );
                     continue;
                 }
             };
@@ -551,12 +631,15 @@ impl TreeBuilder {
             size: t.size,
             data: Loc::None,
             link: Vec::new(),
+            rdev: 0,
+            xattrs: Vec::new(),
         };
-        let (kind, member) = (t.kind, t.member.clone());
+        let (kind, member, extra) = (t.kind, t.member.clone(), t.extra.clone());
         if let Some(idx) = self.insert(archive, archive_mtime, comps, kind, &linked) {
             let n = &mut self.nodes[idx];
             n.member = member;
             n.group = Some(group);
+            n.extra = extra;
         }
     }
 
@@ -654,6 +737,7 @@ impl TreeBuilder {
         };
         let loc = match (&e.data, kind) {
             (_, Kind::Dir) => None,
+            (_, k) if k.is_special() => None,
             (Loc::None, Kind::Symlink) => Some(Loc::Inline(e.link.clone().into_boxed_slice())),
             (Loc::None, _) => Some(Loc::Inline(Box::default())),
             (loc, _) => Some(loc.clone()),
@@ -669,12 +753,17 @@ impl TreeBuilder {
             mtime: e.mtime,
             uid,
             gid,
-            size: if kind == Kind::Dir { 0 } else { e.size },
+            size: if kind == Kind::Dir || kind.is_special() {
+                0
+            } else {
+                e.size
+            },
             archive,
             explicit: true,
             member,
             children: NO_CHILDREN,
             group: None,
+            extra: Extra::of(e),
         };
         match self.child(dir, last) {
             None => Some(self.push_child(dir, last.to_vec(), node)),
@@ -689,6 +778,7 @@ impl TreeBuilder {
                         old.gid = node.gid;
                         old.archive = archive;
                         old.explicit = true;
+                        old.extra = node.extra;
                         Some(existing)
                     }
                     (true, false) => {
@@ -756,6 +846,7 @@ impl TreeBuilder {
         let mut names = Vec::new();
         let mut members = Vec::new();
         let mut total_bytes = 0u64;
+        let mut extras: HashMap<u64, Box<Extra>> = HashMap::new();
         let mut groups: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         // Queue of (building index, parent inode, name); the output index is the queue
         // position.
@@ -786,6 +877,9 @@ impl TreeBuilder {
             if let Some(g) = b.group {
                 groups.entry(g).or_default().push(ino);
             }
+            if let Some(x) = b.extra.take() {
+                extras.insert(ino, x);
+            }
             let (a, count, nlink) = match (b.kind, b.member.take()) {
                 (Kind::Dir, _) => (first_child, count, 0),
                 (_, Some(m)) => {
@@ -793,7 +887,7 @@ impl TreeBuilder {
                     members.push(m);
                     ((members.len() - 1) as u64, 0, 1)
                 }
-                // Unreachable in practice: every file has a member. Give it no data.
+                // Devices, FIFOs and sockets: no data.
                 (_, None) => (u64::MAX, 0, 1),
             };
             out.push(Node {
@@ -838,6 +932,13 @@ impl TreeBuilder {
                 out[i].nlink = 2 + subdirs as u32;
             }
         }
+        // A hard link's names share the first name's extras (as they share its inode).
+        for inos in groups.values() {
+            for &ino in &inos[1..] {
+                extras.remove(&ino);
+            }
+        }
+        let has_xattrs = extras.values().any(|x| !x.xattrs.is_empty());
         Tree {
             nodes: out,
             names,
@@ -845,6 +946,8 @@ impl TreeBuilder {
             conflicts,
             skipped,
             total_bytes,
+            extras,
+            has_xattrs,
         }
     }
 }
@@ -866,6 +969,8 @@ mod tests {
             size,
             data: Loc::Record(size as u32),
             link: Vec::new(),
+            rdev: 0,
+            xattrs: Vec::new(),
         }
     }
 
@@ -880,6 +985,8 @@ mod tests {
             size: 0,
             data: Loc::None,
             link: Vec::new(),
+            rdev: 0,
+            xattrs: Vec::new(),
         }
     }
 

@@ -385,6 +385,8 @@ pub(crate) mod testing {
             size: 1,
             data: Loc::Record(off as u32),
             link: Vec::new(),
+            rdev: 0,
+            xattrs: Vec::new(),
         }
     }
 

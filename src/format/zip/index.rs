@@ -438,6 +438,8 @@ fn parse_record(
         size: if kind == EntryKind::Dir { 0 } else { size },
         data: Loc::None,
         link: Vec::new(),
+        rdev: 0,
+        xattrs: Vec::new(),
     };
     Ok((entry, record))
 }
