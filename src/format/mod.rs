@@ -11,10 +11,13 @@
 //! Adding a format is a module here and a line in [`FORMATS`].
 
 pub mod cache;
+pub mod plaintar;
 pub mod seekable;
 pub mod tar;
 pub mod targz;
+pub mod toc;
 pub mod zip;
+pub mod zstdtar;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
+use crate::io::digest::Digest;
 use crate::io::{Io, ReadData, Span};
 
 pub use self::cache::IndexCache;
@@ -142,9 +146,46 @@ pub trait IndexProgress: Sync {
     fn indexing(&self, name: &Path, done: u64, total: u64);
 }
 
+/// What an image's manifest promises about a layer, for the format to check as it opens
+/// it (see [`open_layer`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerCheck {
+    /// The digest the layer must have.
+    pub digest: Digest,
+    /// What it is the digest of.
+    pub of: DigestOf,
+    /// The digest of the layer's table of contents, when the manifest gives one
+    /// (zstd:chunked's `manifest-checksum`, eStargz's `toc.digest`): a format that reads
+    /// the layer through its table checks this one instead, and every chunk it serves
+    /// against the table's own digests.
+    pub toc: Option<Digest>,
+}
+
+/// What a layer's digest covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DigestOf {
+    /// The blob as stored (OCI descriptors).
+    Blob,
+    /// The uncompressed tar stream (a docker archive's `diff_ids`).
+    Tar,
+}
+
+/// How much of a layer a format checked while opening it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// Nothing: whoever needs the layer checked reads it whole.
+    Nothing,
+    /// The layer's digest (its index pass hashed every byte).
+    Digest,
+    /// The digest of its table of contents; chunks are checked as they are read.
+    Toc,
+}
+
 /// What opening needs besides the blob.
 #[derive(Clone, Copy, Default)]
 pub struct OpenContext<'a> {
+    /// The promises of an image manifest about this blob, if it is an image's layer.
+    pub layer: Option<&'a LayerCheck>,
     /// Where to keep indexes that cost a pass over the data to make (None: no cache).
     pub index_cache: Option<&'a IndexCache>,
     /// An archive larger than this that needs a pass over its data (its index is in no
@@ -158,6 +199,7 @@ pub struct OpenContext<'a> {
 impl std::fmt::Debug for OpenContext<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OpenContext")
+            .field("layer", &self.layer)
             .field("index_cache", &self.index_cache)
             .field("defer_over", &self.defer_over)
             .field("progress", &self.progress.is_some())
@@ -229,6 +271,8 @@ pub struct Opened {
     pub entries: Vec<Entry>,
     /// Where the index came from.
     pub origin: IndexOrigin,
+    /// What of [`OpenContext::layer`] was checked.
+    pub checked: Checked,
 }
 
 /// One archive format.
@@ -245,7 +289,14 @@ pub trait Format: Sync {
 /// recognised by its last bytes, a ZIP by its end record near the end: a file that is
 /// both (one appended to the other) is read as the one whose index ends it. A gzip tar
 /// archive is recognised by its first bytes (and the tar header they decode to).
-pub static FORMATS: &[&dyn Format] = &[&seekable::SeekableZstd, &zip::Zip, &targz::TarGz];
+pub static FORMATS: &[&dyn Format] = &[
+    &toc::Toc,
+    &seekable::SeekableZstd,
+    &zip::Zip,
+    &targz::TarGz,
+    &zstdtar::ZstdTar,
+    &plaintar::Tar,
+];
 
 /// An archive with its format's read path.
 #[derive(Debug)]

@@ -615,6 +615,7 @@ impl Format for SeekableZstd {
             package: Box::new(SeekablePackage { table }),
             entries,
             origin,
+            checked: super::Checked::Nothing,
         }))
     }
 }

@@ -199,13 +199,55 @@ pub fn is_header(block: &[u8]) -> bool {
     h.iter().all(|&b| b == 0) || checksum_ok(h).unwrap_or(false)
 }
 
-/// A reader that counts its position.
-struct Counting<R> {
-    inner: R,
+/// What a tar walk reads: a stream, which skips by reading, or a blob, which skips by
+/// moving on (only the headers of an uncompressed archive are read).
+trait Input {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Skip up to `n` bytes; how many there were.
+    fn skip(&mut self, n: u64) -> io::Result<u64>;
+}
+
+/// A stream as [`Input`].
+struct Stream<R>(R);
+
+impl<R: Read> Input for Stream<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+    fn skip(&mut self, n: u64) -> io::Result<u64> {
+        io::copy(&mut (&mut self.0).take(n), &mut io::sink())
+    }
+}
+
+/// A blob as [`Input`]: positional reads from `pos`.
+struct At<'a> {
+    blob: &'a dyn crate::io::blob::Blob,
     pos: u64,
 }
 
-impl<R: Read> Counting<R> {
+impl Input for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = (self.blob.size().saturating_sub(self.pos)).min(buf.len() as u64) as usize;
+        self.blob
+            .read_exact_at(&mut buf[..n], self.pos)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+    fn skip(&mut self, n: u64) -> io::Result<u64> {
+        let k = n.min(self.blob.size().saturating_sub(self.pos));
+        self.pos += k;
+        Ok(k)
+    }
+}
+
+/// An input that counts its position.
+struct Counting<I> {
+    inner: I,
+    pos: u64,
+}
+
+impl<I: Input> Counting<I> {
     /// Fill `buf` completely; `Ok(false)` at a clean end of stream before any byte.
     fn block(&mut self, buf: &mut [u8]) -> Result<bool, TarError> {
         let mut got = 0;
@@ -222,16 +264,17 @@ impl<R: Read> Counting<R> {
         Ok(true)
     }
 
+    /// Skip up to `n` bytes; how many there were.
+    fn skip(&mut self, n: u64) -> Result<u64, TarError> {
+        let got = self.inner.skip(n).map_err(TarError::Io)?;
+        self.pos += got;
+        Ok(got)
+    }
+
     /// Skip `n` bytes.
     fn skip_exact(&mut self, n: u64) -> Result<(), TarError> {
-        let mut left = n;
-        let mut buf = [0u8; 16 * BLOCK];
-        while left > 0 {
-            let want = left.min(buf.len() as u64) as usize;
-            if !self.block(&mut buf[..want])? {
-                return Err(format_err("tar stream ends inside an entry's data"));
-            }
-            left -= want as u64;
+        if self.skip(n)? < n {
+            return Err(format_err("tar stream ends inside an entry's data"));
         }
         Ok(())
     }
@@ -372,12 +415,12 @@ pub fn scan<R: Read>(r: R) -> Result<Vec<TarEntry>, TarError> {
 }
 
 /// An entry's data as the stream goes by: at most the entry's size.
-struct Data<'a, R> {
-    r: &'a mut Counting<R>,
+struct Data<'a, I> {
+    r: &'a mut Counting<I>,
     left: u64,
 }
 
-impl<R: Read> Read for Data<'_, R> {
+impl<I: Input> Read for Data<'_, I> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let want = buf
             .len()
@@ -402,9 +445,36 @@ impl<R: Read> Read for Data<'_, R> {
 /// (files only; empty for other kinds). Whatever `f` leaves unread is skipped.
 pub fn each<R: Read>(
     r: R,
+    f: impl FnMut(&TarEntry, &mut dyn Read) -> Result<(), TarError>,
+) -> Result<(), TarError> {
+    walk(
+        Counting {
+            inner: Stream(r),
+            pos: 0,
+        },
+        f,
+    )
+}
+
+/// Walk the entry headers of the uncompressed tar archive `blob` in place: one read per
+/// header, the data skipped without being read.
+pub fn walk_blob(
+    blob: &dyn crate::io::blob::Blob,
+    mut f: impl FnMut(&TarEntry) -> Result<(), TarError>,
+) -> Result<(), TarError> {
+    walk(
+        Counting {
+            inner: At { blob, pos: 0 },
+            pos: 0,
+        },
+        |e, _| f(e),
+    )
+}
+
+fn walk<I: Input>(
+    mut r: Counting<I>,
     mut f: impl FnMut(&TarEntry, &mut dyn Read) -> Result<(), TarError>,
 ) -> Result<(), TarError> {
-    let mut r = Counting { inner: r, pos: 0 };
     let mut global = Overrides::default();
     let mut local = Overrides::default();
     let mut first_header: Option<u64> = None;
@@ -529,7 +599,13 @@ pub fn each<R: Read>(
         // What `f` left, and the data hard links and directories may still carry in odd
         // archives: skipped, with the padding.
         let read = entry.size - data.left;
-        r.skip_exact(size.div_ceil(BLOCK as u64) * BLOCK as u64 - read)?;
+        r.skip_exact(size - read)?;
+        // An archive may end right after the last entry's data, without padding or end
+        // blocks (umoci 0.4's layers): that is its end.
+        let pad = size.div_ceil(BLOCK as u64) * BLOCK as u64 - size;
+        if r.skip(pad)? < pad {
+            break;
+        }
     }
     Ok(())
 }
@@ -874,7 +950,7 @@ mod tests {
         let err = scan(&bytes[..]).unwrap_err();
         assert!(err.to_string().contains("ends inside"), "{err}");
         let mut r = Counting {
-            inner: &bytes[..],
+            inner: Stream(&bytes[..]),
             pos: 0,
         };
         let mut h = [0u8; BLOCK];
@@ -904,7 +980,18 @@ mod tests {
         assert!(scan(&t.w[..]).is_err());
         // Truncated in the middle of data.
         let (bytes, _) = write_all(&[(entry(b"a", TarKind::File, 3, &[]), b"abc")]);
-        assert!(scan(&bytes[..600]).is_err());
+        assert!(scan(&bytes[..514]).is_err());
+        // Cut after the data, without padding or end blocks (umoci 0.4 wrote layers so):
+        // the end of the archive, everywhere.
+        assert_eq!(scan(&bytes[..515]).unwrap().len(), 1);
+        let blob = crate::io::blob::Bytes::new("cut", bytes[..515].to_vec());
+        let mut n = 0;
+        walk_blob(&blob, |_| {
+            n += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(n, 1);
         assert!(pax_records(b"99999 path=x\n").is_err());
         assert!(number(b"12x4").is_err());
     }

@@ -35,12 +35,13 @@ use std::sync::Arc;
 use log::warn;
 
 use super::{
-    Archive, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe,
-    Reading,
+    Archive, DigestOf, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package,
+    Probe, Reading,
 };
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
 use crate::io::cache::Block;
+use crate::io::digest::{Hasher, mismatch};
 use crate::io::inflate::{Inflater, OneShot, WINDOW};
 use crate::io::{BLOCK_SIZE, BlockKey, ReadData, Span, gather};
 
@@ -206,17 +207,29 @@ impl Format for TarGz {
         }
         let (idx, entries, origin) = index(&**blob, cx)?;
         let package = TarGzPackage::new(idx, &entries);
+        let checked = if cx.layer.is_some() {
+            super::Checked::Digest
+        } else {
+            super::Checked::Nothing
+        };
         Ok(Some(Opened {
             package: Box::new(package),
             entries,
             origin,
+            checked,
         }))
     }
 }
 
 /// The index of `blob`: from the cache, else by a pass (stored in the cache after).
 fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>, IndexOrigin)> {
-    let key = cx.index_cache.map(|c| (c, c.key("tar.gz", blob, "")));
+    // An index made by a pass that checked a layer's digest is kept apart from one that
+    // did not: a cached index of a layer is a checked one.
+    let extra = cx
+        .layer
+        .map(|l| format!("{} {:?}", l.digest, l.of))
+        .unwrap_or_default();
+    let key = cx.index_cache.map(|c| (c, c.key("tar.gz", blob, &extra)));
     if let Some((c, k)) = &key
         && let Some(bytes) = c.load(k)
     {
@@ -299,6 +312,7 @@ fn pass(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
     while ix.produce()? {
         ix.ostart = ix.oend;
     }
+    ix.check_digest()?;
     if let Some(p) = cx.progress
         && blob.size() > REPORT_EVERY
     {
@@ -361,6 +375,11 @@ struct Indexer<'a> {
     member_point: bool,
     /// The next member starts a point (the one before failed).
     force_point: bool,
+    /// The hash of the blob so far, and how many bytes it covers (an image layer's
+    /// digest of the blob is checked by the pass).
+    blob_hash: Option<(Hasher, u64)>,
+    /// The hash of the output so far (a digest of the tar stream).
+    out_hash: Option<Hasher>,
 }
 
 impl<'a> Indexer<'a> {
@@ -386,7 +405,45 @@ impl<'a> Indexer<'a> {
             member_seg_crc: crc32fast::Hasher::new(),
             member_point: false,
             force_point: false,
+            blob_hash: cx
+                .layer
+                .filter(|l| l.of == DigestOf::Blob)
+                .map(|l| (l.digest.hasher(), 0)),
+            out_hash: cx
+                .layer
+                .filter(|l| l.of == DigestOf::Tar)
+                .map(|l| l.digest.hasher()),
         }
+    }
+
+    /// Check an image layer's digest (after the pass): the bytes the pass did not read
+    /// (garbage after the end) are hashed too.
+    fn check_digest(&mut self) -> Result<()> {
+        let Some(layer) = self.cx.layer else {
+            return Ok(());
+        };
+        let got = match (self.blob_hash.take(), self.out_hash.take()) {
+            (Some((mut h, mut at)), _) => {
+                let mut buf = vec![0u8; PASS_CHUNK];
+                while at < self.size {
+                    let n = (self.size - at).min(PASS_CHUNK as u64) as usize;
+                    self.blob.read_exact_at(&mut buf[..n], at)?;
+                    h.update(&buf[..n]);
+                    at += n as u64;
+                }
+                h.finish()
+            }
+            (None, Some(h)) => h.finish(),
+            (None, None) => return Ok(()),
+        };
+        if got != layer.digest {
+            return Err(mismatch(
+                &format!("layer {}", self.blob.name().display()),
+                &layer.digest,
+                &got,
+            ));
+        }
+        Ok(())
     }
 
     /// Blob offset of the next unconsumed byte.
@@ -411,6 +468,12 @@ impl<'a> Indexer<'a> {
             let at = self.input.len();
             self.input.resize(at + take, 0);
             self.blob.read_exact_at(&mut self.input[at..], end)?;
+            if let Some((h, hashed)) = &mut self.blob_hash
+                && *hashed == end
+            {
+                h.update(&self.input[at..]);
+                *hashed += take as u64;
+            }
             if let Some(p) = self.cx.progress
                 && end + take as u64 >= self.next_report
             {
@@ -446,6 +509,9 @@ impl<'a> Indexer<'a> {
 
     fn output(&mut self, n: usize) {
         let bytes = &self.obuf[self.oend..self.oend + n];
+        if let Some(h) = &mut self.out_hash {
+            h.update(bytes);
+        }
         self.member_crc.update(bytes);
         self.seg_crc.update(bytes);
         self.out += n as u64;

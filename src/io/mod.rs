@@ -3,6 +3,7 @@
 //! - [`blob`]: byte sources (local files, slices of other blobs, objects of a source);
 //! - [`cache`]: the byte-budgeted cache of decoded blocks, shared by every archive of a
 //!   mount and every generation of it;
+//! - [`digest`]: content digests (`sha256:…`) and the hashing that checks them;
 //! - [`inflate`]: deflate decoders that can be copied mid-stream, and the one-call one;
 //! - [`Io`] (here): the cache with its fill slots (concurrent misses on one block share
 //!   one decompression, and a decoder parks in its slot between reads), the store of
@@ -14,6 +15,7 @@
 
 pub mod blob;
 pub mod cache;
+pub mod digest;
 pub mod inflate;
 
 use std::any::Any;

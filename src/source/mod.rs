@@ -497,6 +497,7 @@ impl Packages {
             .collect();
         let progress = self.opts.progress.clone();
         let cx = OpenContext {
+            layer: None,
             index_cache: self.opts.index_cache.as_ref(),
             // A rescan of a live mount does not wait for long passes.
             defer_over: (!first && self.background.is_some()).then_some(BACKGROUND_OVER),

@@ -77,6 +77,7 @@ impl Format for Zip {
                 package: Box::new(ZipPackage::new(idx.records)),
                 entries: idx.entries,
                 origin: super::IndexOrigin::Archive,
+                checked: super::Checked::Nothing,
             })),
             Err(IndexError::NotZip) => Ok(None),
             Err(IndexError::Bad(e)) => Err(e),
