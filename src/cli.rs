@@ -3,12 +3,14 @@
 //! Stage one is [`Cli`], exactly what the user typed; stage two is [`Command`], validated
 //! values the rest of the program uses without knowing about clap (the ripgrep/fd split).
 
+use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
 pub use crate::transport::ops::Access;
+use crate::source::image::{ImageRef, Platform, Transport};
 use crate::tree::Ownership;
 
 /// Arguments that parse but make no sense: exit status 2, as clap's own errors.
@@ -53,10 +55,13 @@ pub struct Cli {
 enum CliCommand {
     /// Mount archives and directories of archives, merged, at MOUNTPOINT.
     ///
-    /// Each SOURCE is an archive file or a directory whose archives (found by content,
-    /// not extension) are mounted. Later sources win when two provide the same path;
-    /// inside a directory, archives are layered in byte order of their names. Returns
-    /// once the mount answers; the daemon stays in the background unless --foreground.
+    /// Each SOURCE is an archive file, a directory whose archives (found by content,
+    /// not extension) are mounted, or a container image: oci:DIR[:TAG] (an OCI image
+    /// layout), oci-archive:FILE[:TAG], docker-archive:FILE[:NAME:TAG|:@N], its layers
+    /// mounted in place with whiteouts honoured. Later sources win when two provide the
+    /// same path; inside a directory, archives are layered in byte order of their names.
+    /// Returns once the mount answers; the daemon stays in the background unless
+    /// --foreground.
     ///
     /// Directory sources are watched: packages added, removed or replaced there are
     /// activated in the mounted tree without a remount (see --no-watch). Installed as
@@ -126,7 +131,8 @@ struct PackArgs {
 
 #[derive(Debug, Args)]
 struct MountArgs {
-    /// Archive files or directories of archives, lowest layer first.
+    /// Archive files, directories of archives or images (oci:DIR[:TAG]…), lowest layer
+    /// first.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
     sources: Vec<PathBuf>,
     /// Where to mount.
@@ -177,8 +183,13 @@ struct MountArgs {
     no_watch: bool,
     /// OCI image layers: a `.wh.NAME` entry hides NAME of the layers below, a
     /// `.wh..wh..opq` entry everything they put in its directory (whiteouts are not shown).
+    /// Always on when a source is an image.
     #[arg(long)]
     whiteouts: bool,
+    /// The platform to take from a multi-platform image, OS/ARCH[/VARIANT] (default:
+    /// this machine's).
+    #[arg(long, value_name = "PLATFORM")]
+    platform: Option<String>,
     /// Take requests through FUSE over io_uring when the kernel offers it (Linux 6.14+
     /// with the fuse module parameter enable_uring=1; otherwise /dev/fuse is used), or
     /// never (off).
@@ -211,14 +222,42 @@ struct UmountArgs {
 /// How the offline tools merge layers, as the matching `mount` options do.
 #[derive(Debug, Args)]
 struct MergeArgs {
-    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does.
+    /// Treat `.wh.` entries as OCI whiteouts, as `mount --whiteouts` does (always on for
+    /// images).
     #[arg(long)]
     whiteouts: bool,
+    /// The platform to take from a multi-platform image, as `mount --platform`.
+    #[arg(long, value_name = "PLATFORM")]
+    platform: Option<String>,
+}
+
+impl MergeArgs {
+    fn into_merge(self) -> Result<Merge, UsageError> {
+        Ok(Merge {
+            whiteouts: self.whiteouts,
+            platform: platform(self.platform)?,
+        })
+    }
+}
+
+/// How the offline tools merge layers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Merge {
+    /// Treat `.wh.` entries as OCI whiteouts.
+    pub whiteouts: bool,
+    /// The platform to take from a multi-platform image.
+    pub platform: Option<Platform>,
+}
+
+fn platform(p: Option<String>) -> Result<Option<Platform>, UsageError> {
+    p.map(|p| Platform::parse(&p).map_err(UsageError::from))
+        .transpose()
 }
 
 #[derive(Debug, Args)]
 struct LsArgs {
-    /// Archive files or directories, then optionally a path inside the merged tree.
+    /// Archive files, directories or images, then optionally a path inside the merged
+    /// tree.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE... [PATH]")]
     args: Vec<PathBuf>,
     #[command(flatten)]
@@ -227,7 +266,8 @@ struct LsArgs {
 
 #[derive(Debug, Args)]
 struct CatArgs {
-    /// Archive files or directories, then the path of the file inside the merged tree.
+    /// Archive files, directories or images, then the path of the file inside the merged
+    /// tree.
     #[arg(required = true, num_args = 2.., value_name = "SOURCE... PATH")]
     args: Vec<PathBuf>,
     #[command(flatten)]
@@ -236,7 +276,7 @@ struct CatArgs {
 
 #[derive(Debug, Args)]
 struct CheckArgs {
-    /// Archive files or directories.
+    /// Archive files, directories or images.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
     sources: Vec<PathBuf>,
     #[command(flatten)]
@@ -280,6 +320,8 @@ pub struct MountConfig {
     pub watch: bool,
     /// Treat `.wh.` entries as OCI whiteouts.
     pub whiteouts: bool,
+    /// The platform to take from a multi-platform image.
+    pub platform: Option<Platform>,
     /// Use FUSE over io_uring if the kernel offers it.
     pub io_uring: bool,
 }
@@ -309,8 +351,8 @@ pub enum Command {
         sources: Vec<PathBuf>,
         /// Path inside the tree.
         path: Vec<u8>,
-        /// Whiteouts on.
-        whiteouts: bool,
+        /// How layers merge.
+        merge: Merge,
     },
     /// Print a file.
     Cat {
@@ -318,15 +360,15 @@ pub enum Command {
         sources: Vec<PathBuf>,
         /// Path inside the tree.
         path: Vec<u8>,
-        /// Whiteouts on.
-        whiteouts: bool,
+        /// How layers merge.
+        merge: Merge,
     },
     /// Verify.
     Check {
         /// Sources.
         sources: Vec<PathBuf>,
-        /// Whiteouts on.
-        whiteouts: bool,
+        /// How layers merge.
+        merge: Merge,
     },
     /// Pack a directory.
     Pack(crate::tools::pack::PackConfig),
@@ -420,13 +462,38 @@ pub fn helper_args(
         out.push("-o".into());
         out.push(o);
     }
-    // An fstab source field holds one word: several sources are `:`-separated.
-    let src = source.as_encoded_bytes();
-    for part in src.split(|&b| b == b':').filter(|p| !p.is_empty()) {
-        out.push(std::ffi::OsStr::from_bytes(part).to_os_string());
-    }
+    // An fstab source field holds one word: several sources are `:`-separated. An image
+    // keeps its own colons: `oci:/img:latest:/pkgs` is the image `oci:/img:latest` (the
+    // parts after its path that are not absolute paths are its reference) and `/pkgs`.
+    out.extend(split_fstab_sources(source.as_encoded_bytes()));
     out.push(mountpoint.clone());
     Some(Ok(out))
+}
+
+/// Split an fstab source field (see [`helper_args`]).
+fn split_fstab_sources(src: &[u8]) -> Vec<OsString> {
+    let parts: Vec<&[u8]> = src.split(|&b| b == b':').filter(|p| !p.is_empty()).collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < parts.len() {
+        let is_image = [Transport::Oci, Transport::OciArchive, Transport::DockerArchive]
+            .iter()
+            .any(|t| t.prefix().as_bytes() == parts[i]);
+        if is_image && i + 1 < parts.len() {
+            let mut word = [parts[i], parts[i + 1]].join(&b':');
+            i += 2;
+            while i < parts.len() && !parts[i].starts_with(b"/") {
+                word.push(b':');
+                word.extend_from_slice(parts[i]);
+                i += 1;
+            }
+            out.push(std::ffi::OsStr::from_bytes(&word).to_os_string());
+        } else {
+            out.push(std::ffi::OsStr::from_bytes(parts[i]).to_os_string());
+            i += 1;
+        }
+    }
+    out
 }
 
 fn default_threads() -> usize {
@@ -446,7 +513,11 @@ impl Cli {
             },
             CliCommand::Ls(l) => {
                 let mut args = l.args;
-                let path = if args.len() > 1 && args.last().is_some_and(|p| !p.exists()) {
+                let path = if args.len() > 1
+                    && args
+                        .last()
+                        .is_some_and(|p| !p.exists() && ImageRef::parse(p.as_os_str()).is_none())
+                {
                     args.pop()
                         .map(|p| p.into_os_string().into_encoded_bytes())
                         .unwrap_or_default()
@@ -456,7 +527,7 @@ impl Cli {
                 Command::Ls {
                     sources: args,
                     path,
-                    whiteouts: l.merge.whiteouts,
+                    merge: l.merge.into_merge()?,
                 }
             }
             CliCommand::Cat(c) => {
@@ -468,12 +539,12 @@ impl Cli {
                 Command::Cat {
                     sources: args,
                     path,
-                    whiteouts: c.merge.whiteouts,
+                    merge: c.merge.into_merge()?,
                 }
             }
             CliCommand::Check(c) => Command::Check {
                 sources: c.sources,
-                whiteouts: c.merge.whiteouts,
+                merge: c.merge.into_merge()?,
             },
             CliCommand::Status(s) => Command::Status {
                 mountpoint: s.mountpoint,
@@ -563,6 +634,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
         },
         watch: !m.no_watch,
         whiteouts: m.whiteouts,
+        platform: platform(m.platform)?,
         io_uring: m.io_uring == "auto",
     };
     for opt in m

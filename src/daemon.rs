@@ -195,6 +195,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         cache_bytes: cfg.cache_bytes,
         index_cache: cfg.index_cache.clone().map(IndexCache::new),
         whiteouts: cfg.whiteouts,
+        platform: cfg.platform.clone(),
         progress: Some(Progress(Arc::new(IndexBars::default()))),
     };
     let mut packages = Packages::new(cfg.sources.clone(), opts);
@@ -219,6 +220,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
     );
     let activity = Arc::new(Mutex::new(Activity {
         skipped: skipped_list(&scan.report),
+        images: scan.report.images.clone(),
         ..Activity::default()
     }));
     let fs = Arc::new(PkgFs::with_layers(

@@ -75,17 +75,17 @@ fn main() -> ExitCode {
         Command::Ls {
             sources,
             path,
-            whiteouts,
-        } => tools::ls(&sources, whiteouts, &path, &mut out).map_err(Into::into),
+            merge,
+        } => tools::ls(&sources, &merge, &path, &mut out).map_err(Into::into),
         Command::Cat {
             sources,
             path,
-            whiteouts,
-        } => tools::cat(&sources, whiteouts, &path, &mut out)
+            merge,
+        } => tools::cat(&sources, &merge, &path, &mut out)
             .map(|()| true)
             .map_err(Into::into),
-        Command::Check { sources, whiteouts } => {
-            tools::check(&sources, whiteouts, &mut out).map_err(Into::into)
+        Command::Check { sources, merge } => {
+            tools::check(&sources, &merge, &mut out).map_err(Into::into)
         }
         Command::Pack(cfg) => match pkgfs::tools::pack::pack(&cfg) {
             Ok(st) => {

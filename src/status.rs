@@ -61,6 +61,8 @@ pub struct Activity {
     pub failed_scans: u64,
     /// Archives being indexed in the background (not active yet).
     pub indexing: Vec<PathBuf>,
+    /// The images among the sources.
+    pub images: Vec<crate::source::image::Image>,
 }
 
 fn secs(t: SystemTime) -> u64 {
@@ -79,10 +81,30 @@ struct PackageRow {
     /// Where its index came from.
     index: crate::format::IndexOrigin,
     entries: usize,
+    /// What of an image layer's digests was checked.
+    checked: crate::format::Checked,
     #[serde(rename = "conflicts_won")]
     wins: usize,
     #[serde(rename = "conflicts_lost")]
     loses: usize,
+}
+
+/// An image among the sources.
+#[derive(Debug, Clone, Serialize)]
+struct ImageRow {
+    reference: String,
+    manifest: Option<String>,
+    config: Option<String>,
+    platform: Option<String>,
+    layers: Vec<LayerRow>,
+}
+
+/// A layer of an image.
+#[derive(Debug, Clone, Serialize)]
+struct LayerRow {
+    digest: String,
+    media_type: String,
+    size: u64,
 }
 
 /// A skipped archive and why.
@@ -131,6 +153,7 @@ struct Report {
     watching: bool,
     whiteouts: bool,
     sources: Vec<String>,
+    images: Vec<ImageRow>,
     generation: u64,
     activations: u64,
     failed_scans: u64,
@@ -199,6 +222,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             format: l.archive.format(),
             index: l.archive.origin,
             entries: l.entries,
+            checked: l.archive.checked,
             wins: 0,
             loses: 0,
         })
@@ -224,6 +248,25 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             .sources
             .iter()
             .map(|s| s.display().to_string())
+            .collect(),
+        images: activity
+            .images
+            .iter()
+            .map(|i| ImageRow {
+                reference: i.reference.to_string(),
+                manifest: i.manifest.as_ref().map(ToString::to_string),
+                config: i.config.as_ref().map(ToString::to_string),
+                platform: i.platform.clone(),
+                layers: i
+                    .layers
+                    .iter()
+                    .map(|l| LayerRow {
+                        digest: l.check.digest.to_string(),
+                        media_type: l.media_type.clone(),
+                        size: l.blob.size(),
+                    })
+                    .collect(),
+            })
             .collect(),
         generation: view.generation,
         activations: activity.activations,
@@ -313,6 +356,20 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
             (false, true) => "fixed set; whiteouts honoured",
         }
     );
+    for i in &r.images {
+        let _ = writeln!(
+            o,
+            "image {}: {} layers, manifest {}, config {}{}",
+            i.reference,
+            i.layers.len(),
+            i.manifest.as_deref().unwrap_or("(none)"),
+            i.config.as_deref().unwrap_or("(none)"),
+            i.platform
+                .as_deref()
+                .map(|p| format!(", {p}"))
+                .unwrap_or_default()
+        );
+    }
     let _ = write!(
         o,
         "generation {}: {} activations",
@@ -418,9 +475,14 @@ fn package_table(o: &mut String, rows: &[PackageRow], skipped: &[SkippedRow], al
         "entries", "wins", "loses", "format"
     );
     for r in listed.iter().map(|&i| &rows[i]) {
+        let checked = match r.checked {
+            crate::format::Checked::Nothing => "",
+            crate::format::Checked::Digest => " (digest checked)",
+            crate::format::Checked::Toc => " (table of contents checked)",
+        };
         let _ = writeln!(
             o,
-            "  {:>9} {:>6} {:>6}  {:<13} {}",
+            "  {:>9} {:>6} {:>6}  {:<13} {}{checked}",
             r.entries, r.wins, r.loses, r.format, r.path
         );
     }

@@ -154,11 +154,13 @@ pub struct LayerCheck {
     pub digest: Digest,
     /// What it is the digest of.
     pub of: DigestOf,
-    /// The digest of the layer's table of contents, when the manifest gives one
-    /// (zstd:chunked's `manifest-checksum`, eStargz's `toc.digest`): a format that reads
-    /// the layer through its table checks this one instead, and every chunk it serves
-    /// against the table's own digests.
-    pub toc: Option<Digest>,
+    /// The digest of the layer's table of contents as stored (zstd:chunked's
+    /// `manifest-checksum` annotation), when the manifest gives one: a format that reads
+    /// the layer through its table checks the table instead of the layer, and every
+    /// chunk it serves against the table's own digests.
+    pub toc_blob: Option<Digest>,
+    /// The digest of the table's JSON (eStargz's `toc.digest` annotation), likewise.
+    pub toc_json: Option<Digest>,
 }
 
 /// What a layer's digest covers.
@@ -171,7 +173,8 @@ pub enum DigestOf {
 }
 
 /// How much of a layer a format checked while opening it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Checked {
     /// Nothing: whoever needs the layer checked reads it whole.
     Nothing,
@@ -312,6 +315,8 @@ pub struct Archive {
     pub key: u32,
     /// Where its index came from when it was opened.
     pub origin: IndexOrigin,
+    /// What of an image layer's digests was checked (see [`open_layer`]).
+    pub checked: Checked,
 }
 
 /// Source of [`Archive::key`].
@@ -326,6 +331,7 @@ impl Archive {
             package,
             key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
             origin,
+            checked: Checked::Nothing,
         }
     }
 
@@ -522,8 +528,10 @@ pub fn open(blob: Arc<dyn Blob>, cx: &OpenContext) -> std::result::Result<Indexe
     let probe = Probe::read(&*blob).map_err(OpenError::Bad)?;
     for f in FORMATS {
         if let Some(o) = f.open(&blob, &probe, cx).map_err(OpenError::Bad)? {
+            let mut archive = Archive::new(blob, o.package, o.origin);
+            archive.checked = o.checked;
             return Ok(Indexed {
-                archive: Archive::new(blob, o.package, o.origin),
+                archive,
                 entries: o.entries,
             });
         }
@@ -536,6 +544,88 @@ pub fn open(blob: Arc<dyn Blob>, cx: &OpenContext) -> std::result::Result<Indexe
         )))),
         None => Err(OpenError::NotAnArchive),
     }
+}
+
+/// Open `blob`, a layer of an image, and check it against what the image's manifest
+/// says of it (`check`): the format checks what it reads anyway (an index pass hashes
+/// the layer; a table of contents is checked against its digest, and chunks against the
+/// table as they are read); a layer opened without either is read whole once and
+/// hashed here, the result kept in the index cache (keyed by the blob's version and the
+/// digest) so the next mount does not read it again. A layer that fails its check is
+/// an error naming it.
+pub fn open_layer(
+    blob: Arc<dyn Blob>,
+    check: &LayerCheck,
+    cx: &OpenContext,
+) -> std::result::Result<Indexed, OpenError> {
+    let cx = OpenContext {
+        layer: Some(check),
+        ..*cx
+    };
+    let indexed = open(blob, &cx)?;
+    if indexed.archive.checked != Checked::Nothing {
+        return Ok(indexed);
+    }
+    if check.of == DigestOf::Tar && indexed.archive.format() != "tar" {
+        return Err(OpenError::Bad(Error::Unsupported(format!(
+            "the digest of the tar stream of a {} layer cannot be checked without a pass",
+            indexed.archive.format()
+        ))));
+    }
+    check_whole(&*indexed.archive.blob, &check.digest, &cx).map_err(OpenError::Bad)?;
+    let mut indexed = indexed;
+    indexed.archive.checked = Checked::Digest;
+    Ok(indexed)
+}
+
+/// Hash all of `blob` and compare with `digest`; remembered in the index cache.
+fn check_whole(blob: &dyn Blob, digest: &Digest, cx: &OpenContext) -> Result<()> {
+    let key = cx
+        .index_cache
+        .map(|c| (c, c.key("digest", blob, &digest.to_string())));
+    if let Some((c, k)) = &key
+        && c.load(k).is_some()
+    {
+        return Ok(());
+    }
+    const CHUNK: u64 = 1 << 20;
+    let size = blob.size();
+    let report = cx.progress.filter(|_| size > 8 * CHUNK);
+    let mut h = digest.hasher();
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(CHUNK) as usize;
+        blob.read_exact_at(&mut buf[..n], at)?;
+        h.update(&buf[..n]);
+        at += n as u64;
+        if let Some(p) = report
+            && at % (8 * CHUNK) == 0
+        {
+            p.indexing(blob.name(), at, size);
+        }
+    }
+    if let Some(p) = report {
+        p.indexing(blob.name(), size, size);
+    }
+    let got = h.finish();
+    if got != *digest {
+        return Err(crate::io::digest::mismatch(
+            &format!("layer {}", blob.name().display()),
+            digest,
+            &got,
+        ));
+    }
+    if let Some((c, k)) = &key
+        && let Err(e) = c.store(k, b"checked\n")
+    {
+        log::warn!(
+            "cannot note the checked digest of {} in {}: {e}",
+            blob.name().display(),
+            k.path().display()
+        );
+    }
+    Ok(())
 }
 
 /// Open the local file at `path` and index it (see [`open`]).

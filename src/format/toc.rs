@@ -240,24 +240,27 @@ impl Format for Toc {
         let Some(f) = footer(probe)? else {
             return Ok(None);
         };
-        let want = cx.layer.and_then(|l| l.toc.as_ref());
-        let json = read_toc(&**blob, &f, want)?;
+        let (json, checked) = read_toc(&**blob, &f, cx.layer)?;
         let (entries, package) = parse(&json, &f, blob.size())?;
         Ok(Some(Opened {
             package: Box::new(package),
             entries,
             origin: IndexOrigin::Archive,
-            checked: if want.is_some() {
-                Checked::Toc
-            } else {
-                Checked::Nothing
-            },
+            checked,
         }))
     }
 }
 
-/// The table's JSON, checked against `want` if given.
-fn read_toc(blob: &dyn Blob, f: &Footer, want: Option<&Digest>) -> Result<Vec<u8>> {
+/// The table's JSON, checked against the digest `layer` gives for it, if it gives one.
+fn read_toc(
+    blob: &dyn Blob,
+    f: &Footer,
+    layer: Option<&super::LayerCheck>,
+) -> Result<(Vec<u8>, Checked)> {
+    let (want_blob, want_json) = (
+        layer.and_then(|l| l.toc_blob.as_ref()),
+        layer.and_then(|l| l.toc_json.as_ref()),
+    );
     let what = format!("the table of contents of {}", blob.name().display());
     if f.len > MAX_TOC {
         return Err(Error::Format(format!("{what} is too large")));
@@ -266,7 +269,7 @@ fn read_toc(blob: &dyn Blob, f: &Footer, want: Option<&Digest>) -> Result<Vec<u8
     blob.read_exact_at(&mut raw, f.offset)?;
     match f.flavour {
         Flavour::ZstdChunked => {
-            if let Some(d) = want {
+            if let Some(d) = want_blob {
                 d.check(&raw, &what)?;
             }
             let mut out = Vec::with_capacity(f.ulen as usize);
@@ -279,7 +282,14 @@ fn read_toc(blob: &dyn Blob, f: &Footer, want: Option<&Digest>) -> Result<Vec<u8
                     f.ulen
                 )));
             }
-            Ok(out)
+            match (want_blob, want_json) {
+                (Some(_), _) => Ok((out, Checked::Toc)),
+                (None, Some(d)) => {
+                    d.check(&out, &what)?;
+                    Ok((out, Checked::Toc))
+                }
+                (None, None) => Ok((out, Checked::Nothing)),
+            }
         }
         Flavour::Estargz => {
             let tar = gunzip(&raw, MAX_TOC + 64 * 1024)
@@ -296,10 +306,13 @@ fn read_toc(blob: &dyn Blob, f: &Footer, want: Option<&Digest>) -> Result<Vec<u8
             .map_err(|e| Error::Corrupt(format!("{what}: {e}")))?;
             let json =
                 json.ok_or_else(|| Error::Corrupt(format!("{what}: no stargz.index.json")))?;
-            if let Some(d) = want {
-                d.check(&json, &what)?;
+            match want_json {
+                Some(d) => {
+                    d.check(&json, &what)?;
+                    Ok((json, Checked::Toc))
+                }
+                None => Ok((json, Checked::Nothing)),
             }
-            Ok(json)
         }
     }
 }
@@ -790,7 +803,7 @@ impl Package for TocPackage {
         let probe = Probe::read(&**blob)?;
         let f = footer(&probe)?
             .ok_or_else(|| Error::Corrupt("the table of contents is gone".into()))?;
-        let json = read_toc(&**blob, &f, cx.layer.and_then(|l| l.toc.as_ref()))?;
+        let (json, _) = read_toc(&**blob, &f, cx.layer)?;
         parse(&json, &f, blob.size()).map(|(e, _)| e)
     }
 

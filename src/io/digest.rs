@@ -75,6 +75,11 @@ impl Digest {
         self.algorithm
     }
 
+    /// The algorithm's name (`sha256`).
+    pub fn algorithm_name(&self) -> &'static str {
+        self.algorithm.name()
+    }
+
     /// The hex part.
     pub fn hex(&self) -> &str {
         &self.hex

@@ -8,6 +8,7 @@
 //! An archive that cannot be read is skipped with a warning naming it: one bad package
 //! never takes down the mount.
 
+pub mod image;
 pub mod live;
 pub mod watch;
 
@@ -24,12 +25,32 @@ use crate::tree::view::Layer;
 use crate::tree::{Ownership, Tree, TreeBuilder};
 
 /// A file that may be an archive, with how it was named.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Candidate {
-    /// Its path.
+    /// Its path (for an image's layer: its name, `oci:DIR:TAG layer 2/3 (sha256:…)`).
     pub path: PathBuf,
     /// Named directly on the command line (a non-archive is then an error, not ignored).
     pub explicit: bool,
+    /// The image layer it is, if it is one.
+    pub layer: Option<Arc<image::ImageLayer>>,
+}
+
+impl Candidate {
+    /// The version of its bytes now (None if it is gone).
+    fn stamp(&self) -> Option<Stamp> {
+        match &self.layer {
+            Some(l) => Some(l.blob.version().to_string()),
+            None => stamp_of(&self.path),
+        }
+    }
+
+    /// Open and index it.
+    fn open(&self, cx: &OpenContext) -> std::result::Result<Indexed, OpenError> {
+        match &self.layer {
+            Some(l) => format::open_layer(l.blob.clone(), &l.check, cx),
+            None => format::open_path(&self.path, cx),
+        }
+    }
 }
 
 /// What happened to each candidate while loading.
@@ -41,17 +62,35 @@ pub struct LoadReport {
     pub skipped: Vec<(PathBuf, Error)>,
     /// Files in source directories that are not archives.
     pub ignored: Vec<PathBuf>,
+    /// The images among the sources, resolved (their layers are in `layers`).
+    pub images: Vec<image::Image>,
 }
 
-/// Expand sources into candidate files in layer order.
-pub fn discover(sources: &[PathBuf]) -> Result<Vec<Candidate>> {
+/// Expand sources into candidate files in layer order: an image into its layers (see
+/// [`image`]), a directory into its files, a file into itself.
+pub fn discover(
+    sources: &[PathBuf],
+    platform: Option<&image::Platform>,
+) -> Result<(Vec<Candidate>, Vec<image::Image>)> {
     let mut out = Vec::new();
+    let mut images = Vec::new();
     for src in sources {
+        if let Some(r) = image::ImageRef::parse(src.as_os_str()) {
+            let img = image::resolve(&r, platform)?;
+            out.extend(img.layers.iter().map(|l| Candidate {
+                path: l.name.clone(),
+                explicit: true,
+                layer: Some(Arc::new(l.clone())),
+            }));
+            images.push(img);
+            continue;
+        }
         let meta = std::fs::metadata(src).map_err(|e| Error::Io(e).with_path(src))?;
         if !meta.is_dir() {
             out.push(Candidate {
                 path: src.clone(),
                 explicit: true,
+                layer: None,
             });
             continue;
         }
@@ -72,9 +111,10 @@ pub fn discover(sources: &[PathBuf]) -> Result<Vec<Candidate>> {
         out.extend(names.into_iter().map(|n| Candidate {
             path: src.join(n),
             explicit: false,
+            layer: None,
         }));
     }
-    Ok(out)
+    Ok((out, images))
 }
 
 /// Archives indexed ahead of the tree builder, at most: the raw entries waiting to be
@@ -84,8 +124,9 @@ const INDEX_WINDOW: usize = 256;
 /// Work for an [`IndexStream`]: an archive to open and index, or one kept from the
 /// previous scan (unchanged) whose index is read again.
 enum Job<'a> {
-    Open(&'a Path),
-    Reindex(&'a Arc<Archive>),
+    Open(&'a Candidate),
+    /// A kept archive, with what its image promised of it if it is a layer.
+    Reindex(&'a Arc<Archive>, Option<&'a Candidate>),
 }
 
 /// What an [`IndexStream`] hands out: an archive and its entries.
@@ -146,15 +187,17 @@ impl StreamState {
 /// Open and index a new archive, or re-read the index of a kept one.
 fn index_job(job: &Job, cx: &OpenContext) -> Opened {
     match *job {
-        Job::Open(path) => {
-            let Indexed { archive, entries } = format::open_path(path, cx)?;
+        Job::Open(cand) => {
+            let Indexed { archive, entries } = cand.open(cx)?;
             Ok((Arc::new(archive), entries))
         }
-        Job::Reindex(archive) => {
+        Job::Reindex(archive, cand) => {
             // A kept archive's index costs no pass (it was made once): never deferred.
+            // A layer's index is found under the digest that was checked.
             let cx = OpenContext {
                 defer_over: None,
                 progress: None,
+                layer: cand.and_then(|c| c.layer.as_ref()).map(|l| &l.check),
                 ..*cx
             };
             match archive.entries(&cx) {
@@ -248,8 +291,11 @@ pub struct LoadOptions {
     pub cache_bytes: u64,
     /// Where to keep indexes that cost a pass over an archive (None: no cache).
     pub index_cache: Option<IndexCache>,
-    /// Treat `.wh.` entries as OCI whiteouts ([`TreeBuilder::with_whiteouts`]).
+    /// Treat `.wh.` entries as OCI whiteouts ([`TreeBuilder::with_whiteouts`]; always
+    /// when an image is among the sources).
     pub whiteouts: bool,
+    /// Which platform's image to take from a multi-platform image (None: this machine's).
+    pub platform: Option<image::Platform>,
     /// Who hears about passes over archives while the first scan indexes them.
     pub progress: Option<Progress>,
 }
@@ -274,7 +320,7 @@ type Indexing = std::result::Result<(Arc<Archive>, Vec<crate::format::Entry>), E
 
 /// Archives indexed by the `pkgfs-index` thread, for the next rescan to take.
 struct Background {
-    jobs: std::sync::mpsc::Sender<PathBuf>,
+    jobs: std::sync::mpsc::Sender<Candidate>,
     /// Results by path (the archive knows the version it was made of).
     ready: Arc<Mutex<HashMap<PathBuf, Indexing>>>,
     /// Paths queued and not taken yet, with the stamp they were queued at.
@@ -366,21 +412,22 @@ impl Packages {
     /// (`pkgfs-index`), which wakes `waker` each time one is ready; until then a path
     /// keeps the version it had, if any.
     pub fn index_in_background(&mut self, waker: crate::source::watch::Waker) -> Result<()> {
-        let (tx, rx) = std::sync::mpsc::channel::<PathBuf>();
+        let (tx, rx) = std::sync::mpsc::channel::<Candidate>();
         let ready: Arc<Mutex<HashMap<PathBuf, Indexing>>> = Arc::default();
         let done = ready.clone();
         let cache = self.opts.index_cache.clone();
         std::thread::Builder::new()
             .name("pkgfs-index".into())
             .spawn(move || {
-                for path in rx {
+                for cand in rx {
+                    let path = cand.path.clone();
                     info!("indexing {} in the background", path.display());
                     let cx = OpenContext {
                         index_cache: cache.as_ref(),
                         ..OpenContext::default()
                     };
                     let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        format::open_path(&path, &cx)
+                        cand.open(&cx)
                     }));
                     let r = match opened {
                         Ok(Ok(Indexed { archive, entries })) => Ok((Arc::new(archive), entries)),
@@ -428,11 +475,12 @@ impl Packages {
     pub fn scan(&mut self, busy: &HashSet<PathBuf>) -> Result<Option<Scan>> {
         let first = !self.scanned;
         let started = std::time::Instant::now();
-        let candidates: Vec<Candidate> = discover(&self.sources)?
+        let (found, images) = discover(&self.sources, self.opts.platform.as_ref())?;
+        let candidates: Vec<Candidate> = found
             .into_iter()
             .filter(|c| !busy.contains(&c.path))
             .collect();
-        let stamps: Vec<Option<Stamp>> = candidates.iter().map(|c| stamp_of(&c.path)).collect();
+        let stamps: Vec<Option<Stamp>> = candidates.iter().map(Candidate::stamp).collect();
         // What the background indexer has finished: taken by this scan (results for
         // paths no longer there are dropped).
         let mut ready: HashMap<PathBuf, Indexing> = match &mut self.background {
@@ -479,7 +527,9 @@ impl Packages {
         }
 
         let mut report = LoadReport::default();
-        let mut builder = TreeBuilder::new(self.opts.owner).with_whiteouts(self.opts.whiteouts);
+        let whiteouts = self.opts.whiteouts || !images.is_empty();
+        report.images = images;
+        let mut builder = TreeBuilder::new(self.opts.owner).with_whiteouts(whiteouts);
         let mut layers: Vec<Layer> = Vec::new();
         let mut active = Vec::new();
         let bad_before: HashSet<PathBuf> = self.bad.keys().cloned().collect();
@@ -489,9 +539,9 @@ impl Packages {
             .zip(&plan)
             .filter_map(|(c, p)| match p {
                 Plan::Reindex(archive) | Plan::Pending(Some(archive)) => {
-                    Some(Job::Reindex(archive))
+                    Some(Job::Reindex(archive, Some(c)))
                 }
-                Plan::Open => Some(Job::Open(&c.path)),
+                Plan::Open => Some(Job::Open(c)),
                 _ => None,
             })
             .collect();
@@ -510,6 +560,7 @@ impl Packages {
         let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
         let work = |job: &Job| index_job(job, &cx);
         let mut deferred = Vec::new();
+        let mut failed_layer = None;
         std::thread::scope(|scope| {
             let mut stream = IndexStream::start(scope, &streamed, &jobs, threads, &work);
             for (((cand, st), plan), ready) in candidates
@@ -552,7 +603,7 @@ impl Packages {
                         });
                     }
                     Err(OpenError::Bad(Error::Deferred)) => {
-                        deferred.push((cand.path.clone(), st.clone()));
+                        deferred.push((cand.clone(), st.clone()));
                         // The version this path had stays until the new one is ready.
                         if let Some(a) = old.get(cand.path.as_path()) {
                             let cx = OpenContext {
@@ -582,10 +633,16 @@ impl Packages {
                     Err(e) => {
                         let e = match e {
                             OpenError::NotAnArchive => Error::Format(
-                                "not a ZIP archive (no end of central directory record)".into(),
+                                "not an archive pkgfs reads (ZIP, tar, tar.gz, tar.zst, seekable zstd, zstd:chunked, eStargz)".into(),
                             ),
                             OpenError::Bad(e) => e,
                         };
+                        if cand.layer.is_some() {
+                            // An image without one of its layers is another image: it
+                            // is refused whole.
+                            failed_layer = Some(e.with_path(&cand.path));
+                            break;
+                        }
                         warn!("skipping {}: {e}", cand.path.display());
                         report.skipped.push((cand.path.clone(), e.clone()));
                         self.bad.insert(cand.path.clone(), (st.clone(), e));
@@ -594,12 +651,16 @@ impl Packages {
                 }
             }
         });
+        if let Some(e) = failed_layer {
+            return Err(e);
+        }
         for gone in bad_before.difference(&still_bad) {
             self.bad.remove(gone);
         }
         if let Some(b) = &mut self.background {
-            for (path, st) in deferred {
-                if b.queued.get(&path) != Some(&st) && b.jobs.send(path.clone()).is_ok() {
+            for (cand, st) in deferred {
+                let path = cand.path.clone();
+                if b.queued.get(&path) != Some(&st) && b.jobs.send(cand).is_ok() {
                     b.queued.insert(path, st);
                 }
             }
@@ -639,7 +700,23 @@ impl Packages {
         if unchanged {
             return Ok(None);
         }
-        let tree = builder.finish();
+        let mut tree = builder.finish();
+        // One layer of an image replacing or whiting out what a lower one has is how the
+        // image is made, not a conflict between packages.
+        let image_of: HashMap<&Path, usize> = report
+            .images
+            .iter()
+            .enumerate()
+            .flat_map(|(i, img)| img.layers.iter().map(move |l| (l.name.as_path(), i)))
+            .collect();
+        let image_at = |layer: u32| {
+            report
+                .layers
+                .get(layer as usize)
+                .and_then(|p| image_of.get(p.as_path()))
+        };
+        tree.conflicts
+            .retain(|c| image_at(c.winner).is_none() || image_at(c.winner) != image_at(c.loser));
         log_tree(&tree, &report.layers, first, started.elapsed());
         Ok(Some(Scan {
             tree,

@@ -9,6 +9,7 @@ pub mod pack;
 use std::io::Write;
 use std::path::PathBuf;
 
+use crate::cli::Merge;
 use crate::error::Error;
 use crate::format::{IndexCache, OpenContext};
 use crate::fs::PkgFs;
@@ -44,7 +45,7 @@ pub enum ToolError {
     Output(#[from] std::io::Error),
 }
 
-fn load(sources: &[PathBuf], whiteouts: bool) -> Result<(PkgFs, LoadReport), ToolError> {
+fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolError> {
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let opts = LoadOptions {
@@ -52,7 +53,8 @@ fn load(sources: &[PathBuf], whiteouts: bool) -> Result<(PkgFs, LoadReport), Too
         owner: Ownership::defaults(uid, gid),
         cache_bytes: 64 << 20,
         index_cache: IndexCache::default_dir().map(IndexCache::new),
-        whiteouts,
+        whiteouts: merge.whiteouts,
+        platform: merge.platform.clone(),
         progress: Some(source::Progress(std::sync::Arc::new(
             crate::progress::IndexBars::default(),
         ))),
@@ -81,11 +83,11 @@ fn mode_string(kind: Kind, perm: u16) -> String {
 /// mode, owner, size, mtime, path (with `-> target` for symlinks), and the package.
 pub fn ls(
     sources: &[PathBuf],
-    whiteouts: bool,
+    merge: &Merge,
     path: &[u8],
     out: &mut impl Write,
 ) -> Result<bool, ToolError> {
-    let (fs, report) = load(sources, whiteouts)?;
+    let (fs, report) = load(sources, merge)?;
     // A fixed mount: the tree's own node numbers are the inode numbers.
     let view = fs.view();
     let tree = &view.tree;
@@ -125,11 +127,11 @@ pub fn ls(
 /// `pkgfs cat`: write one file of the merged tree to `out`.
 pub fn cat(
     sources: &[PathBuf],
-    whiteouts: bool,
+    merge: &Merge,
     path: &[u8],
     out: &mut impl Write,
 ) -> Result<(), ToolError> {
-    let (fs, _) = load(sources, whiteouts)?;
+    let (fs, _) = load(sources, merge)?;
     let shown = || String::from_utf8_lossy(path).into_owned();
     let read_err = |source| ToolError::Read {
         path: shown(),
@@ -174,10 +176,10 @@ fn stream(fs: &PkgFs, ino: u64, mut sink: impl FnMut(&[u8]) -> bool) -> Result<u
 /// `pkgfs check`: verify everything; prints findings to `out`; `Ok(true)` if clean.
 pub fn check(
     sources: &[PathBuf],
-    whiteouts: bool,
+    merge: &Merge,
     out: &mut impl Write,
 ) -> Result<bool, ToolError> {
-    let (fs, report) = load(sources, whiteouts)?;
+    let (fs, report) = load(sources, merge)?;
     // A fixed mount: the tree's own node numbers are the inode numbers.
     let view = fs.view();
     let tree = &view.tree;

@@ -1,0 +1,783 @@
+//! Container images as sources, named as skopeo and podman name them:
+//!
+//! - `oci:DIR[:TAG]`: an OCI image layout (`index.json`, `blobs/sha256/…`), as
+//!   `skopeo copy … oci:DIR:TAG`, `buildah push`, `umoci` write it;
+//! - `oci-archive:FILE[:TAG]`: the same layout in a tar archive, read in place;
+//! - `docker-archive:FILE[:REF]`: a `docker save` archive (`manifest.json`, a config
+//!   and one tar per layer), `REF` a repository tag it lists (`name:tag`) or `@N`, the
+//!   N-th image in it.
+//!
+//! An image resolves to its layers, bottom first: index → manifest (an index of several
+//! platforms picks this machine's, or `--platform`'s) → config → layers. Every JSON
+//! document is checked against the digest and size its descriptor gives, and is at most
+//! [`MAX_JSON`] bytes; indexes nest at most [`MAX_NESTING`] deep; an image has at most
+//! [`MAX_LAYERS`] layers. Each layer then goes to the formats like any archive (by
+//! content, not by media type: some tools label plain tars as gzip), with what the
+//! manifest promises of it ([`LayerCheck`]) for the format to check. Nothing is written
+//! beside the image.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use log::{debug, warn};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::format::{DigestOf, LayerCheck};
+use crate::io::blob::{Blob, LocalFile, Slice};
+use crate::io::digest::Digest;
+
+/// Largest JSON document (index, manifest, config) read.
+pub const MAX_JSON: u64 = 4 << 20;
+/// Deepest nesting of image indexes.
+pub const MAX_NESTING: usize = 8;
+/// Most layers an image may have.
+pub const MAX_LAYERS: usize = 1024;
+
+/// How an image is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// An OCI image layout directory.
+    Oci,
+    /// An OCI image layout in a tar archive.
+    OciArchive,
+    /// A `docker save` archive.
+    DockerArchive,
+}
+
+impl Transport {
+    /// The prefix that names it.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Transport::Oci => "oci",
+            Transport::OciArchive => "oci-archive",
+            Transport::DockerArchive => "docker-archive",
+        }
+    }
+}
+
+/// An image as named on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageRef {
+    /// How it is stored.
+    pub transport: Transport,
+    /// The layout directory or the archive.
+    pub path: PathBuf,
+    /// Which image of it: a tag (`latest`), a `name:tag`, `@N`.
+    pub reference: Option<String>,
+}
+
+impl ImageRef {
+    /// Parse `oci:…`, `oci-archive:…` or `docker-archive:…`; `None` for anything else
+    /// (a path). The path ends at the first `:` after the prefix (as in skopeo: a path
+    /// with a colon cannot be named so); the rest is the reference.
+    pub fn parse(s: &OsStr) -> Option<ImageRef> {
+        let b = s.as_bytes();
+        let (transport, rest) = [
+            Transport::OciArchive,
+            Transport::DockerArchive,
+            Transport::Oci,
+        ]
+        .into_iter()
+        .find_map(|t| {
+            b.strip_prefix(t.prefix().as_bytes())
+                .and_then(|r| r.strip_prefix(b":"))
+                .map(|r| (t, r))
+        })?;
+        let (path, reference) = match rest.iter().position(|&c| c == b':') {
+            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+            None => (rest, None),
+        };
+        Some(ImageRef {
+            transport,
+            path: PathBuf::from(OsStr::from_bytes(path)),
+            reference: reference
+                .filter(|r| !r.is_empty())
+                .map(|r| String::from_utf8_lossy(r).into_owned()),
+        })
+    }
+}
+
+impl std::fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.transport.prefix(), self.path.display())?;
+        if let Some(r) = &self.reference {
+            write!(f, ":{r}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Which platform's image to take from a multi-platform index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Platform {
+    /// `linux`.
+    pub os: String,
+    /// `amd64`, `arm64`…
+    pub architecture: String,
+    /// `v8`, `v7`… (matched only when given).
+    pub variant: Option<String>,
+}
+
+impl Platform {
+    /// This machine's platform, in OCI's words.
+    pub fn host() -> Platform {
+        let (architecture, variant) = match std::env::consts::ARCH {
+            "x86_64" => ("amd64", None),
+            "aarch64" => ("arm64", None),
+            "arm" => ("arm", Some("v7")),
+            "x86" => ("386", None),
+            "powerpc64" if cfg!(target_endian = "little") => ("ppc64le", None),
+            "loongarch64" => ("loong64", None),
+            other => (other, None),
+        };
+        Platform {
+            os: std::env::consts::OS.into(),
+            architecture: architecture.into(),
+            variant: variant.map(Into::into),
+        }
+    }
+
+    /// Parse `os/arch[/variant]`.
+    pub fn parse(s: &str) -> std::result::Result<Platform, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        match parts[..] {
+            [os, arch] | [os, arch, _] if !os.is_empty() && !arch.is_empty() => Ok(Platform {
+                os: os.into(),
+                architecture: arch.into(),
+                variant: parts.get(2).filter(|v| !v.is_empty()).map(|v| (*v).into()),
+            }),
+            _ => Err(format!("platform {s:?} is not OS/ARCH[/VARIANT]")),
+        }
+    }
+
+    fn matches(&self, p: &PlatformJson) -> bool {
+        p.os == self.os
+            && p.architecture == self.architecture
+            && self
+                .variant
+                .as_ref()
+                .is_none_or(|v| p.variant.as_deref().is_none_or(|pv| pv == v))
+    }
+}
+
+impl std::fmt::Display for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)?;
+        if let Some(v) = &self.variant {
+            write!(f, "/{v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A resolved image.
+#[derive(Debug, Clone)]
+pub struct Image {
+    /// How it was named.
+    pub reference: ImageRef,
+    /// The digest of its manifest (OCI), or of its config (docker archives have no
+    /// manifest of their own).
+    pub manifest: Option<Digest>,
+    /// The digest of its config.
+    pub config: Option<Digest>,
+    /// The platform its config names.
+    pub platform: Option<String>,
+    /// Its layers, bottom first.
+    pub layers: Vec<ImageLayer>,
+}
+
+/// One layer of a resolved image.
+#[derive(Debug, Clone)]
+pub struct ImageLayer {
+    /// How it is named in messages and `status`: the image, the layer's number and digest.
+    pub name: PathBuf,
+    /// Its bytes.
+    pub blob: Arc<dyn Blob>,
+    /// What the manifest promises of it.
+    pub check: LayerCheck,
+    /// Its media type, as the manifest gives it.
+    pub media_type: String,
+}
+
+/// `platform` of a descriptor.
+#[derive(Deserialize, Debug, Clone, Default)]
+struct PlatformJson {
+    #[serde(default)]
+    os: String,
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    variant: Option<String>,
+}
+
+/// An OCI content descriptor.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    #[serde(default)]
+    media_type: String,
+    digest: String,
+    size: i64,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    platform: Option<PlatformJson>,
+}
+
+/// An image index (`index.json`, a manifest list).
+#[derive(Deserialize, Debug)]
+struct IndexJson {
+    #[serde(default)]
+    manifests: Vec<Descriptor>,
+}
+
+/// An image manifest.
+#[derive(Deserialize, Debug)]
+struct ManifestJson {
+    config: Descriptor,
+    #[serde(default)]
+    layers: Vec<Descriptor>,
+}
+
+/// What a manifest or index blob is, by media type or (unlabelled) by content.
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase")]
+struct Sniff {
+    #[serde(default)]
+    media_type: String,
+    #[serde(default)]
+    manifests: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    layers: Option<serde::de::IgnoredAny>,
+}
+
+/// An image config (the parts pkgfs looks at).
+#[derive(Deserialize, Debug, Default)]
+struct ConfigJson {
+    #[serde(default)]
+    os: String,
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    variant: Option<String>,
+    #[serde(default)]
+    rootfs: Option<RootFs>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct RootFs {
+    #[serde(default)]
+    diff_ids: Vec<String>,
+}
+
+/// One entry of a docker archive's `manifest.json`.
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "PascalCase")]
+struct DockerEntry {
+    config: String,
+    #[serde(default)]
+    repo_tags: Option<Vec<String>>,
+    layers: Vec<String>,
+}
+
+const INDEX_TYPES: &[&str] = &[
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+];
+const MANIFEST_TYPES: &[&str] = &[
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+];
+/// Annotations naming a zstd:chunked layer's table digest (sha256 of the stored table).
+const TOC_BLOB_ANNOTATIONS: &[&str] = &[
+    "io.github.containers.zstd-chunked.manifest-checksum",
+    "io.containers.zstd-chunked.manifest-checksum",
+];
+/// Annotation naming an eStargz layer's table digest (of its JSON).
+const TOC_JSON_ANNOTATION: &str = "containerd.io/snapshot/stargz/toc.digest";
+
+/// Where an image's files are: a directory, or members of a tar archive.
+enum Store {
+    Dir(PathBuf),
+    Archive {
+        file: Arc<dyn Blob>,
+        /// Regular members: normalised path → (data offset, size).
+        members: HashMap<Vec<u8>, (u64, u64)>,
+    },
+}
+
+impl Store {
+    fn open(r: &ImageRef) -> Result<Store> {
+        match r.transport {
+            Transport::Oci => {
+                if !r.path.is_dir() {
+                    return Err(Error::Format(format!(
+                        "{}: not an OCI image layout directory",
+                        r.path.display()
+                    )));
+                }
+                Ok(Store::Dir(r.path.clone()))
+            }
+            Transport::OciArchive | Transport::DockerArchive => {
+                let file: Arc<dyn Blob> = LocalFile::open(&r.path).map_err(|e| e.with_path(&r.path))?;
+                let mut members = HashMap::new();
+                crate::format::tar::walk_blob(&*file, |te| {
+                    if te.kind == crate::format::tar::TarKind::File {
+                        let p = crate::tree::path::components(&te.path)
+                            .map(|c| c.join(&b'/'))
+                            .unwrap_or_default();
+                        members.insert(p, (te.data_offset, te.size));
+                    }
+                    Ok(())
+                })
+                .map_err(|e| Error::Format(format!("{}: {e}", r.path.display())))?;
+                Ok(Store::Archive { file, members })
+            }
+        }
+    }
+
+    /// The file at `name` (a path inside the layout or archive), if present.
+    fn file(&self, name: &str) -> Result<Option<Arc<dyn Blob>>> {
+        match self {
+            Store::Dir(dir) => {
+                // Names come from the image's own JSON: refuse any that could leave it.
+                let comps = crate::tree::path::components(name.as_bytes())
+                    .map_err(|e| Error::Format(format!("unsafe path {name:?} in the image: {e}")))?;
+                let path = comps.iter().fold(dir.clone(), |p, c| p.join(OsStr::from_bytes(c)));
+                match std::fs::symlink_metadata(&path) {
+                    Ok(m) if m.is_file() => Ok(Some(LocalFile::open(&path)? as Arc<dyn Blob>)),
+                    Ok(_) => Err(Error::Format(format!(
+                        "{} is not a regular file",
+                        path.display()
+                    ))),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(Error::Io(e).with_path(&path)),
+                }
+            }
+            Store::Archive { file, members } => {
+                let key = crate::tree::path::components(name.as_bytes())
+                    .map(|c| c.join(&b'/'))
+                    .map_err(|e| Error::Format(format!("unsafe path {name:?} in the image: {e}")))?;
+                match members.get(&key) {
+                    Some(&(off, len)) => Ok(Some(Arc::new(Slice::new(
+                        file.clone(),
+                        off,
+                        len,
+                        PathBuf::from(format!("{}:{name}", file.name().display())),
+                    )?))),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// The blob a descriptor names: present, of the size it says.
+    fn blob(&self, d: &Digest, size: i64, what: &str) -> Result<Arc<dyn Blob>> {
+        let blob = self.file(&d.blob_path())?.ok_or_else(|| {
+            Error::Format(format!("{what} {d} is missing from the image"))
+        })?;
+        if i64::try_from(blob.size()).ok() != Some(size) {
+            return Err(Error::Corrupt(format!(
+                "{what} {d} has {} bytes, its descriptor says {size}",
+                blob.size()
+            )));
+        }
+        Ok(blob)
+    }
+
+    /// A JSON document: at most [`MAX_JSON`] bytes, checked against `digest` if given.
+    fn json(&self, blob: &dyn Blob, digest: Option<&Digest>, what: &str) -> Result<Vec<u8>> {
+        if blob.size() > MAX_JSON {
+            return Err(Error::Format(format!(
+                "{what} has {} bytes: more than the {} MiB pkgfs reads",
+                blob.size(),
+                MAX_JSON >> 20
+            )));
+        }
+        let mut bytes = vec![0u8; blob.size() as usize];
+        blob.read_exact_at(&mut bytes, 0)?;
+        if let Some(d) = digest {
+            d.check(&bytes, what)?;
+        }
+        Ok(bytes)
+    }
+}
+
+fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Format(format!("{what} is not valid: {e}")))
+}
+
+fn descriptor_digest(d: &Descriptor, what: &str) -> Result<Digest> {
+    Digest::parse(&d.digest).map_err(|e| Error::Format(format!("{what}: {e}")))
+}
+
+/// Resolve `r` to its layers.
+pub fn resolve(r: &ImageRef, platform: Option<&Platform>) -> Result<Image> {
+    let store = Store::open(r)?;
+    let image = match r.transport {
+        Transport::Oci | Transport::OciArchive => resolve_oci(r, &store, platform),
+        Transport::DockerArchive => resolve_docker(r, &store),
+    }
+    .map_err(|e| match e {
+        Error::Format(m) => Error::Format(format!("{r}: {m}")),
+        Error::Corrupt(m) => Error::Corrupt(format!("{r}: {m}")),
+        Error::Unsupported(m) => Error::Unsupported(format!("{r}: {m}")),
+        e => e,
+    })?;
+    debug!(
+        "{r}: {} layers (manifest {:?}, config {:?})",
+        image.layers.len(),
+        image.manifest.as_ref().map(ToString::to_string),
+        image.config.as_ref().map(ToString::to_string)
+    );
+    Ok(image)
+}
+
+fn resolve_oci(r: &ImageRef, store: &Store, platform: Option<&Platform>) -> Result<Image> {
+    let index_blob = store
+        .file("index.json")?
+        .ok_or_else(|| Error::Format("no index.json: not an OCI image layout".into()))?;
+    let index: IndexJson = parse_json(&store.json(&*index_blob, None, "index.json")?, "index.json")?;
+    // The tag: `org.opencontainers.image.ref.name` of a top-level descriptor.
+    let top: Vec<&Descriptor> = match &r.reference {
+        Some(tag) => index
+            .manifests
+            .iter()
+            .filter(|d| d.annotations.get("org.opencontainers.image.ref.name") == Some(tag))
+            .collect(),
+        None => index.manifests.iter().collect(),
+    };
+    let desc = match (top.as_slice(), &r.reference) {
+        ([d], _) => (*d).clone(),
+        ([], Some(tag)) => {
+            let tags: Vec<&str> = index
+                .manifests
+                .iter()
+                .filter_map(|d| d.annotations.get("org.opencontainers.image.ref.name"))
+                .map(String::as_str)
+                .collect();
+            return Err(Error::Format(format!(
+                "no image tagged {tag:?} (tags: {})",
+                if tags.is_empty() { "none".into() } else { tags.join(", ") }
+            )));
+        }
+        ([], None) => return Err(Error::Format("index.json lists no image".into())),
+        (many, None) => {
+            // Several descriptors without a tag: one platform's, if that picks one.
+            let want = platform.cloned().unwrap_or_else(Platform::host);
+            match pick_platform(many, &want) {
+                Some(d) => d.clone(),
+                None => {
+                    return Err(Error::Format(format!(
+                        "index.json lists {} images: name one with :TAG",
+                        many.len()
+                    )));
+                }
+            }
+        }
+        (_, Some(tag)) => {
+            return Err(Error::Format(format!("several images are tagged {tag:?}")));
+        }
+    };
+    // Down through nested indexes to a manifest.
+    let mut desc = desc;
+    for depth in 0.. {
+        if depth > MAX_NESTING {
+            return Err(Error::Format(format!(
+                "image indexes nest more than {MAX_NESTING} deep"
+            )));
+        }
+        let digest = descriptor_digest(&desc, "a manifest descriptor")?;
+        let what = format!("manifest {digest}");
+        let blob = store.blob(&digest, desc.size, "manifest")?;
+        let bytes = store.json(&*blob, Some(&digest), &what)?;
+        let sniff: Sniff = parse_json(&bytes, &what)?;
+        let media = if desc.media_type.is_empty() {
+            sniff.media_type.as_str()
+        } else {
+            desc.media_type.as_str()
+        };
+        let is_index = INDEX_TYPES.contains(&media) || (media.is_empty() && sniff.manifests.is_some());
+        let is_manifest =
+            MANIFEST_TYPES.contains(&media) || (media.is_empty() && sniff.layers.is_some());
+        if is_index {
+            let idx: IndexJson = parse_json(&bytes, &what)?;
+            let refs: Vec<&Descriptor> = idx.manifests.iter().collect();
+            let want = platform.cloned().unwrap_or_else(Platform::host);
+            desc = match refs.as_slice() {
+                [only] if only.platform.is_none() => (*only).clone(),
+                _ => pick_platform(&refs, &want).cloned().ok_or_else(|| {
+                    let have: Vec<String> = refs
+                        .iter()
+                        .filter_map(|d| d.platform.as_ref())
+                        .map(|p| format!("{}/{}", p.os, p.architecture))
+                        .collect();
+                    Error::Format(format!(
+                        "no image for {want} (the index has {})",
+                        if have.is_empty() { "none labelled".into() } else { have.join(", ") }
+                    ))
+                })?,
+            };
+            continue;
+        }
+        if !is_manifest {
+            return Err(Error::Unsupported(format!(
+                "{what} has media type {media:?}, not an image manifest"
+            )));
+        }
+        let manifest: ManifestJson = parse_json(&bytes, &what)?;
+        return image_of(r, store, Some(digest), &manifest, platform);
+    }
+    unreachable!("the loop returns or fails")
+}
+
+/// The descriptor for `want`, if one matches.
+fn pick_platform<'a>(descs: &[&'a Descriptor], want: &Platform) -> Option<&'a Descriptor> {
+    descs
+        .iter()
+        .find(|d| d.platform.as_ref().is_some_and(|p| want.matches(p)))
+        .copied()
+}
+
+fn image_of(
+    r: &ImageRef,
+    store: &Store,
+    manifest_digest: Option<Digest>,
+    manifest: &ManifestJson,
+    platform: Option<&Platform>,
+) -> Result<Image> {
+    if manifest.layers.len() > MAX_LAYERS {
+        return Err(Error::Format(format!(
+            "{} layers: pkgfs mounts at most {MAX_LAYERS}",
+            manifest.layers.len()
+        )));
+    }
+    let config_digest = descriptor_digest(&manifest.config, "the config descriptor")?;
+    let config_blob = store.blob(&config_digest, manifest.config.size, "config")?;
+    let config: ConfigJson = parse_json(
+        &store.json(&*config_blob, Some(&config_digest), &format!("config {config_digest}"))?,
+        "the config",
+    )?;
+    let image_platform = (!config.os.is_empty()).then(|| {
+        let mut p = format!("{}/{}", config.os, config.architecture);
+        if let Some(v) = &config.variant {
+            p.push('/');
+            p.push_str(v);
+        }
+        p
+    });
+    let want = platform.cloned().unwrap_or_else(Platform::host);
+    if !config.os.is_empty()
+        && !want.matches(&PlatformJson {
+            os: config.os.clone(),
+            architecture: config.architecture.clone(),
+            variant: config.variant.clone(),
+        })
+    {
+        warn!(
+            "{r} is an image for {}, not {want}: its programs may not run here",
+            image_platform.as_deref().unwrap_or("?")
+        );
+    }
+    let n = manifest.layers.len();
+    let mut layers = Vec::with_capacity(n);
+    for (i, d) in manifest.layers.iter().enumerate() {
+        let digest = descriptor_digest(d, &format!("layer {}", i + 1))?;
+        if d.media_type.contains("+encrypted") {
+            return Err(Error::Unsupported(format!(
+                "layer {} ({digest}) is encrypted",
+                i + 1
+            )));
+        }
+        let blob = store.blob(&digest, d.size, &format!("layer {} blob", i + 1))?;
+        let annotation = |names: &[&str]| -> Result<Option<Digest>> {
+            names
+                .iter()
+                .find_map(|n| d.annotations.get(*n))
+                .map(|v| Digest::parse(v))
+                .transpose()
+        };
+        let name = PathBuf::from(format!(
+            "{r} layer {}/{n} ({}:{})",
+            i + 1,
+            digest.algorithm_name(),
+            digest.short()
+        ));
+        layers.push(ImageLayer {
+            blob: renamed(blob, &name),
+            name,
+            check: LayerCheck {
+                digest,
+                of: DigestOf::Blob,
+                toc_blob: annotation(TOC_BLOB_ANNOTATIONS)?,
+                toc_json: annotation(&[TOC_JSON_ANNOTATION])?,
+            },
+            media_type: d.media_type.clone(),
+        });
+    }
+    Ok(Image {
+        reference: r.clone(),
+        manifest: manifest_digest,
+        config: Some(config_digest),
+        platform: image_platform,
+        layers,
+    })
+}
+
+/// `blob`, named `name` in messages (a slice of itself).
+fn renamed(blob: Arc<dyn Blob>, name: &std::path::Path) -> Arc<dyn Blob> {
+    let len = blob.size();
+    match Slice::new(blob.clone(), 0, len, name.to_path_buf()) {
+        Ok(s) => Arc::new(s),
+        Err(_) => blob,
+    }
+}
+
+fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
+    let mblob = store
+        .file("manifest.json")?
+        .ok_or_else(|| Error::Format("no manifest.json: not a docker archive".into()))?;
+    let entries: Vec<DockerEntry> =
+        parse_json(&store.json(&*mblob, None, "manifest.json")?, "manifest.json")?;
+    let entry = match r.reference.as_deref() {
+        None if entries.len() == 1 => &entries[0],
+        None => {
+            return Err(Error::Format(format!(
+                "the archive holds {} images: name one with :NAME:TAG or :@N",
+                entries.len()
+            )));
+        }
+        Some(at) if at.starts_with('@') => {
+            let n: usize = at[1..]
+                .parse()
+                .map_err(|_| Error::Format(format!("{at:?} is not @N")))?;
+            entries.get(n).ok_or_else(|| {
+                Error::Format(format!("the archive holds {} images, not @{n}", entries.len()))
+            })?
+        }
+        Some(tag) => entries
+            .iter()
+            .find(|e| {
+                e.repo_tags
+                    .iter()
+                    .flatten()
+                    .any(|t| t == tag || t.strip_prefix("docker.io/library/") == Some(tag) || t.strip_prefix("docker.io/") == Some(tag))
+            })
+            .ok_or_else(|| Error::Format(format!("no image tagged {tag:?} in the archive")))?,
+    };
+    if entry.layers.len() > MAX_LAYERS {
+        return Err(Error::Format(format!(
+            "{} layers: pkgfs mounts at most {MAX_LAYERS}",
+            entry.layers.len()
+        )));
+    }
+    let cblob = store
+        .file(&entry.config)?
+        .ok_or_else(|| Error::Format(format!("config {:?} is missing", entry.config)))?;
+    let cbytes = store.json(&*cblob, None, "the config")?;
+    // The config is named by its digest (`<hex>.json`, or `blobs/sha256/<hex>`).
+    let hex = entry
+        .config
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .trim_end_matches(".json");
+    let config_digest = Digest::parse(&format!("sha256:{hex}")).ok();
+    if let Some(d) = &config_digest {
+        d.check(&cbytes, "the config")?;
+    }
+    let config: ConfigJson = parse_json(&cbytes, "the config")?;
+    let diff_ids = config.rootfs.as_ref().map(|r| &r.diff_ids[..]).unwrap_or(&[]);
+    if diff_ids.len() != entry.layers.len() {
+        return Err(Error::Corrupt(format!(
+            "the config lists {} layer digests for {} layers",
+            diff_ids.len(),
+            entry.layers.len()
+        )));
+    }
+    let n = entry.layers.len();
+    let mut layers = Vec::with_capacity(n);
+    for (i, (path, diff)) in entry.layers.iter().zip(diff_ids).enumerate() {
+        let digest = Digest::parse(diff)?;
+        let blob = store.file(path)?.ok_or_else(|| {
+            Error::Format(format!("layer {} ({path:?}) is missing from the archive", i + 1))
+        })?;
+        let name = PathBuf::from(format!(
+            "{r} layer {}/{n} ({}:{})",
+            i + 1,
+            digest.algorithm_name(),
+            digest.short()
+        ));
+        layers.push(ImageLayer {
+            blob: renamed(blob, &name),
+            name,
+            check: LayerCheck {
+                digest,
+                of: DigestOf::Tar,
+                toc_blob: None,
+                toc_json: None,
+            },
+            media_type: String::new(),
+        });
+    }
+    let platform = (!config.os.is_empty()).then(|| format!("{}/{}", config.os, config.architecture));
+    Ok(Image {
+        reference: r.clone(),
+        manifest: None,
+        config: config_digest,
+        platform,
+        layers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn references_parse_as_skopeo_names_them() {
+        let p = |s: &str| ImageRef::parse(OsStr::new(s));
+        assert_eq!(
+            p("oci:/img:latest"),
+            Some(ImageRef {
+                transport: Transport::Oci,
+                path: "/img".into(),
+                reference: Some("latest".into())
+            })
+        );
+        assert_eq!(p("oci:img").unwrap().reference, None);
+        assert_eq!(p("oci-archive:a.tar:v1").unwrap().transport, Transport::OciArchive);
+        let d = p("docker-archive:/x/a.tar:pkgfs/debian:latest").unwrap();
+        assert_eq!(
+            (d.transport, d.path.as_path(), d.reference.as_deref()),
+            (Transport::DockerArchive, Path::new("/x/a.tar"), Some("pkgfs/debian:latest"))
+        );
+        assert_eq!(p("/pkgs"), None);
+        assert_eq!(p("ocifoo:/x"), None);
+        assert_eq!(p("docker://busybox"), None);
+        assert_eq!(d.to_string(), "docker-archive:/x/a.tar:pkgfs/debian:latest");
+    }
+
+    #[test]
+    fn platforms_parse_and_match() {
+        let p = Platform::parse("linux/arm64/v8").unwrap();
+        assert_eq!(p.to_string(), "linux/arm64/v8");
+        let j = |arch: &str, variant: Option<&str>| PlatformJson {
+            os: "linux".into(),
+            architecture: arch.into(),
+            variant: variant.map(Into::into),
+        };
+        assert!(p.matches(&j("arm64", Some("v8"))));
+        assert!(p.matches(&j("arm64", None)));
+        assert!(!p.matches(&j("arm64", Some("v9"))));
+        assert!(!p.matches(&j("amd64", None)));
+        assert!(Platform::parse("linux").is_err());
+        assert!(Platform::parse("/amd64").is_err());
+        assert_eq!(Platform::host().os, "linux");
+    }
+}
