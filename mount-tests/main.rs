@@ -5,6 +5,7 @@
 
 mod common;
 mod faults;
+mod images;
 mod live;
 mod pack;
 mod prefetch;

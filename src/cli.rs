@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use crate::transport::ops::Access;
 use crate::source::image::{ImageRef, Platform, Transport};
+pub use crate::transport::ops::Access;
 use crate::tree::Ownership;
 
 /// Arguments that parse but make no sense: exit status 2, as clap's own errors.
@@ -472,13 +472,20 @@ pub fn helper_args(
 
 /// Split an fstab source field (see [`helper_args`]).
 fn split_fstab_sources(src: &[u8]) -> Vec<OsString> {
-    let parts: Vec<&[u8]> = src.split(|&b| b == b':').filter(|p| !p.is_empty()).collect();
+    let parts: Vec<&[u8]> = src
+        .split(|&b| b == b':')
+        .filter(|p| !p.is_empty())
+        .collect();
     let mut out = Vec::new();
     let mut i = 0;
     while i < parts.len() {
-        let is_image = [Transport::Oci, Transport::OciArchive, Transport::DockerArchive]
-            .iter()
-            .any(|t| t.prefix().as_bytes() == parts[i]);
+        let is_image = [
+            Transport::Oci,
+            Transport::OciArchive,
+            Transport::DockerArchive,
+        ]
+        .iter()
+        .any(|t| t.prefix().as_bytes() == parts[i]);
         if is_image && i + 1 < parts.len() {
             let mut word = [parts[i], parts[i + 1]].join(&b':');
             i += 2;
@@ -595,6 +602,10 @@ fn pack_config(p: PackArgs) -> Result<crate::tools::pack::PackConfig, UsageError
 }
 
 fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
+    let any_image = m
+        .sources
+        .iter()
+        .any(|s| ImageRef::parse(s.as_os_str()).is_some());
     // SAFETY: getuid/getgid cannot fail.
     let (my_uid, my_gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut cfg = MountConfig {
@@ -633,7 +644,8 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
                 .or_else(crate::format::IndexCache::default_dir)
         },
         watch: !m.no_watch,
-        whiteouts: m.whiteouts,
+        // Always for images: their layers say what they remove so.
+        whiteouts: m.whiteouts || any_image,
         platform: platform(m.platform)?,
         io_uring: m.io_uring == "auto",
     };
@@ -829,5 +841,22 @@ mod tests {
             panic!()
         };
         assert_eq!((sources.len(), path.len()), (2, 0));
+    }
+
+    #[test]
+    fn fstab_source_fields_keep_an_image_s_colons() {
+        let split = |s: &str| -> Vec<String> {
+            split_fstab_sources(s.as_bytes())
+                .into_iter()
+                .map(|o| o.into_string().unwrap())
+                .collect()
+        };
+        assert_eq!(split("/a:/b"), ["/a", "/b"]);
+        assert_eq!(split("oci:/img:latest:/pkgs"), ["oci:/img:latest", "/pkgs"]);
+        assert_eq!(
+            split("/base:docker-archive:/x.tar:pkgfs/debian:latest"),
+            ["/base", "docker-archive:/x.tar:pkgfs/debian:latest"]
+        );
+        assert_eq!(split("oci-archive:/i.tar"), ["oci-archive:/i.tar"]);
     }
 }

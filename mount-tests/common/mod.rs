@@ -351,11 +351,7 @@ impl Mount {
 
     /// Whether the mountpoint is in /proc/mounts.
     pub fn is_mounted(&self) -> bool {
-        let mp = self.path();
-        std::fs::read_to_string("/proc/self/mounts")
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.split(' ').nth(1) == Some(mp.to_str().unwrap_or("")))
+        is_mountpoint(&self.path())
     }
 
     /// The daemon log so far.
@@ -569,6 +565,14 @@ pub fn trees_match(expected: &Path, actual: &Path, extra: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Whether `mp` is in /proc/mounts.
+pub fn is_mountpoint(mp: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(mp.to_str().unwrap_or("")))
 }
 
 /// Detaches a mountpoint when dropped, for tests that run the daemon themselves.

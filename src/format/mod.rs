@@ -487,15 +487,11 @@ impl Foreign {
     /// What it is, and why it cannot be served in place.
     pub fn what(self) -> &'static str {
         match self {
-            Foreign::Zstd => {
-                "a zstd file without a seek table (not seekable): it cannot be read in place"
-            }
+            Foreign::Zstd => "a zstd file that holds no tar archive: it cannot be mounted",
             Foreign::Gzip => "a gzip file that holds no tar archive: it cannot be mounted",
             Foreign::Bzip2 => "a bzip2 file (a .tar.bz2?): it cannot be read in place",
             Foreign::Xz => "an xz file (a .tar.xz?): it cannot be read in place",
-            Foreign::Tar => {
-                "an uncompressed tar archive: it has no index, so mounting it would read it all"
-            }
+            Foreign::Tar => "a tar archive whose first header is damaged: it cannot be mounted",
         }
     }
 
@@ -515,8 +511,10 @@ impl Foreign {
     /// The fix, for messages: what turns it into something pkgfs serves.
     pub fn fix(self) -> String {
         match (self, self.pipe(Some("FILE"), "PACKAGE")) {
-            // A gzip tarball is served as it is: this one holds something else.
+            // A gzip or zstd tarball is served as it is: this one holds something else.
             (Foreign::Gzip, _) => "pkgfs serves gzip files that hold a tar archive".into(),
+            (Foreign::Zstd, _) => "pkgfs serves zstd files that hold a tar archive".into(),
+            (Foreign::Tar, _) => "repack it with `pkgfs pack FILE -o PACKAGE`".into(),
             (_, Some(pipe)) => format!("convert it through a pipe with `{pipe}`"),
             (_, None) => "convert it with `pkgfs pack FILE -o PACKAGE`".into(),
         }
@@ -610,11 +608,7 @@ fn check_whole(blob: &dyn Blob, digest: &Digest, cx: &OpenContext) -> Result<()>
     }
     let got = h.finish();
     if got != *digest {
-        return Err(crate::io::digest::mismatch(
-            &format!("layer {}", blob.name().display()),
-            digest,
-            &got,
-        ));
+        return Err(crate::io::digest::mismatch("the layer", digest, &got));
     }
     if let Some((c, k)) = &key
         && let Err(e) = c.store(k, b"checked\n")

@@ -437,11 +437,7 @@ impl<'a> Indexer<'a> {
             (None, None) => return Ok(()),
         };
         if got != layer.digest {
-            return Err(mismatch(
-                &format!("layer {}", self.blob.name().display()),
-                &layer.digest,
-                &got,
-            ));
+            return Err(mismatch("the layer", &layer.digest, &got));
         }
         Ok(())
     }

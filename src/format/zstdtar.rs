@@ -500,11 +500,7 @@ impl<'a> Pass<'a> {
         };
         let got = h.finish();
         if got != layer.digest {
-            return Err(mismatch(
-                &format!("layer {}", self.blob.name().display()),
-                &layer.digest,
-                &got,
-            ));
+            return Err(mismatch("the layer", &layer.digest, &got));
         }
         Ok(())
     }

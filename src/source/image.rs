@@ -323,7 +323,8 @@ impl Store {
                 Ok(Store::Dir(r.path.clone()))
             }
             Transport::OciArchive | Transport::DockerArchive => {
-                let file: Arc<dyn Blob> = LocalFile::open(&r.path).map_err(|e| e.with_path(&r.path))?;
+                let file: Arc<dyn Blob> =
+                    LocalFile::open(&r.path).map_err(|e| e.with_path(&r.path))?;
                 let mut members = HashMap::new();
                 crate::format::tar::walk_blob(&*file, |te| {
                     if te.kind == crate::format::tar::TarKind::File {
@@ -345,9 +346,12 @@ impl Store {
         match self {
             Store::Dir(dir) => {
                 // Names come from the image's own JSON: refuse any that could leave it.
-                let comps = crate::tree::path::components(name.as_bytes())
-                    .map_err(|e| Error::Format(format!("unsafe path {name:?} in the image: {e}")))?;
-                let path = comps.iter().fold(dir.clone(), |p, c| p.join(OsStr::from_bytes(c)));
+                let comps = crate::tree::path::components(name.as_bytes()).map_err(|e| {
+                    Error::Format(format!("unsafe path {name:?} in the image: {e}"))
+                })?;
+                let path = comps
+                    .iter()
+                    .fold(dir.clone(), |p, c| p.join(OsStr::from_bytes(c)));
                 match std::fs::symlink_metadata(&path) {
                     Ok(m) if m.is_file() => Ok(Some(LocalFile::open(&path)? as Arc<dyn Blob>)),
                     Ok(_) => Err(Error::Format(format!(
@@ -361,7 +365,9 @@ impl Store {
             Store::Archive { file, members } => {
                 let key = crate::tree::path::components(name.as_bytes())
                     .map(|c| c.join(&b'/'))
-                    .map_err(|e| Error::Format(format!("unsafe path {name:?} in the image: {e}")))?;
+                    .map_err(|e| {
+                        Error::Format(format!("unsafe path {name:?} in the image: {e}"))
+                    })?;
                 match members.get(&key) {
                     Some(&(off, len)) => Ok(Some(Arc::new(Slice::new(
                         file.clone(),
@@ -377,9 +383,9 @@ impl Store {
 
     /// The blob a descriptor names: present, of the size it says.
     fn blob(&self, d: &Digest, size: i64, what: &str) -> Result<Arc<dyn Blob>> {
-        let blob = self.file(&d.blob_path())?.ok_or_else(|| {
-            Error::Format(format!("{what} {d} is missing from the image"))
-        })?;
+        let blob = self
+            .file(&d.blob_path())?
+            .ok_or_else(|| Error::Format(format!("{what} {d} is missing from the image")))?;
         if i64::try_from(blob.size()).ok() != Some(size) {
             return Err(Error::Corrupt(format!(
                 "{what} {d} has {} bytes, its descriptor says {size}",
@@ -441,7 +447,8 @@ fn resolve_oci(r: &ImageRef, store: &Store, platform: Option<&Platform>) -> Resu
     let index_blob = store
         .file("index.json")?
         .ok_or_else(|| Error::Format("no index.json: not an OCI image layout".into()))?;
-    let index: IndexJson = parse_json(&store.json(&*index_blob, None, "index.json")?, "index.json")?;
+    let index: IndexJson =
+        parse_json(&store.json(&*index_blob, None, "index.json")?, "index.json")?;
     // The tag: `org.opencontainers.image.ref.name` of a top-level descriptor.
     let top: Vec<&Descriptor> = match &r.reference {
         Some(tag) => index
@@ -462,7 +469,11 @@ fn resolve_oci(r: &ImageRef, store: &Store, platform: Option<&Platform>) -> Resu
                 .collect();
             return Err(Error::Format(format!(
                 "no image tagged {tag:?} (tags: {})",
-                if tags.is_empty() { "none".into() } else { tags.join(", ") }
+                if tags.is_empty() {
+                    "none".into()
+                } else {
+                    tags.join(", ")
+                }
             )));
         }
         ([], None) => return Err(Error::Format("index.json lists no image".into())),
@@ -501,7 +512,8 @@ fn resolve_oci(r: &ImageRef, store: &Store, platform: Option<&Platform>) -> Resu
         } else {
             desc.media_type.as_str()
         };
-        let is_index = INDEX_TYPES.contains(&media) || (media.is_empty() && sniff.manifests.is_some());
+        let is_index =
+            INDEX_TYPES.contains(&media) || (media.is_empty() && sniff.manifests.is_some());
         let is_manifest =
             MANIFEST_TYPES.contains(&media) || (media.is_empty() && sniff.layers.is_some());
         if is_index {
@@ -518,7 +530,11 @@ fn resolve_oci(r: &ImageRef, store: &Store, platform: Option<&Platform>) -> Resu
                         .collect();
                     Error::Format(format!(
                         "no image for {want} (the index has {})",
-                        if have.is_empty() { "none labelled".into() } else { have.join(", ") }
+                        if have.is_empty() {
+                            "none labelled".into()
+                        } else {
+                            have.join(", ")
+                        }
                     ))
                 })?,
             };
@@ -559,7 +575,11 @@ fn image_of(
     let config_digest = descriptor_digest(&manifest.config, "the config descriptor")?;
     let config_blob = store.blob(&config_digest, manifest.config.size, "config")?;
     let config: ConfigJson = parse_json(
-        &store.json(&*config_blob, Some(&config_digest), &format!("config {config_digest}"))?,
+        &store.json(
+            &*config_blob,
+            Some(&config_digest),
+            &format!("config {config_digest}"),
+        )?,
         "the config",
     )?;
     let image_platform = (!config.os.is_empty()).then(|| {
@@ -641,8 +661,10 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
     let mblob = store
         .file("manifest.json")?
         .ok_or_else(|| Error::Format("no manifest.json: not a docker archive".into()))?;
-    let entries: Vec<DockerEntry> =
-        parse_json(&store.json(&*mblob, None, "manifest.json")?, "manifest.json")?;
+    let entries: Vec<DockerEntry> = parse_json(
+        &store.json(&*mblob, None, "manifest.json")?,
+        "manifest.json",
+    )?;
     let entry = match r.reference.as_deref() {
         None if entries.len() == 1 => &entries[0],
         None => {
@@ -656,16 +678,20 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
                 .parse()
                 .map_err(|_| Error::Format(format!("{at:?} is not @N")))?;
             entries.get(n).ok_or_else(|| {
-                Error::Format(format!("the archive holds {} images, not @{n}", entries.len()))
+                Error::Format(format!(
+                    "the archive holds {} images, not @{n}",
+                    entries.len()
+                ))
             })?
         }
         Some(tag) => entries
             .iter()
             .find(|e| {
-                e.repo_tags
-                    .iter()
-                    .flatten()
-                    .any(|t| t == tag || t.strip_prefix("docker.io/library/") == Some(tag) || t.strip_prefix("docker.io/") == Some(tag))
+                e.repo_tags.iter().flatten().any(|t| {
+                    t == tag
+                        || t.strip_prefix("docker.io/library/") == Some(tag)
+                        || t.strip_prefix("docker.io/") == Some(tag)
+                })
             })
             .ok_or_else(|| Error::Format(format!("no image tagged {tag:?} in the archive")))?,
     };
@@ -691,7 +717,11 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
         d.check(&cbytes, "the config")?;
     }
     let config: ConfigJson = parse_json(&cbytes, "the config")?;
-    let diff_ids = config.rootfs.as_ref().map(|r| &r.diff_ids[..]).unwrap_or(&[]);
+    let diff_ids = config
+        .rootfs
+        .as_ref()
+        .map(|r| &r.diff_ids[..])
+        .unwrap_or(&[]);
     if diff_ids.len() != entry.layers.len() {
         return Err(Error::Corrupt(format!(
             "the config lists {} layer digests for {} layers",
@@ -704,7 +734,10 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
     for (i, (path, diff)) in entry.layers.iter().zip(diff_ids).enumerate() {
         let digest = Digest::parse(diff)?;
         let blob = store.file(path)?.ok_or_else(|| {
-            Error::Format(format!("layer {} ({path:?}) is missing from the archive", i + 1))
+            Error::Format(format!(
+                "layer {} ({path:?}) is missing from the archive",
+                i + 1
+            ))
         })?;
         let name = PathBuf::from(format!(
             "{r} layer {}/{n} ({}:{})",
@@ -724,7 +757,8 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
             media_type: String::new(),
         });
     }
-    let platform = (!config.os.is_empty()).then(|| format!("{}/{}", config.os, config.architecture));
+    let platform =
+        (!config.os.is_empty()).then(|| format!("{}/{}", config.os, config.architecture));
     Ok(Image {
         reference: r.clone(),
         manifest: None,
@@ -751,11 +785,18 @@ mod tests {
             })
         );
         assert_eq!(p("oci:img").unwrap().reference, None);
-        assert_eq!(p("oci-archive:a.tar:v1").unwrap().transport, Transport::OciArchive);
+        assert_eq!(
+            p("oci-archive:a.tar:v1").unwrap().transport,
+            Transport::OciArchive
+        );
         let d = p("docker-archive:/x/a.tar:pkgfs/debian:latest").unwrap();
         assert_eq!(
             (d.transport, d.path.as_path(), d.reference.as_deref()),
-            (Transport::DockerArchive, Path::new("/x/a.tar"), Some("pkgfs/debian:latest"))
+            (
+                Transport::DockerArchive,
+                Path::new("/x/a.tar"),
+                Some("pkgfs/debian:latest")
+            )
         );
         assert_eq!(p("/pkgs"), None);
         assert_eq!(p("ocifoo:/x"), None);

@@ -224,6 +224,7 @@ mod tests {
             cache_bytes: 1 << 20,
             index_cache: None,
             whiteouts: false,
+            platform: None,
             progress: None,
         };
         let mut packages = Packages::new(vec![dir.path().to_path_buf()], opts);

@@ -426,9 +426,8 @@ impl Packages {
                         index_cache: cache.as_ref(),
                         ..OpenContext::default()
                     };
-                    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        cand.open(&cx)
-                    }));
+                    let opened =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cand.open(&cx)));
                     let r = match opened {
                         Ok(Ok(Indexed { archive, entries })) => Ok((Arc::new(archive), entries)),
                         Ok(Err(OpenError::Bad(e))) => Err(e),
@@ -829,6 +828,17 @@ mod tests {
         w.finish().unwrap();
     }
 
+    fn candidates(paths: &[PathBuf]) -> Vec<Candidate> {
+        paths
+            .iter()
+            .map(|p| Candidate {
+                path: p.clone(),
+                explicit: true,
+                layer: None,
+            })
+            .collect()
+    }
+
     /// Package `i` of `packages`: `i % 5 + 1` files, or garbage when `i % 7 == 3`.
     fn packages(dir: &Path, n: usize) -> Vec<PathBuf> {
         (0..n)
@@ -851,7 +861,8 @@ mod tests {
     fn the_stream_hands_out_every_archive_in_order_whatever_the_window() {
         let dir = tempfile::tempdir().unwrap();
         let paths = packages(dir.path(), 40);
-        let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
+        let cands = candidates(&paths);
+        let jobs: Vec<Job> = cands.iter().map(Job::Open).collect();
         for window in [1, 2, 5, 64] {
             let shared = StreamState::new(jobs.len(), window);
             let work = |job: &Job| index_job(job, &OpenContext::default());
@@ -876,7 +887,8 @@ mod tests {
     fn a_stream_dropped_early_stops_its_workers() {
         let dir = tempfile::tempdir().unwrap();
         let paths = packages(dir.path(), 30);
-        let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
+        let cands = candidates(&paths);
+        let jobs: Vec<Job> = cands.iter().map(Job::Open).collect();
         let shared = StreamState::new(jobs.len(), 2);
         let work = |job: &Job| index_job(job, &OpenContext::default());
         // The scope joins the workers: it returns only if they stop.
@@ -895,11 +907,12 @@ mod tests {
     fn a_panic_while_indexing_is_that_archive_s_error_and_the_rest_go_on() {
         let dir = tempfile::tempdir().unwrap();
         let paths = packages(dir.path(), 12);
-        let jobs: Vec<Job> = paths.iter().map(|p| Job::Open(p)).collect();
+        let cands = candidates(&paths);
+        let jobs: Vec<Job> = cands.iter().map(Job::Open).collect();
         let shared = StreamState::new(jobs.len(), 3);
         let work = |job: &Job| {
-            if let Job::Open(p) = job
-                && p.ends_with("p05.zip")
+            if let Job::Open(c) = job
+                && c.path.ends_with("p05.zip")
             {
                 panic!("injected");
             }
@@ -941,6 +954,7 @@ mod tests {
             cache_bytes: 1 << 20,
             index_cache: None,
             whiteouts: false,
+            platform: None,
             progress: None,
         };
         let mut pk = Packages::new(vec![d.to_path_buf()], opts);

@@ -174,11 +174,7 @@ fn stream(fs: &PkgFs, ino: u64, mut sink: impl FnMut(&[u8]) -> bool) -> Result<u
 }
 
 /// `pkgfs check`: verify everything; prints findings to `out`; `Ok(true)` if clean.
-pub fn check(
-    sources: &[PathBuf],
-    merge: &Merge,
-    out: &mut impl Write,
-) -> Result<bool, ToolError> {
+pub fn check(sources: &[PathBuf], merge: &Merge, out: &mut impl Write) -> Result<bool, ToolError> {
     let (fs, report) = load(sources, merge)?;
     // A fixed mount: the tree's own node numbers are the inode numbers.
     let view = fs.view();

@@ -616,6 +616,7 @@ mod tests {
             cache_bytes: 1 << 20,
             index_cache: None,
             whiteouts: false,
+            platform: None,
             progress: None,
         };
         let (fs, _) = crate::source::load(&[path], &opts).unwrap();
