@@ -392,3 +392,44 @@ fn offline_tools_take_image_references() {
     let out = run(pkgfs().args(["check", &archive]));
     assert!(out.status.success());
 }
+
+/// A container runtime runs the image from the mount as its root filesystem: `runc run`
+/// on a bundle whose `rootfs` is the mount (mounted `-o suid,dev`, as a container's root
+/// wants), read-only, the image's own script as the process.
+#[test]
+fn a_container_runtime_runs_the_image_from_the_mount() {
+    if !crate::common::require_tools(&["runc"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    let rootfs = bundle.join("rootfs");
+    fs::create_dir_all(&rootfs).unwrap();
+    let source = image_ref("oci:oci-gzip:latest");
+    run(pkgfs()
+        .args(["mount", "-q", "-o", "suid,dev", "--index-cache"])
+        .arg(dir.path().join("cache"))
+        .arg(&source)
+        .arg(&rootfs));
+    let _guard = crate::common::UmountGuard(&rootfs);
+    run(Command::new("runc").arg("spec").current_dir(&bundle));
+    let spec = bundle.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_slice(&fs::read(&spec).unwrap()).unwrap();
+    c["process"]["terminal"] = false.into();
+    c["process"]["args"] = serde_json::json!(["/usr/local/bin/pkgfs-selftest"]);
+    c["root"] = serde_json::json!({"path": "rootfs", "readonly": true});
+    fs::write(&spec, serde_json::to_vec(&c).unwrap()).unwrap();
+    let name = format!("pkgfs-test-{}", std::process::id());
+    let out = run(Command::new("runc")
+        .args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg(&name));
+    let _ = Command::new("runc")
+        .args(["delete", "--force", &name])
+        .output();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        fs::read_to_string(images().join("reference.selftest")).unwrap()
+    );
+    run(pkgfs().arg("umount").arg(&rootfs));
+}
