@@ -42,8 +42,9 @@ demo-stop MNT="/mnt":
 
 # Installs linux-source-6.1 and the peers; needs ~10 GB in /var/tmp. Results, tables
 # and plots go to docs/bench/ and docs/img/.
-# All benchmarks on the Linux source: packing, the peer comparison, the scaling run.
-bench: bench-pack bench-peers
+# All benchmarks on the Linux source: packing, the peer comparison, the scaling run,
+# gzip tarballs; and container images.
+bench: bench-pack bench-peers bench-targz bench-images
 
 # Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
@@ -58,10 +59,22 @@ bench-pack:
 bench-peers *ARGS:
     bash bench/peers.sh /var/tmp/pkgfs-bench {{ARGS}}
 
+# gzip tarballs: the Linux tree as one tar.gz indexed against gzip -dc and ratarmount, its
+# cached second mount, random reads in a 1 GiB member (needs bench-peers' corpus first).
+bench-targz WORKDIR="/var/tmp/pkgfs-bench":
+    bash bench/corpus.sh {{WORKDIR}}
+    python3 bench/targz.py {{WORKDIR}} docs/bench/targz.json
+
+# Container images: time from an image to a command's first output in it, against umoci
+# unpack and tar -x, bytes of layers read, mount time (builds its Debian image once).
+bench-images WORKDIR="/var/tmp/pkgfs-bench":
+    cargo build --release
+    python3 bench/images.py {{WORKDIR}} docs/bench/images.json
+
 # Unit tests under AddressSanitizer (nightly), the C decoders (libdeflate, zstd) instrumented too.
 asan:
     RUSTFLAGS=-Zsanitizer=address CFLAGS=-fsanitize=address cargo +nightly test --lib --target x86_64-unknown-linux-gnu --target-dir target/asan
 
-# Fuzz one parser for a while: just fuzz zip_index|seekable_index|tar_headers|targz_index
+# Fuzz one parser for a while: just fuzz zip_index|seekable_index|tar_headers|targz_index|any_archive
 fuzz TARGET SECONDS="300":
     cd fuzz && mkdir -p corpus/{{TARGET}} && cargo +nightly fuzz run -O {{TARGET}} corpus/{{TARGET}} seeds/{{TARGET}} -- -max_total_time={{SECONDS}} -max_len=65536

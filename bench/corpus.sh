@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark corpus (issue 5), made from Debian's linux-source-6.1: the extracted tree,
-# one zip, one squashfs image, and the tree cut into ~600 packages (one per second-level
-# directory) as zip -6 archives and as pkgfs packages. Installs what the benchmark needs
+# one zip, one squashfs image, one gzip tarball, and the tree cut into ~600 packages (one
+# per second-level directory) as zip -6 archives, pkgfs packages and tar.gz (gzip -6). Installs what the benchmark needs
 # (Debian packages; ratarmount and matplotlib from PyPI into target/bench-venv) and builds
 # the release binary. Each piece is made once and kept.
 #
@@ -53,6 +53,9 @@ split_into() { # kind dir
   cut -f1 "$work/split.tsv" | sort -u | while read -r pkg; do
     if [ "$kind" = zip ]; then
       (cd "$src" && awk -F'\t' -v p="$pkg" '$1==p {print $2}' "$work/split.tsv" | zip -q -6 -y -@ "$out.tmp/$pkg.zip")
+    elif [ "$kind" = targz ]; then
+      # GNU tar, gzip -6, the same files as the zip (and, like it, no directory entries).
+      (cd "$src" && awk -F'\t' -v p="$pkg" '$1==p {print $2}' "$work/split.tsv" | tar --no-recursion -cf - -T - | gzip -6 > "$out.tmp/$pkg.tar.gz")
     else
       stage="$work/stage"; rm -rf "$stage"; mkdir -p "$stage"
       awk -F'\t' -v p="$pkg" '$1==p {print $2}' "$work/split.tsv" | (cd "$src" && cpio -pdml --quiet "$stage")
@@ -64,3 +67,6 @@ split_into() { # kind dir
 }
 split_into zip "$work/pkgs-zip-all"
 split_into zst "$work/pkgs-zst-all"
+split_into targz "$work/pkgs-targz-all"
+# The whole tree as one gzip tarball (GNU tar, gzip -6): bench/targz.py.
+[ -f "$work/linux.tar.gz" ] || { tar -C "$src" -cf - . | gzip -6 > "$work/linux.tar.gz.tmp" && mv "$work/linux.tar.gz.tmp" "$work/linux.tar.gz"; }

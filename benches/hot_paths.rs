@@ -26,6 +26,8 @@ fn entries(n: usize) -> Vec<Entry> {
             size: 100,
             data: Loc::Record(i as u32),
             link: Vec::new(),
+            rdev: 0,
+            xattrs: Vec::new(),
         })
         .collect()
 }
