@@ -632,6 +632,8 @@ pub fn open_path(path: &Path, cx: &OpenContext) -> std::result::Result<Indexed, 
 }
 
 #[cfg(test)]
+mod layer_tests;
+#[cfg(test)]
 mod tests;
 
 #[cfg(test)]

@@ -1,0 +1,351 @@
+//! The image-layer formats, made here byte by byte and read through the filesystem:
+//! zstd:chunked and eStargz tables of contents (chunks checked on read, tables against
+//! a manifest's digest), zstd tarballs served by frames or from a decompressed copy, and
+//! the whole-layer digest check of `open_layer`.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use crate::format::tar::{TarKind, TarWriter, WriteEntry};
+use crate::format::{self, Checked, DigestOf, IndexOrigin, LayerCheck, OpenContext};
+use crate::fs::PkgFs;
+use crate::io::blob::{Blob, Bytes};
+use crate::io::digest::{Algorithm, Digest, Hasher};
+use crate::tree::{Ownership, TreeBuilder};
+
+fn sha(b: &[u8]) -> Digest {
+    let mut h = Hasher::new(Algorithm::Sha256);
+    h.update(b);
+    h.finish()
+}
+
+fn text(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            b"layers of an image\n"[(x >> 27) as usize % 19]
+        })
+        .collect()
+}
+
+/// A layer check whose blob digest is `blob`'s, with the given table digests.
+fn check(blob: &[u8], toc_blob: Option<Digest>, toc_json: Option<Digest>) -> LayerCheck {
+    LayerCheck {
+        digest: sha(blob),
+        of: DigestOf::Blob,
+        toc_blob,
+        toc_json,
+    }
+}
+
+/// Open `bytes` as a layer with `cx` and mount it as a `PkgFs` (no FUSE).
+fn mount(bytes: Vec<u8>, cx: &OpenContext) -> crate::error::Result<(PkgFs, Checked, IndexOrigin)> {
+    let blob: Arc<dyn Blob> = Arc::new(Bytes::new("layer", bytes));
+    let idx = format::open(blob, cx).map_err(|e| match e {
+        format::OpenError::Bad(e) => e,
+        format::OpenError::NotAnArchive => crate::error::Error::Format("not an archive".into()),
+    })?;
+    let (checked, origin) = (idx.archive.checked, idx.archive.origin);
+    let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
+    b.add_layer(0, 0, &idx.entries);
+    Ok((
+        PkgFs::new(b.finish(), vec![idx.archive], 1 << 20),
+        checked,
+        origin,
+    ))
+}
+
+fn read(fs: &PkgFs, path: &str) -> crate::error::Result<Vec<u8>> {
+    let ino = fs.resolve(path.as_bytes()).expect(path);
+    let size = fs.getattr(ino)?.size;
+    let mut out = Vec::new();
+    while (out.len() as u64) < size {
+        let d = fs.read(ino, out.len() as u64, 100_000)?;
+        assert!(!d.is_empty());
+        out.extend_from_slice(&d);
+    }
+    Ok(out)
+}
+
+/// A zstd:chunked layer (containers/storage's layout): each chunk of each file its own
+/// zstd frame, then the table in a skippable frame, then the 48-byte footer. Returns
+/// the layer, the offset of every chunk, and the compressed table.
+fn zstd_chunked(files: &[(&str, &[u8], usize)]) -> (Vec<u8>, Vec<usize>, Vec<u8>) {
+    let mut out = Vec::new();
+    let mut entries = Vec::new();
+    let mut offsets = Vec::new();
+    for (name, data, chunk) in files {
+        let first = entries.len();
+        for (i, piece) in data.chunks(*chunk).enumerate() {
+            let off = out.len();
+            offsets.push(off);
+            out.extend_from_slice(&zstd::bulk::compress(piece, 3).unwrap());
+            entries.push(if i == 0 {
+                json!({"type": "reg", "name": name, "mode": 0o4755, "uid": 7, "gid": 8,
+                       "size": data.len(), "modtime": "2024-01-01T00:00:00Z", "offset": off,
+                       "chunkSize": piece.len(), "chunkDigest": sha(piece).to_string(),
+                       "digest": sha(data).to_string(),
+                       "xattrs": {"user.k": "dmFsdWU="}})
+            } else {
+                json!({"type": "chunk", "name": name, "offset": off, "chunkSize": piece.len(),
+                       "chunkOffset": i * chunk, "chunkDigest": sha(piece).to_string()})
+            });
+        }
+        if data.is_empty() {
+            entries.push(json!({"type": "reg", "name": name, "mode": 0o644,
+                                "modtime": "2024-01-01T00:00:00Z"}));
+        }
+        entries[first]["endOffset"] = out.len().into();
+    }
+    entries.push(json!({"type": "char", "name": "dev/null", "mode": 0o666,
+                        "devMajor": 1, "devMinor": 3, "modtime": "2024-01-01T00:00:00Z"}));
+    let toc = serde_json::to_vec(&json!({"version": 1, "entries": entries})).unwrap();
+    let ctoc = zstd::bulk::compress(&toc, 3).unwrap();
+    out.extend_from_slice(&0x184D_2A50u32.to_le_bytes());
+    out.extend_from_slice(&(ctoc.len() as u32).to_le_bytes());
+    let toc_off = out.len() as u64;
+    out.extend_from_slice(&ctoc);
+    out.extend_from_slice(&0x184D_2A50u32.to_le_bytes());
+    out.extend_from_slice(&40u32.to_le_bytes());
+    for v in [toc_off, ctoc.len() as u64, toc.len() as u64, 1] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(b"GnUlInUx");
+    (out, offsets, ctoc)
+}
+
+#[test]
+fn zstd_chunked_layers_read_from_their_table_and_check_every_chunk() {
+    let big = text(300_000, 3);
+    let files: [(&str, &[u8], usize); 3] = [
+        ("etc/hostname", b"pkgfs\n", 4096),
+        ("usr/lib/big", &big, 64 * 1024),
+        ("empty", b"", 4096),
+    ];
+    let (layer, offsets, ctoc) = zstd_chunked(&files);
+    let good = check(&layer, Some(sha(&ctoc)), None);
+    let cx = OpenContext {
+        layer: Some(&good),
+        ..OpenContext::default()
+    };
+    let (fs, checked, origin) = mount(layer.clone(), &cx).unwrap();
+    assert_eq!((checked, origin), (Checked::Toc, IndexOrigin::Archive));
+    assert_eq!(read(&fs, "etc/hostname").unwrap(), b"pkgfs\n");
+    assert_eq!(read(&fs, "usr/lib/big").unwrap(), big);
+    assert_eq!(read(&fs, "empty").unwrap(), b"");
+    // Across a chunk boundary, from the middle.
+    let ino = fs.resolve(b"usr/lib/big").unwrap();
+    assert_eq!(
+        &fs.read(ino, 65_000, 2_000).unwrap()[..],
+        &big[65_000..67_000]
+    );
+    let a = fs.getattr(ino).unwrap();
+    assert_eq!((a.perm, a.uid, a.gid), (0o4755, 7, 8));
+    assert_eq!(fs.getxattr(ino, b"user.k").unwrap(), b"value");
+    let null = fs.getattr(fs.resolve(b"dev/null").unwrap()).unwrap();
+    assert_eq!((null.kind, null.rdev), (crate::tree::Kind::CharDev, 0x103));
+
+    // A chunk whose bytes were changed (here its frame's last byte, the content
+    // checksum's or the data's): that chunk reads EIO, the rest of the file and the
+    // layer read.
+    let mut bad = layer.clone();
+    let third = offsets[3] - 1; // the end of the second chunk of usr/lib/big
+    bad[third] ^= 0x55;
+    let (fs, _, _) = mount(bad, &cx).unwrap();
+    assert_eq!(read(&fs, "etc/hostname").unwrap(), b"pkgfs\n");
+    let ino = fs.resolve(b"usr/lib/big").unwrap();
+    assert_eq!(&fs.read(ino, 0, 1000).unwrap()[..], &big[..1000]);
+    let err = fs.read(ino, 70_000, 10).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+
+    // A table that is not the one the manifest names: the layer is refused.
+    let wrong = check(&layer, Some(sha(b"another table")), None);
+    let cx = OpenContext {
+        layer: Some(&wrong),
+        ..OpenContext::default()
+    };
+    let err = mount(layer.clone(), &cx).err().unwrap().to_string();
+    assert!(err.contains("does not match its digest"), "{err}");
+
+    // Opened as a plain file (no manifest): served, nothing vouched for by a manifest.
+    let (fs, checked, _) = mount(layer, &OpenContext::default()).unwrap();
+    assert_eq!(checked, Checked::Nothing);
+    assert_eq!(read(&fs, "usr/lib/big").unwrap(), big);
+}
+
+/// An eStargz layer: each chunk starts a gzip member, the table is
+/// `stargz.index.json` in a tar in a gzip member, then the 51-byte footer.
+fn estargz(files: &[(&str, &[u8], usize)]) -> (Vec<u8>, Vec<u8>) {
+    let gz = |b: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
+        e.write_all(b).unwrap();
+        e.finish().unwrap()
+    };
+    let mut out = Vec::new();
+    let mut entries = vec![
+        json!({"type": "reg", "name": ".no.prefetch.landmark", "size": 1,
+                                  "offset": 0, "chunkDigest": sha(b"\xf0").to_string()}),
+    ];
+    out.extend_from_slice(&gz(b"\xf0"));
+    for (name, data, chunk) in files {
+        for (i, piece) in data.chunks(*chunk).enumerate() {
+            let off = out.len();
+            // Tar padding after the chunk lies in its member: reads stop at its size.
+            out.extend_from_slice(&gz(&[piece, &[0u8; 300][..]].concat()));
+            entries.push(if i == 0 {
+                json!({"type": "reg", "name": name, "mode": 0o644, "size": data.len(),
+                       "modtime": "2024-01-01T00:00:00Z", "offset": off,
+                       "chunkSize": piece.len(), "chunkDigest": sha(piece).to_string()})
+            } else {
+                json!({"type": "chunk", "name": name, "offset": off, "chunkSize": piece.len(),
+                       "chunkOffset": i * chunk, "chunkDigest": sha(piece).to_string()})
+            });
+        }
+    }
+    entries.push(json!({"type": "hardlink", "name": "link", "linkName": files[0].0}));
+    let json = serde_json::to_vec(&json!({"version": 1, "entries": entries})).unwrap();
+    let mut t = TarWriter::new(Vec::new());
+    t.header(&WriteEntry {
+        path: b"stargz.index.json",
+        kind: TarKind::File,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        mtime: 0,
+        size: json.len() as u64,
+        link: &[],
+    })
+    .unwrap();
+    t.data(&json).unwrap();
+    t.end_entry().unwrap();
+    let toc_off = out.len();
+    out.extend_from_slice(&gz(&t.finish().unwrap()));
+    let mut footer = vec![
+        0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 0xff, 26, 0, b'S', b'G', 22, 0,
+    ];
+    footer.extend_from_slice(format!("{toc_off:016x}STARGZ").as_bytes());
+    footer.extend_from_slice(&[1, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(footer.len(), 51);
+    out.extend_from_slice(&footer);
+    (out, json)
+}
+
+#[test]
+fn estargz_layers_read_from_their_table_without_the_format_s_own_files() {
+    let big = text(200_000, 5);
+    let files: [(&str, &[u8], usize); 2] = [("bin/sh", b"#!\n", 4096), ("big", &big, 50_000)];
+    let (layer, json) = estargz(&files);
+    let good = check(&layer, None, Some(sha(&json)));
+    let cx = OpenContext {
+        layer: Some(&good),
+        ..OpenContext::default()
+    };
+    let (fs, checked, _) = mount(layer.clone(), &cx).unwrap();
+    assert_eq!(checked, Checked::Toc);
+    assert_eq!(read(&fs, "bin/sh").unwrap(), b"#!\n");
+    assert_eq!(read(&fs, "big").unwrap(), big);
+    assert_eq!(read(&fs, "link").unwrap(), b"#!\n");
+    assert!(fs.resolve(b".no.prefetch.landmark").is_none());
+    assert!(fs.resolve(b"stargz.index.json").is_none());
+    let wrong = check(&layer, None, Some(sha(b"{}")));
+    let cx = OpenContext {
+        layer: Some(&wrong),
+        ..OpenContext::default()
+    };
+    assert!(mount(layer, &cx).is_err());
+}
+
+/// A tar stream of `files`.
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut t = TarWriter::new(Vec::new());
+    for (name, data) in files {
+        t.header(&WriteEntry {
+            path: name.as_bytes(),
+            kind: TarKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime: 1_700_000_000,
+            size: data.len() as u64,
+            link: &[],
+        })
+        .unwrap();
+        t.data(data).unwrap();
+        t.end_entry().unwrap();
+    }
+    t.finish().unwrap()
+}
+
+#[test]
+fn zstd_tarballs_serve_small_frames_in_place_and_one_big_frame_from_a_copy() {
+    let a = text(3 << 20, 7);
+    let b = text(9 << 20, 9);
+    let tar = tar_of(&[("a", &a), ("dir/b", &b)]);
+    let framed: Vec<u8> = tar
+        .chunks(1 << 20)
+        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
+        .collect();
+    let single = zstd::bulk::compress(&tar, 3).unwrap();
+    for (what, bytes, copies) in [("frames", framed, 0), ("one frame", single, 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = format::IndexCache::new(dir.path().join("cache"));
+        let ok = check(&bytes, None, None);
+        let cx = OpenContext {
+            layer: Some(&ok),
+            index_cache: Some(&cache),
+            ..OpenContext::default()
+        };
+        for origin in [IndexOrigin::Pass, IndexOrigin::Cache] {
+            let (fs, checked, got) = mount(bytes.clone(), &cx).unwrap();
+            assert_eq!((checked, got), (Checked::Digest, origin), "{what}");
+            assert_eq!(read(&fs, "a").unwrap(), a, "{what}");
+            assert_eq!(read(&fs, "dir/b").unwrap(), b, "{what}");
+        }
+        let copies_made = std::fs::read_dir(dir.path().join("cache"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("tar".as_ref()))
+            .count();
+        assert_eq!(copies_made, copies, "{what}");
+        // The wrong digest: refused, and nothing cached for it.
+        let mut wrong = check(&bytes, None, None);
+        wrong.digest = sha(b"not this layer");
+        let cx = OpenContext {
+            layer: Some(&wrong),
+            index_cache: Some(&cache),
+            ..OpenContext::default()
+        };
+        let err = mount(bytes.clone(), &cx).err().unwrap().to_string();
+        assert!(err.contains("does not match its digest"), "{what}: {err}");
+    }
+}
+
+#[test]
+fn a_layer_read_without_a_pass_is_hashed_whole_once() {
+    let tar = tar_of(&[("f", b"plain tar layer\n")]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = format::IndexCache::new(dir.path().join("cache"));
+    let cx = OpenContext {
+        index_cache: Some(&cache),
+        ..OpenContext::default()
+    };
+    let blob: Arc<dyn Blob> = Arc::new(Bytes::new("layer.tar", tar.clone()));
+    let good = check(&tar, None, None);
+    let idx = format::open_layer(blob.clone(), &good, &cx).unwrap();
+    assert_eq!(
+        (idx.archive.format(), idx.archive.checked),
+        ("tar", Checked::Digest)
+    );
+    // The check is remembered: the marker is in the cache, keyed by version and digest.
+    let marker = cache.key("digest", &*blob, &good.digest.to_string());
+    assert!(cache.load(&marker).is_some());
+    let mut bad = good.clone();
+    bad.digest = sha(b"other");
+    let err = match format::open_layer(blob, &bad, &cx) {
+        Err(format::OpenError::Bad(e)) => e.to_string(),
+        _ => panic!("a wrong digest must fail"),
+    };
+    assert!(err.contains("does not match its digest"), "{err}");
+}
