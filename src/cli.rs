@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::source::image::{ImageRef, Platform, Transport};
+use crate::tools::Merge;
 pub use crate::transport::ops::Access;
 use crate::tree::Ownership;
 
@@ -238,15 +239,6 @@ impl MergeArgs {
             platform: platform(self.platform)?,
         })
     }
-}
-
-/// How the offline tools merge layers.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Merge {
-    /// Treat `.wh.` entries as OCI whiteouts.
-    pub whiteouts: bool,
-    /// The platform to take from a multi-platform image.
-    pub platform: Option<Platform>,
 }
 
 fn platform(p: Option<String>) -> Result<Option<Platform>, UsageError> {

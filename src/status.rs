@@ -62,7 +62,22 @@ pub struct Activity {
     /// Archives being indexed in the background (not active yet).
     pub indexing: Vec<PathBuf>,
     /// The images among the sources.
-    pub images: Vec<crate::source::image::Image>,
+    pub images: Vec<ImageSummary>,
+}
+
+/// What the report says of an image among the sources.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageSummary {
+    /// How it was named (`oci:DIR:TAG`…).
+    pub reference: String,
+    /// The digest of its manifest, if it has one.
+    pub manifest: Option<String>,
+    /// The digest of its config.
+    pub config: Option<String>,
+    /// The platform its config names.
+    pub platform: Option<String>,
+    /// Its layers, bottom first: digest, media type, size in bytes.
+    pub layers: Vec<(String, String, u64)>,
 }
 
 fn secs(t: SystemTime) -> u64 {
@@ -253,17 +268,17 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             .images
             .iter()
             .map(|i| ImageRow {
-                reference: i.reference.to_string(),
-                manifest: i.manifest.as_ref().map(ToString::to_string),
-                config: i.config.as_ref().map(ToString::to_string),
+                reference: i.reference.clone(),
+                manifest: i.manifest.clone(),
+                config: i.config.clone(),
                 platform: i.platform.clone(),
                 layers: i
                     .layers
                     .iter()
-                    .map(|l| LayerRow {
-                        digest: l.check.digest.to_string(),
-                        media_type: l.media_type.clone(),
-                        size: l.blob.size(),
+                    .map(|(digest, media_type, size)| LayerRow {
+                        digest: digest.clone(),
+                        media_type: media_type.clone(),
+                        size: *size,
                     })
                     .collect(),
             })

@@ -9,7 +9,6 @@ pub mod pack;
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::cli::Merge;
 use crate::error::Error;
 use crate::format::{IndexCache, OpenContext};
 use crate::fs::PkgFs;
@@ -43,6 +42,15 @@ pub enum ToolError {
     /// Writing the output failed (a closed pipe among others).
     #[error("output: {0}")]
     Output(#[from] std::io::Error),
+}
+
+/// How the offline tools merge layers (as the matching `mount` options do).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Merge {
+    /// Treat `.wh.` entries as OCI whiteouts.
+    pub whiteouts: bool,
+    /// The platform to take from a multi-platform image.
+    pub platform: Option<crate::source::image::Platform>,
 }
 
 fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolError> {
