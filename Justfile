@@ -5,6 +5,11 @@ build:
     cargo build --release
 
 # fstab and systemd mount units with type fuse.pkgfs need the mount(8) helper.
+# The Debian package (binary, mount helper, man pages, completions, examples) in
+# target/debian: `apt install ./target/debian/pkgfs_*.deb`.
+deb:
+    bash packaging/deb.sh
+
 # Install the binary in PREFIX/bin and link /sbin/mount.fuse.pkgfs to it.
 install PREFIX="/usr/local": build
     install -D -m 0755 target/release/pkgfs {{PREFIX}}/bin/pkgfs

@@ -499,14 +499,18 @@ fn status_reports_packages_conflicts_cache_and_requests() {
 
 /// Installs `/sbin/mount.fuse.pkgfs` (a link to the binary under test) for the life of
 /// the guard, as `just install` does.
-struct HelperLink(PathBuf);
+struct HelperLink(
+    PathBuf,
+    #[allow(dead_code)] std::sync::MutexGuard<'static, ()>,
+);
 
 impl HelperLink {
     fn new() -> HelperLink {
+        let lock = crate::common::helper_lock();
         let link = PathBuf::from("/sbin/mount.fuse.pkgfs");
         let _ = fs::remove_file(&link);
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_pkgfs"), &link).unwrap();
-        HelperLink(link)
+        HelperLink(link, lock)
     }
 }
 

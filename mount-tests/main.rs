@@ -8,6 +8,7 @@ mod faults;
 mod images;
 mod live;
 mod pack;
+mod packaging;
 mod prefetch;
 mod targz;
 

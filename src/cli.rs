@@ -96,6 +96,24 @@ enum CliCommand {
     /// with unsafe paths, devices and FIFOs are skipped with a warning. bzip2 and xz
     /// tarballs come through a pipe: `xz -dc src.tar.xz | pkgfs pack - -o OUT`.
     Pack(PackArgs),
+    /// Print a shell completion script: `pkgfs completions bash > /etc/bash_completion.d/pkgfs`.
+    Completions(CompletionsArgs),
+    /// Write the man pages (pkgfs.1, pkgfs-mount.1…), made from these definitions, to DIR.
+    #[command(hide = true)]
+    Manpages(ManpagesArgs),
+}
+
+#[derive(Debug, Args)]
+struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+struct ManpagesArgs {
+    /// Where to write them.
+    dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -364,6 +382,10 @@ pub enum Command {
     },
     /// Pack a directory.
     Pack(crate::tools::pack::PackConfig),
+    /// Print a completion script for this shell.
+    Completions(clap_complete::Shell),
+    /// Write the man pages to this directory.
+    Manpages(PathBuf),
 }
 
 /// Parse a byte size such as `512`, `64K`, `256M`, `2G` (binary multiples).
@@ -462,6 +484,33 @@ pub fn helper_args(
     Some(Ok(out))
 }
 
+/// Write the completion script of `shell` for pkgfs to `out`.
+pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut cmd, "pkgfs", out);
+}
+
+/// Write the man pages of pkgfs and of each of its (visible) commands into `dir`:
+/// `pkgfs.1`, `pkgfs-mount.1`… Made from the same definitions as `--help`.
+pub fn manpages(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let cmd = <Cli as clap::CommandFactory>::command().name("pkgfs");
+    let mut written = Vec::new();
+    let mut page = |c: clap::Command, name: String| -> std::io::Result<()> {
+        let path = dir.join(format!("{name}.1"));
+        let mut out = Vec::new();
+        clap_mangen::Man::new(c.name(name.clone())).render(&mut out)?;
+        std::fs::write(&path, out)?;
+        written.push(path);
+        Ok(())
+    };
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        page(sub.clone(), format!("pkgfs-{}", sub.get_name()))?;
+    }
+    page(cmd, "pkgfs".into())?;
+    Ok(written)
+}
+
 /// Split an fstab source field (see [`helper_args`]).
 fn split_fstab_sources(src: &[u8]) -> Vec<OsString> {
     let parts: Vec<&[u8]> = src
@@ -554,6 +603,8 @@ impl Cli {
                 },
             },
             CliCommand::Pack(p) => Command::Pack(pack_config(p)?),
+            CliCommand::Completions(c) => Command::Completions(c.shell),
+            CliCommand::Manpages(m) => Command::Manpages(m.dir),
         })
     }
 }
@@ -850,5 +901,30 @@ mod tests {
             ["/base", "docker-archive:/x.tar:pkgfs/debian:latest"]
         );
         assert_eq!(split("oci-archive:/i.tar"), ["oci-archive:/i.tar"]);
+    }
+
+    #[test]
+    fn man_pages_and_completions_come_from_the_definitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = manpages(dir.path()).unwrap();
+        let names: Vec<String> = pages
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for want in ["pkgfs.1", "pkgfs-mount.1", "pkgfs-pack.1", "pkgfs-completions.1"] {
+            assert!(names.iter().any(|n| n == want), "{want}: {names:?}");
+        }
+        assert!(!names.iter().any(|n| n.contains("manpages")), "hidden: {names:?}");
+        let mount = std::fs::read_to_string(dir.path().join("pkgfs-mount.1")).unwrap();
+        assert!(mount.contains("platform") && mount.contains("index\\-cache"), "{mount}");
+        let mut bash = Vec::new();
+        completions(clap_complete::Shell::Bash, &mut bash);
+        let bash = String::from_utf8(bash).unwrap();
+        assert!(bash.contains("mount") && bash.contains("--platform"));
+        assert!(matches!(
+            cli(&["pkgfs", "completions", "zsh"]),
+            Ok(Command::Completions(clap_complete::Shell::Zsh))
+        ));
+        assert!(cli(&["pkgfs", "completions", "cmd.exe"]).is_err());
     }
 }

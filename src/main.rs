@@ -87,6 +87,18 @@ fn main() -> ExitCode {
         Command::Check { sources, merge } => {
             tools::check(&sources, &merge, &mut out).map_err(Into::into)
         }
+        Command::Completions(shell) => {
+            pkgfs::cli::completions(shell, &mut out);
+            Ok(true)
+        }
+        Command::Manpages(dir) => pkgfs::cli::manpages(&dir)
+            .map(|pages| {
+                for p in pages {
+                    eprintln!("{}", p.display());
+                }
+                true
+            })
+            .map_err(Into::into),
         Command::Pack(cfg) => match pkgfs::tools::pack::pack(&cfg) {
             Ok(st) => {
                 eprintln!(

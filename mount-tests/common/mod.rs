@@ -567,6 +567,13 @@ pub fn trees_match(expected: &Path, actual: &Path, extra: &[&str]) {
     );
 }
 
+/// Held by tests that install `/sbin/mount.fuse.pkgfs` (a link, or the Debian package):
+/// one at a time.
+pub fn helper_lock() -> std::sync::MutexGuard<'static, ()> {
+    static HELPER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HELPER.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Whether `mp` is in /proc/mounts.
 pub fn is_mountpoint(mp: &Path) -> bool {
     std::fs::read_to_string("/proc/self/mounts")
