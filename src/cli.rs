@@ -37,7 +37,7 @@ pub const DEFAULT_CACHE: &str = "256M";
 /// Default largest directory read-ahead window (`--prefetch`).
 pub const DEFAULT_PREFETCH: &str = "8M";
 
-/// pkgfs — serve package archives (ZIP, JAR, wheels…) as one merged read-only tree.
+/// pkgfs — serve package archives (ZIP, wheels, jars, tarballs…) and container images as one merged read-only tree.
 #[derive(Debug, Parser)]
 #[command(name = "pkgfs", version, about, long_about = None, propagate_version = true)]
 pub struct Cli {
@@ -911,12 +911,23 @@ mod tests {
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        for want in ["pkgfs.1", "pkgfs-mount.1", "pkgfs-pack.1", "pkgfs-completions.1"] {
+        for want in [
+            "pkgfs.1",
+            "pkgfs-mount.1",
+            "pkgfs-pack.1",
+            "pkgfs-completions.1",
+        ] {
             assert!(names.iter().any(|n| n == want), "{want}: {names:?}");
         }
-        assert!(!names.iter().any(|n| n.contains("manpages")), "hidden: {names:?}");
+        assert!(
+            !names.iter().any(|n| n.contains("manpages")),
+            "hidden: {names:?}"
+        );
         let mount = std::fs::read_to_string(dir.path().join("pkgfs-mount.1")).unwrap();
-        assert!(mount.contains("platform") && mount.contains("index\\-cache"), "{mount}");
+        assert!(
+            mount.contains("platform") && mount.contains("index\\-cache"),
+            "{mount}"
+        );
         let mut bash = Vec::new();
         completions(clap_complete::Shell::Bash, &mut bash);
         let bash = String::from_utf8(bash).unwrap();
