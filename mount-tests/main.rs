@@ -10,6 +10,7 @@ mod live;
 mod pack;
 mod packaging;
 mod prefetch;
+mod remote;
 mod targz;
 
 use std::collections::HashMap;

@@ -6,9 +6,11 @@
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::io::remote::RemoteConfig;
 use crate::source::image::{ImageRef, Platform, Transport};
 use crate::tools::Merge;
 pub use crate::transport::ops::Access;
@@ -36,6 +38,10 @@ pub const DEFAULT_CACHE: &str = "256M";
 
 /// Default largest directory read-ahead window (`--prefetch`).
 pub const DEFAULT_PREFETCH: &str = "8M";
+/// Default byte budget of the disk cache of remote sources.
+pub const DEFAULT_DISK_CACHE: &str = "4G";
+/// Default bound on a remote read, seconds.
+pub const DEFAULT_REMOTE_TIMEOUT: &str = "30";
 
 /// pkgfs — serve package archives (ZIP, wheels, jars, tarballs…) and container images as one merged read-only tree.
 #[derive(Debug, Parser)]
@@ -57,9 +63,11 @@ enum CliCommand {
     /// Mount archives and directories of archives, merged, at MOUNTPOINT.
     ///
     /// Each SOURCE is an archive file, a directory whose archives (found by content,
-    /// not extension) are mounted, or a container image: oci:DIR[:TAG] (an OCI image
+    /// not extension) are mounted, a container image: oci:DIR[:TAG] (an OCI image
     /// layout), oci-archive:FILE[:TAG], docker-archive:FILE[:NAME:TAG|:@N], its layers
-    /// mounted in place with whiteouts honoured. Later sources win when two provide the
+    /// mounted in place with whiteouts honoured, or a remote store (s3://BUCKET/PREFIX/,
+    /// http(s)://HOST/DIR/ listed from its index page, http(s)://HOST/FILE), read
+    /// lazily. Later sources win when two provide the
     /// same path; inside a directory, archives are layered in byte order of their names.
     /// Returns once the mount answers; the daemon stays in the background unless
     /// --foreground.
@@ -182,7 +190,8 @@ struct MountArgs {
     allow_other: bool,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
     /// suid, dev (both off by default), fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
-    /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring; options
+    /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, disk_cache=DIR,
+    /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION; options
     /// mount(8) passes (ro, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -214,6 +223,26 @@ struct MountArgs {
     /// never (off).
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "off"])]
     io_uring: String,
+    /// Remote sources: where to keep the ranges fetched, shared by mounts and kept
+    /// across them (default: $XDG_CACHE_HOME/pkgfs/remote or ~/.cache/pkgfs/remote).
+    #[arg(long, value_name = "DIR", conflicts_with = "no_disk_cache")]
+    disk_cache: Option<PathBuf>,
+    /// Byte budget of the disk cache (K, M, G suffixes); the least recently used
+    /// ranges go first.
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_DISK_CACHE)]
+    disk_cache_size: String,
+    /// Remote sources: keep fetched ranges in memory only.
+    #[arg(long)]
+    no_disk_cache: bool,
+    /// Remote sources: the longest a read waits for the server, retries included,
+    /// before it fails with EIO (a duration: 30, 30s, 500ms, 2m).
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_REMOTE_TIMEOUT)]
+    remote_timeout: String,
+    /// Remote sources: list them again every DURATION (e.g. 60s, 5m) and activate
+    /// objects added, removed or replaced, as in a watched directory (default: the
+    /// listing at mount is kept).
+    #[arg(long, value_name = "DURATION")]
+    poll: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -334,6 +363,10 @@ pub struct MountConfig {
     pub platform: Option<Platform>,
     /// Use FUSE over io_uring if the kernel offers it.
     pub io_uring: bool,
+    /// Timeouts, retries and disk cache of remote sources.
+    pub remote: RemoteConfig,
+    /// List remote sources again this often (None: never).
+    pub poll: Option<Duration>,
 }
 
 /// A validated command.
@@ -386,6 +419,27 @@ pub enum Command {
     Completions(clap_complete::Shell),
     /// Write the man pages to this directory.
     Manpages(PathBuf),
+}
+
+/// Parse a duration: `30` (seconds), `30s`, `500ms`, `5m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, UsageError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 30s, 500ms, 5m)"))?;
+    let d = match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" | "min" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)").into()),
+    };
+    if d.is_zero() {
+        return Err(format!("{s:?}: a duration must be more than zero").into());
+    }
+    Ok(d)
 }
 
 /// Parse a byte size such as `512`, `64K`, `256M`, `2G` (binary multiples).
@@ -691,6 +745,19 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
         whiteouts: m.whiteouts || any_image,
         platform: platform(m.platform)?,
         io_uring: m.io_uring == "auto",
+        remote: RemoteConfig {
+            read_timeout: parse_duration(&m.remote_timeout)?,
+            disk_cache: if m.no_disk_cache {
+                None
+            } else {
+                m.disk_cache
+                    .or_else(crate::io::diskcache::DiskCache::default_dir)
+                    .map(|d| parse_size(&m.disk_cache_size).map(|b| (d, b)))
+                    .transpose()?
+            },
+            ..RemoteConfig::default()
+        },
+        poll: m.poll.as_deref().map(parse_duration).transpose()?,
     };
     for opt in m
         .options
@@ -739,6 +806,23 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
             "no_index_cache" => cfg.index_cache = None,
             "whiteouts" => cfg.whiteouts = true,
             "no_io_uring" => cfg.io_uring = false,
+            "disk_cache" => {
+                let budget = cfg
+                    .remote
+                    .disk_cache
+                    .as_ref()
+                    .map_or(parse_size(DEFAULT_DISK_CACHE)?, |(_, b)| *b);
+                cfg.remote.disk_cache = Some((PathBuf::from(need()?), budget));
+            }
+            "disk_cache_size" => {
+                let budget = parse_size(need()?)?;
+                if let Some((_, b)) = cfg.remote.disk_cache.as_mut() {
+                    *b = budget;
+                }
+            }
+            "no_disk_cache" => cfg.remote.disk_cache = None,
+            "remote_timeout" => cfg.remote.read_timeout = parse_duration(need()?)?,
+            "poll" => cfg.poll = Some(parse_duration(need()?)?),
             // Always in force, or meaningless for a read-only FUSE mount: accepted so
             // fstab lines and mount(8) helpers work.
             "ro"

@@ -196,16 +196,22 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         index_cache: cfg.index_cache.clone().map(IndexCache::new),
         whiteouts: cfg.whiteouts,
         platform: cfg.platform.clone(),
+        remote: cfg.remote.clone(),
         progress: Some(Progress(Arc::new(IndexBars::default()))),
     };
     let mut packages = Packages::new(cfg.sources.clone(), opts);
     let dirs = packages.source_dirs();
     // Watch before the first scan, so nothing installed during it is missed.
-    let watcher = if cfg.watch && !dirs.is_empty() {
-        Some(Watcher::new(&dirs).map_err(|source| DaemonError::Start {
+    let watch_dirs: &[PathBuf] = if cfg.watch { &dirs } else { &[] };
+    let watcher = if !watch_dirs.is_empty() || cfg.poll.is_some() {
+        let w = Watcher::new(watch_dirs).map_err(|source| DaemonError::Start {
             what: "watching the sources",
             source,
-        })?)
+        })?;
+        Some(match cfg.poll {
+            Some(every) => w.with_poll(every),
+            None => w,
+        })
     } else {
         None
     };
@@ -294,6 +300,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         whiteouts: cfg.whiteouts,
         started: SystemTime::now(),
         rings,
+        remote: packages.remote_made(),
     };
     match dev {
         Some(dev) => {
@@ -307,7 +314,12 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         packages.index_in_background(w.waker())?;
         let live = Live::new(w, Activator::new(packages, fs, kernel, activity));
         spawn("pkgfs-watch", "the watcher", move || live.run())?;
-        info!("watching {} for packages", join_paths(&dirs));
+        if !watch_dirs.is_empty() {
+            info!("watching {} for packages", join_paths(watch_dirs));
+        }
+        if let Some(every) = cfg.poll {
+            info!("listing the sources again every {every:?}");
+        }
     }
     info!("mounted at {}", cfg.mountpoint.display());
     if std::env::var_os(READY_ENV).is_some() {

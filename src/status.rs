@@ -46,6 +46,8 @@ pub struct MountInfo {
     pub started: SystemTime,
     /// The io_uring transport's state.
     pub rings: Arc<crate::transport::uring::RingStats>,
+    /// The client of remote sources, if any source is remote.
+    pub remote: Option<Arc<crate::io::remote::Remote>>,
 }
 
 /// What happened since the mount: kept by the daemon, shown by `status`.
@@ -148,6 +150,40 @@ struct CacheReport {
     released: u64,
 }
 
+/// Remote sources: what was fetched, and the disk cache.
+#[derive(Debug, Clone, Serialize)]
+struct RemoteReport {
+    /// HTTP requests sent, retries included.
+    requests: u64,
+    /// Failed requests that were tried again.
+    retries: u64,
+    /// Reads and listings that failed.
+    errors: u64,
+    /// Range reads made.
+    fetches: u64,
+    /// Bytes of objects received.
+    bytes: u64,
+    /// Reads served from ranges kept in memory.
+    kept_hits: u64,
+    /// Read bound, seconds.
+    timeout_s: u64,
+    disk_cache: Option<DiskReport>,
+}
+
+/// The disk cache of remote sources.
+#[derive(Debug, Clone, Serialize)]
+struct DiskReport {
+    dir: String,
+    bytes: u64,
+    budget: u64,
+    hits: u64,
+    misses: u64,
+    bytes_read: u64,
+    bytes_stored: u64,
+    torn: u64,
+    evicted: u64,
+}
+
 /// Request counts by operation.
 #[derive(Debug, Clone, Serialize)]
 struct Requests {
@@ -194,6 +230,7 @@ struct Report {
     transport: &'static str,
     io_uring_requests: u64,
     requests: Requests,
+    remote: Option<RemoteReport>,
 }
 
 /// The forms of the report.
@@ -334,6 +371,31 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             readlink: ops.readlinks.load(Relaxed),
             read: ops.reads.load(Relaxed),
         },
+        remote: info.remote.as_deref().map(remote_report),
+    }
+}
+
+fn remote_report(r: &crate::io::remote::Remote) -> RemoteReport {
+    let s = &r.stats;
+    RemoteReport {
+        requests: s.requests.load(Relaxed),
+        retries: s.retries(),
+        errors: s.errors.load(Relaxed),
+        fetches: s.fetches.load(Relaxed),
+        bytes: s.bytes.load(Relaxed),
+        kept_hits: s.kept_hits.load(Relaxed),
+        timeout_s: r.config.read_timeout.as_secs(),
+        disk_cache: r.disk.as_ref().map(|d| DiskReport {
+            dir: d.dir().display().to_string(),
+            bytes: d.size(),
+            budget: d.budget(),
+            hits: d.stats.hits.load(Relaxed),
+            misses: d.stats.misses.load(Relaxed),
+            bytes_read: d.stats.bytes_read.load(Relaxed),
+            bytes_stored: d.stats.bytes_stored.load(Relaxed),
+            torn: d.stats.torn.load(Relaxed),
+            evicted: d.stats.evicted.load(Relaxed),
+        }),
     }
 }
 
@@ -424,6 +486,44 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
         c.misses,
         c.released
     );
+    if let Some(rm) = &r.remote {
+        let _ = writeln!(
+            o,
+            "remote: {} in {} fetches, {} requests ({} retried), {} errors (bound {} s), {} reads from ranges in memory",
+            mib(rm.bytes),
+            rm.fetches,
+            rm.requests,
+            rm.retries,
+            rm.errors,
+            rm.timeout_s,
+            rm.kept_hits
+        );
+        match &rm.disk_cache {
+            Some(d) => {
+                let rate = if d.hits + d.misses > 0 {
+                    100.0 * d.hits as f64 / (d.hits + d.misses) as f64
+                } else {
+                    0.0
+                };
+                let _ = writeln!(
+                    o,
+                    "disk cache: {} of {} in {}; {} hits, {} misses ({rate:.1}% hit rate); {} read, {} stored, {} torn files dropped, {} evicted",
+                    mib(d.bytes),
+                    mib(d.budget),
+                    d.dir,
+                    d.hits,
+                    d.misses,
+                    mib(d.bytes_read),
+                    mib(d.bytes_stored),
+                    d.torn,
+                    d.evicted
+                );
+            }
+            None => {
+                let _ = writeln!(o, "disk cache: none");
+            }
+        }
+    }
     let _ = writeln!(
         o,
         "archives: {} read, {} decompressed, {} streams started, {} resumed from checkpoints",
@@ -728,6 +828,7 @@ mod tests {
             whiteouts: false,
             started: SystemTime::now(),
             rings: Default::default(),
+            remote: None,
         }
     }
 
@@ -847,6 +948,7 @@ mod tests {
             whiteouts: false,
             started: SystemTime::now(),
             rings: Default::default(),
+            remote: None,
         };
         serve(dev, fs, info, Arc::new(Mutex::new(Activity::default()))).unwrap();
         std::thread::sleep(Duration::from_millis(200));

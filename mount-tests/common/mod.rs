@@ -285,6 +285,11 @@ pub struct Mount {
 impl Mount {
     /// `pkgfs mount SOURCES… MP` as a user runs it (background daemon).
     pub fn new(sources: &[&Path], extra: &[&str]) -> Mount {
+        Mount::with_env(sources, extra, &[])
+    }
+
+    /// [`Mount::new`] with these variables in the daemon's environment.
+    pub fn with_env(sources: &[&Path], extra: &[&str], env: &[(&str, &str)]) -> Mount {
         let dir = tempfile::tempdir().expect("tempdir");
         let mp = dir.path().join("mnt");
         std::fs::create_dir(&mp).expect("mkdir");
@@ -297,7 +302,8 @@ impl Mount {
                 .arg("--log-file")
                 .arg(&log)
                 .args(transport_args())
-                .args(extra),
+                .args(extra)
+                .envs(env.iter().copied()),
         );
         let m = Mount {
             dir,

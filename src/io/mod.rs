@@ -16,7 +16,9 @@
 pub mod blob;
 pub mod cache;
 pub mod digest;
+pub mod diskcache;
 pub mod inflate;
+pub mod remote;
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -225,6 +225,7 @@ mod tests {
             index_cache: None,
             whiteouts: false,
             platform: None,
+            remote: Default::default(),
             progress: None,
         };
         let mut packages = Packages::new(vec![dir.path().to_path_buf()], opts);

@@ -10,6 +10,7 @@
 
 pub mod image;
 pub mod live;
+pub mod remote;
 pub mod watch;
 
 use std::collections::{HashMap, HashSet};
@@ -33,22 +34,26 @@ pub struct Candidate {
     pub explicit: bool,
     /// The image layer it is, if it is one.
     pub layer: Option<Arc<image::ImageLayer>>,
+    /// Its bytes, when it is not a local file (an object of a remote source).
+    pub blob: Option<Arc<dyn crate::io::blob::Blob>>,
 }
 
 impl Candidate {
     /// The version of its bytes now (None if it is gone).
     fn stamp(&self) -> Option<Stamp> {
-        match &self.layer {
-            Some(l) => Some(l.blob.version().to_string()),
-            None => stamp_of(&self.path),
+        match (&self.layer, &self.blob) {
+            (Some(l), _) => Some(l.blob.version().to_string()),
+            (None, Some(b)) => Some(b.version().to_string()),
+            (None, None) => stamp_of(&self.path),
         }
     }
 
     /// Open and index it.
     fn open(&self, cx: &OpenContext) -> std::result::Result<Indexed, OpenError> {
-        match &self.layer {
-            Some(l) => format::open_layer(l.blob.clone(), &l.check, cx),
-            None => format::open_path(&self.path, cx),
+        match (&self.layer, &self.blob) {
+            (Some(l), _) => format::open_layer(l.blob.clone(), &l.check, cx),
+            (None, Some(b)) => format::open(b.clone(), cx),
+            (None, None) => format::open_path(&self.path, cx),
         }
     }
 }
@@ -71,16 +76,29 @@ pub struct LoadReport {
 pub fn discover(
     sources: &[PathBuf],
     platform: Option<&image::Platform>,
+    list_remote: &mut dyn FnMut(&remote::RemoteRef, &Path) -> Result<Listing>,
 ) -> Result<(Vec<Candidate>, Vec<image::Image>)> {
     let mut out = Vec::new();
     let mut images = Vec::new();
     for src in sources {
+        if let Some(r) = src.to_str().and_then(remote::RemoteRef::parse) {
+            for (name, blob) in list_remote(&r, src)? {
+                out.push(Candidate {
+                    path: PathBuf::from(name),
+                    explicit: matches!(r, remote::RemoteRef::HttpFile(_)),
+                    layer: None,
+                    blob: Some(blob),
+                });
+            }
+            continue;
+        }
         if let Some(r) = image::ImageRef::parse(src.as_os_str()) {
             let img = image::resolve(&r, platform)?;
             out.extend(img.layers.iter().map(|l| Candidate {
                 path: l.name.clone(),
                 explicit: true,
                 layer: Some(Arc::new(l.clone())),
+                blob: None,
             }));
             images.push(img);
             continue;
@@ -91,6 +109,7 @@ pub fn discover(
                 path: src.clone(),
                 explicit: true,
                 layer: None,
+                blob: None,
             });
             continue;
         }
@@ -112,6 +131,7 @@ pub fn discover(
             path: src.join(n),
             explicit: false,
             layer: None,
+            blob: None,
         }));
     }
     Ok((out, images))
@@ -120,6 +140,8 @@ pub fn discover(
 /// Archives indexed ahead of the tree builder, at most: the raw entries waiting to be
 /// folded into the tree are bounded by this many archives, whatever the source holds.
 const INDEX_WINDOW: usize = 256;
+/// Indexing threads when remote archives are opened (each waits on the network).
+const REMOTE_INDEX_THREADS: usize = 64;
 
 /// Work for an [`IndexStream`]: an archive to open and index, or one kept from the
 /// previous scan (unchanged) whose index is read again.
@@ -131,6 +153,9 @@ enum Job<'a> {
 
 /// What an [`IndexStream`] hands out: an archive and its entries.
 type Opened = std::result::Result<(Arc<Archive>, Vec<crate::format::Entry>), OpenError>;
+
+/// The objects of a remote source: (name, blob), in layer order.
+pub type Listing = Vec<(String, Arc<dyn crate::io::blob::Blob>)>;
 
 /// Archives being opened and indexed on worker threads while the caller folds the ones
 /// already indexed into the tree, in order: the workers mostly wait on the disk (reading
@@ -296,6 +321,8 @@ pub struct LoadOptions {
     pub whiteouts: bool,
     /// Which platform's image to take from a multi-platform image (None: this machine's).
     pub platform: Option<image::Platform>,
+    /// Timeouts and retries of remote sources.
+    pub remote: crate::io::remote::RemoteConfig,
     /// Who hears about passes over archives while the first scan indexes them.
     pub progress: Option<Progress>,
 }
@@ -393,6 +420,10 @@ pub struct Packages {
     scanned: bool,
     /// The background indexer of a live mount.
     background: Option<Background>,
+    /// The runtime of remote sources, made when the first one is listed.
+    remote: std::sync::OnceLock<Arc<crate::io::remote::Remote>>,
+    /// The last listing of each remote source: kept when listing it again fails.
+    listed: HashMap<PathBuf, Listing>,
 }
 
 impl Packages {
@@ -405,7 +436,23 @@ impl Packages {
             bad: HashMap::new(),
             scanned: false,
             background: None,
+            remote: std::sync::OnceLock::new(),
+            listed: HashMap::new(),
         }
+    }
+
+    /// The runtime of remote sources, if one was made (a source is remote).
+    pub fn remote_made(&self) -> Option<Arc<crate::io::remote::Remote>> {
+        self.remote.get().cloned()
+    }
+
+    /// The runtime of remote sources (made on first use).
+    pub fn remote(&self) -> Result<Arc<crate::io::remote::Remote>> {
+        if let Some(r) = self.remote.get() {
+            return Ok(r.clone());
+        }
+        let r = crate::io::remote::Remote::new(self.opts.remote.clone())?;
+        Ok(self.remote.get_or_init(|| r).clone())
     }
 
     /// From now on, rescans leave archives that need a long pass to a background thread
@@ -474,7 +521,30 @@ impl Packages {
     pub fn scan(&mut self, busy: &HashSet<PathBuf>) -> Result<Option<Scan>> {
         let first = !self.scanned;
         let started = std::time::Instant::now();
-        let (found, images) = discover(&self.sources, self.opts.platform.as_ref())?;
+        let mut listed = std::mem::take(&mut self.listed);
+        let mut list_remote = |r: &remote::RemoteRef, src: &Path| -> Result<Listing> {
+            match self.remote().and_then(|rt| remote::list(r, &rt)) {
+                Ok(l) => {
+                    listed.insert(src.to_path_buf(), l.clone());
+                    Ok(l)
+                }
+                // A server down at a poll is not every package removed.
+                Err(e) => match listed.get(src) {
+                    Some(prev) if !first => {
+                        log::warn!(
+                            "listing {} failed: {e}; keeping the {} objects listed before",
+                            src.display(),
+                            prev.len()
+                        );
+                        Ok(prev.clone())
+                    }
+                    _ => Err(e),
+                },
+            }
+        };
+        let found = discover(&self.sources, self.opts.platform.as_ref(), &mut list_remote);
+        self.listed = listed;
+        let (found, images) = found?;
         let candidates: Vec<Candidate> = found
             .into_iter()
             .filter(|c| !busy.contains(&c.path))
@@ -555,7 +625,13 @@ impl Packages {
                 _ => None,
             },
         };
-        let threads = self.opts.threads;
+        // Remote archives are indexed by a few small requests each: mostly waiting, so
+        // many at once.
+        let threads = if candidates.iter().any(|c| c.blob.is_some()) {
+            self.opts.threads.max(REMOTE_INDEX_THREADS)
+        } else {
+            self.opts.threads
+        };
         let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
         let work = |job: &Job| index_job(job, &cx);
         let mut deferred = Vec::new();
@@ -835,6 +911,7 @@ mod tests {
                 path: p.clone(),
                 explicit: true,
                 layer: None,
+                blob: None,
             })
             .collect()
     }
@@ -955,6 +1032,7 @@ mod tests {
             index_cache: None,
             whiteouts: false,
             platform: None,
+            remote: Default::default(),
             progress: None,
         };
         let mut pk = Packages::new(vec![d.to_path_buf()], opts);

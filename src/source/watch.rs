@@ -73,6 +73,8 @@ pub struct Watcher {
     dirs: HashMap<i32, PathBuf>,
     /// Files written to but not closed yet.
     writing: HashSet<PathBuf>,
+    /// Rescan this often without events (remote sources are polled), and when next.
+    poll: Option<(Duration, Instant)>,
 }
 
 impl Watcher {
@@ -97,6 +99,7 @@ impl Watcher {
             wake,
             dirs: HashMap::new(),
             writing: HashSet::new(),
+            poll: None,
         };
         for d in dirs {
             w.add(d)?;
@@ -118,6 +121,12 @@ impl Watcher {
         }
         self.dirs.insert(wd, dir.to_path_buf());
         Ok(())
+    }
+
+    /// Also end a batch every `interval` without events (a poll of remote sources).
+    pub fn with_poll(mut self, interval: Duration) -> Self {
+        self.poll = Some((interval, Instant::now() + interval));
+        self
     }
 
     /// A waker of this watcher.
@@ -225,7 +234,19 @@ impl Watcher {
     pub fn next_batch(&mut self) -> io::Result<Batch> {
         let mut events = 0;
         while events == 0 {
-            self.wait(None)?;
+            let until_poll = self
+                .poll
+                .map(|(_, at)| at.saturating_duration_since(Instant::now()));
+            if !self.wait(until_poll)? && until_poll.is_some() {
+                if let Some((every, at)) = self.poll.as_mut() {
+                    *at = Instant::now() + *every;
+                }
+                debug!("polling the sources");
+                return Ok(Batch {
+                    events: 0,
+                    busy: self.writing.clone(),
+                });
+            }
             events += self.drain()?;
         }
         let first = Instant::now();
@@ -282,5 +303,25 @@ mod tests {
         .unwrap();
         let b = w.next_batch().unwrap();
         assert_eq!(b.events, 1);
+    }
+
+    #[test]
+    fn a_polling_watcher_ends_a_batch_every_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Watcher::new(&[dir.path().to_path_buf()])
+            .unwrap()
+            .with_poll(Duration::from_millis(50));
+        let t = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(w.next_batch().unwrap().events, 0);
+        }
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+        // Events still end a batch at once.
+        std::fs::write(dir.path().join("p.zip"), b"x").unwrap();
+        assert!(w.next_batch().unwrap().events > 0);
     }
 }

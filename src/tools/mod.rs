@@ -63,6 +63,7 @@ fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolE
         index_cache: IndexCache::default_dir().map(IndexCache::new),
         whiteouts: merge.whiteouts,
         platform: merge.platform.clone(),
+        remote: Default::default(),
         progress: Some(source::Progress(std::sync::Arc::new(
             crate::progress::IndexBars::default(),
         ))),

@@ -617,6 +617,7 @@ mod tests {
             index_cache: None,
             whiteouts: false,
             platform: None,
+            remote: Default::default(),
             progress: None,
         };
         let (fs, _) = crate::source::load(&[path], &opts).unwrap();

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""A small HTTP proxy that adds faults in front of a real server (nginx, moto).
+
+    faultproxy.py PORT UPSTREAM_PORT CONTROL_FILE
+
+Listens on 127.0.0.1:PORT and forwards every request (method, path, headers, body) to
+127.0.0.1:UPSTREAM_PORT, streaming the answer back. Before each request it reads
+CONTROL_FILE (JSON, may be missing or empty) for what to do to it:
+
+    {"delay_ms": 20,      # wait this long before forwarding (latency)
+     "fail_every": 3,     # answer every 3rd request with "status" instead of forwarding
+     "status": 503,       # the status of those answers (default 503)
+     "reset_every": 0}    # close the connection without an answer on every Nth request
+
+It appends one line per request to CONTROL_FILE + ".log": "METHOD PATH STATUS BYTES",
+BYTES being the body bytes it sent. Stops on SIGTERM.
+"""
+
+import http.client
+import http.server
+import json
+import socket
+import sys
+import threading
+import time
+
+PORT, UPSTREAM, CONTROL = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+LOG = CONTROL + ".log"
+lock = threading.Lock()
+count = 0
+HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
+       "trailer", "upgrade"}
+
+
+def control():
+    try:
+        with open(CONTROL) as f:
+            return json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def log(line):
+    with lock, open(LOG, "a") as f:
+        f.write(line + "\n")
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def handle_one(self):
+        global count
+        c = control()
+        with lock:
+            count += 1
+            n = count
+        if c.get("delay_ms"):
+            time.sleep(c["delay_ms"] / 1000)
+        if c.get("reset_every") and n % c["reset_every"] == 0:
+            log(f"{self.command} {self.path} reset 0")
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        if c.get("fail_every") and n % c["fail_every"] == 0:
+            status = c.get("status", 503)
+            msg = b"injected fault\n"
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(msg)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(msg)
+            log(f"{self.command} {self.path} {status} 0")
+            return
+        up = http.client.HTTPConnection("127.0.0.1", UPSTREAM, timeout=60)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
+        up.request(self.command, self.path, body=body, headers=headers)
+        r = up.getresponse()
+        self.send_response(r.status, r.reason)
+        for k, v in r.getheaders():
+            if k.lower() not in HOP:
+                self.send_header(k, v)
+        sent = 0
+        if self.command == "HEAD" or r.status in (204, 304):
+            self.end_headers()
+        elif r.getheader("Content-Length") is not None:
+            self.end_headers()
+            while chunk := r.read(256 * 1024):
+                self.wfile.write(chunk)
+                sent += len(chunk)
+        else:
+            data = r.read()
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            sent = len(data)
+        up.close()
+        log(f"{self.command} {self.path} {r.status} {sent}")
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_one
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+
+if __name__ == "__main__":
+    import signal
+    srv = Server(("127.0.0.1", PORT), Handler)
+    signal.signal(signal.SIGTERM, lambda *a: threading.Thread(target=srv.shutdown).start())
+    srv.serve_forever()

@@ -1,0 +1,744 @@
+//! Remote sources against real servers the tests start on loopback and stop: nginx
+//! (Debian's) serving directories with autoindex, moto's S3 server, and a small fault
+//! proxy (`faultproxy.py`) in front of them for 5xx answers, resets and slow responses.
+//! Every mounted tree is compared with the local mount of the same files; the bytes the
+//! server sent are counted from its own log.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{
+    Mount, fixtures, pkgfs, repo, require_tools, run, status_json, trees_match, wait_until,
+};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_listening(port: u16, what: &str) {
+    let addr = format!("127.0.0.1:{port}");
+    wait_until(Duration::from_secs(30), what, || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+}
+
+/// SIGTERM, then wait (SIGKILL after 10 s).
+fn terminate(c: &mut Child) {
+    // SAFETY: signalling a child we spawned and have not reaped.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// nginx serving `root` on a free loopback port; stopped when dropped.
+struct Nginx {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    port: u16,
+    root: PathBuf,
+}
+
+impl Nginx {
+    fn start(root: &Path) -> Nginx {
+        let mut n = Nginx {
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            port: free_port(),
+            root: root.to_path_buf(),
+        };
+        n.restart();
+        n
+    }
+
+    fn restart(&mut self) {
+        let d = self.dir.path();
+        fs::create_dir_all(d.join("logs")).unwrap();
+        fs::create_dir_all(d.join("tmp")).unwrap();
+        let conf = format!(
+            "daemon off; pid {d}/nginx.pid; error_log {d}/logs/error.log;\n\
+             events {{}}\n\
+             http {{ log_format bytes '$request_method $uri $status $body_bytes_sent';\n\
+               access_log {d}/logs/access.log bytes; client_body_temp_path {d}/tmp;\n\
+               proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp; uwsgi_temp_path {d}/tmp;\n\
+               scgi_temp_path {d}/tmp;\n\
+               server {{ listen 127.0.0.1:{port}; root {root}; autoindex on; }} }}\n",
+            d = d.display(),
+            port = self.port,
+            root = self.root.display()
+        );
+        fs::write(d.join("nginx.conf"), conf).unwrap();
+        let child = Command::new("nginx")
+            .arg("-c")
+            .arg(d.join("nginx.conf"))
+            .arg("-p")
+            .arg(d)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        wait_listening(self.port, "nginx listens");
+    }
+
+    /// SIGTERM: the master stops its workers and exits (SIGKILL would leave them).
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&mut c);
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}/{path}", self.port)
+    }
+
+    /// Body bytes nginx sent for GETs of files (not index pages).
+    fn file_bytes_sent(&self) -> u64 {
+        let log = fs::read_to_string(self.dir.path().join("logs/access.log")).unwrap_or_default();
+        log.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f.len() == 4 && f[0] == "GET" && !f[1].ends_with('/'))
+                    .then(|| f[3].parse::<u64>().unwrap())
+            })
+            .sum()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `faultproxy.py` on a free port in front of `upstream`; its control file says what
+/// faults to add. Stopped when dropped.
+struct Proxy {
+    child: Child,
+    port: u16,
+    control: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let dir = tempfile::tempdir().unwrap();
+        let control = dir.path().join("control.json");
+        let port = free_port();
+        let child = Command::new("python3")
+            .arg(repo().join("mount-tests/faultproxy.py"))
+            .arg(port.to_string())
+            .arg(upstream.to_string())
+            .arg(&control)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_listening(port, "the fault proxy listens");
+        Proxy {
+            child,
+            port,
+            control,
+            _dir: dir,
+        }
+    }
+
+    fn set(&self, json: &str) {
+        let tmp = self.control.with_extension("tmp");
+        fs::write(&tmp, json).unwrap();
+        fs::rename(&tmp, &self.control).unwrap();
+    }
+
+    /// Answers the proxy gave, by status.
+    fn statuses(&self) -> Vec<String> {
+        fs::read_to_string(self.control.with_extension("json.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split(' ').nth(2).unwrap_or("").to_string())
+            .collect()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}/{path}", self.port)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        terminate(&mut self.child);
+    }
+}
+
+/// A copy of fixture set `name` that nginx's workers (user nobody) can read.
+fn served_copy(name: &str, www: &Path) -> PathBuf {
+    let dst = www.join(name);
+    fs::create_dir_all(&dst).unwrap();
+    for e in fs::read_dir(fixtures().join(name)).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+    readable(www);
+    dst
+}
+
+fn readable(p: &Path) {
+    run(Command::new("chmod").args(["-R", "a+rX"]).arg(p));
+}
+
+/// A web root nginx's workers can enter.
+fn www() -> tempfile::TempDir {
+    let www = tempfile::tempdir().unwrap();
+    readable(www.path());
+    www
+}
+
+/// `DIR/big.zip` written by `zip -0`: five members of 4 MiB of random bytes (stored),
+/// f0.bin … f4.bin, so that reading one fetches little of the others.
+fn big_zip(dir: &Path) -> PathBuf {
+    let src = tempfile::tempdir().unwrap();
+    let mut state = 0x9e3779b97f4a7c15u64;
+    for i in 0..5 {
+        let data: Vec<u8> = (0..4 << 20)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        fs::write(src.path().join(format!("f{i}.bin")), data).unwrap();
+    }
+    fs::create_dir_all(dir).unwrap();
+    let out = dir.join("big.zip");
+    run(Command::new("zip")
+        .current_dir(src.path())
+        .args(["-0", "-q", "-X"])
+        .arg(&out)
+        .args(["f0.bin", "f1.bin", "f2.bin", "f3.bin", "f4.bin"]));
+    readable(dir);
+    out
+}
+
+/// Drop what the kernel caches of `p`, so the next read reaches pkgfs.
+fn forget_pages(p: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(p).unwrap();
+    // SAFETY: a valid descriptor; advice only.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+fn remote_stat(mp: &Path, key: &str) -> u64 {
+    status_json(mp)["remote"][key].as_u64().unwrap()
+}
+
+fn disk_stat(mp: &Path, key: &str) -> u64 {
+    status_json(mp)["remote"]["disk_cache"][key]
+        .as_u64()
+        .unwrap()
+}
+
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let mut entries: Vec<_> = fs::read_dir(&d).unwrap().map(|e| e.unwrap()).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// A directory of packages over HTTP, listed from nginx's index page, equals the local
+/// mount of the same files; every archive is a package row named by its URL; the bytes
+/// pkgfs counts are the bytes nginx sent, and mounting fetched a small part of the
+/// archives. A second mount sharing the disk cache fetches nothing it fetched before.
+#[test]
+fn http_directory_equals_the_local_mount() {
+    if !require_tools(&["nginx"]) {
+        return;
+    }
+    let www = www();
+    let local = served_copy("basic", www.path());
+    let nginx = Nginx::start(www.path());
+    let remote = nginx.url("basic/");
+    let cache = tempfile::tempdir().unwrap();
+    let dc = [
+        "--no-index-cache",
+        "--disk-cache",
+        cache.path().to_str().unwrap(),
+    ];
+    let l = Mount::new(&[&local], &["--no-index-cache"]);
+    let m = Mount::new(&[Path::new(&remote)], &dc);
+    let st = status_json(&m.path());
+    let rows = st["packages"].as_array().unwrap();
+    assert!(rows.len() >= 2, "{st}");
+    for r in rows {
+        assert!(r["path"].as_str().unwrap().starts_with(&remote), "{r}");
+    }
+    let at_mount = st["remote"]["bytes"].as_u64().unwrap();
+    assert_eq!(
+        at_mount,
+        nginx.file_bytes_sent(),
+        "counted as nginx sent them"
+    );
+    trees_match(&l.path(), &m.path(), &[]);
+    let fetched = remote_stat(&m.path(), "bytes");
+    assert_eq!(fetched, nginx.file_bytes_sent());
+    assert_eq!(remote_stat(&m.path(), "errors"), 0);
+    drop(m);
+
+    // A second mount on the same disk cache reads what the first fetched from disk:
+    // walking the whole tree again sends no byte of an archive.
+    let before = nginx.file_bytes_sent();
+    let m = Mount::new(&[Path::new(&remote)], &dc);
+    trees_match(&l.path(), &m.path(), &[]);
+    assert_eq!(nginx.file_bytes_sent(), before, "all from the disk cache");
+    assert_eq!(remote_stat(&m.path(), "bytes"), 0);
+    assert!(disk_stat(&m.path(), "hits") > 0);
+    let text = pkgfs().arg("status").arg(m.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("disk cache: ") && text.contains("hit rate"),
+        "{text}"
+    );
+}
+
+/// With the server stopped mid-walk: bytes already fetched still serve (from the disk
+/// cache, the page cache dropped), bytes never fetched fail with EIO within the bound;
+/// started again, the same reads succeed by themselves.
+#[test]
+fn a_server_outage_fails_within_the_bound_and_recovers() {
+    if !require_tools(&["nginx", "zip"]) {
+        return;
+    }
+    let www = www();
+    let zip = big_zip(&www.path().join("pkgs"));
+    let mut nginx = Nginx::start(www.path());
+    let cache = tempfile::tempdir().unwrap();
+    let remote = nginx.url("pkgs/");
+    let m = Mount::new(
+        &[Path::new(&remote)],
+        &[
+            "--disk-cache",
+            cache.path().to_str().unwrap(),
+            "--remote-timeout",
+            "4s",
+            "--prefetch",
+            "0",
+        ],
+    );
+    let l = Mount::new(&[&zip], &["--prefetch", "0"]);
+    let f0 = m.path().join("f0.bin");
+    let f4 = m.path().join("f4.bin");
+    assert_eq!(
+        fs::read(&f0).unwrap(),
+        fs::read(l.path().join("f0.bin")).unwrap()
+    );
+    nginx.stop();
+
+    forget_pages(&f0);
+    let requests = remote_stat(&m.path(), "requests");
+    assert_eq!(
+        fs::read(&f0).unwrap(),
+        fs::read(l.path().join("f0.bin")).unwrap(),
+        "fetched bytes serve while the server is down"
+    );
+    assert_eq!(
+        remote_stat(&m.path(), "requests"),
+        requests,
+        "not one request"
+    );
+    assert_eq!(remote_stat(&m.path(), "errors"), 0);
+
+    let t = Instant::now();
+    let err = fs::read(&f4).map(|v| v.len()).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(12),
+        "bounded: {:?}",
+        t.elapsed()
+    );
+    assert!(remote_stat(&m.path(), "errors") > 0);
+    assert!(m.log_text().contains("f4.bin") || m.log_text().contains("big.zip"));
+    // Still mounted, still serving.
+    assert!(m.is_mounted());
+    assert_eq!(fs::read_dir(m.path()).unwrap().count(), 5);
+
+    nginx.restart();
+    assert_eq!(
+        fs::read(&f4).unwrap(),
+        fs::read(l.path().join("f4.bin")).unwrap(),
+        "reads recover when the server is back"
+    );
+}
+
+/// Through a proxy answering every third request with 503 and resetting some
+/// connections, the mount is still complete and equal to the local one (each failed
+/// request retried); status counts the retries. Slow answers past the bound fail with
+/// EIO in time; the same read succeeds once the server is quick again.
+#[test]
+fn errors_and_slow_answers_are_retried_or_bounded() {
+    if !require_tools(&["nginx", "python3", "zip"]) {
+        return;
+    }
+    let www = www();
+    let local = served_copy("basic", www.path());
+    let zip = big_zip(&www.path().join("big"));
+    let nginx = Nginx::start(www.path());
+    let proxy = Proxy::start(nginx.port);
+    proxy.set(r#"{"fail_every": 3, "status": 503}"#);
+    let l = Mount::new(&[&local], &["--no-index-cache"]);
+    let m = Mount::new(
+        &[Path::new(&proxy.url("basic/"))],
+        &["--no-index-cache", "--no-disk-cache"],
+    );
+    trees_match(&l.path(), &m.path(), &[]);
+    let injected = proxy.statuses().iter().filter(|s| *s == "503").count() as u64;
+    assert!(injected > 0);
+    assert!(
+        remote_stat(&m.path(), "retries") >= injected,
+        "every 503 retried"
+    );
+    assert_eq!(remote_stat(&m.path(), "errors"), 0);
+    drop(m);
+
+    // Resets instead.
+    proxy.set(r#"{"reset_every": 4}"#);
+    let m = Mount::new(
+        &[Path::new(&proxy.url("basic/"))],
+        &["--no-index-cache", "--no-disk-cache"],
+    );
+    trees_match(&l.path(), &m.path(), &[]);
+    assert!(proxy.statuses().iter().any(|s| s == "reset"));
+    drop(m);
+
+    // Slow: every answer 3 s late, the bound 2 s.
+    proxy.set("{}");
+    let m = Mount::new(
+        &[Path::new(&proxy.url("big/"))],
+        &[
+            "--no-disk-cache",
+            "--remote-timeout",
+            "2s",
+            "--prefetch",
+            "0",
+        ],
+    );
+    proxy.set(r#"{"delay_ms": 3000}"#);
+    let t = Instant::now();
+    let err = fs::read(m.path().join("f2.bin"))
+        .map(|v| v.len())
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    proxy.set("{}");
+    let lz = Mount::new(&[&zip], &[]);
+    assert_eq!(
+        fs::read(m.path().join("f2.bin")).unwrap(),
+        fs::read(lz.path().join("f2.bin")).unwrap()
+    );
+}
+
+/// An object replaced on the server while mounted: a read of the old version's bytes
+/// not yet fetched fails (EIO), never mixing versions; the next poll activates the new
+/// version as a replaced package; objects added and removed come and go too.
+#[test]
+fn objects_replaced_added_and_removed_are_activated_by_polling() {
+    if !require_tools(&["nginx", "zip"]) {
+        return;
+    }
+    let www = www();
+    let dir = www.path().join("pkgs");
+    let zip = big_zip(&dir);
+    let nginx = Nginx::start(www.path());
+    let m = Mount::new(
+        &[Path::new(&nginx.url("pkgs/"))],
+        &["--no-disk-cache", "--poll", "1s", "--prefetch", "0"],
+    );
+    // And a mount that does not poll: it keeps the version it listed.
+    let fixed = Mount::new(
+        &[Path::new(&nginx.url("pkgs/"))],
+        &["--no-disk-cache", "--prefetch", "0"],
+    );
+    let f4 = m.path().join("f4.bin");
+    let old_f0 = fs::read(m.path().join("f0.bin")).unwrap();
+    assert_eq!(fs::read(fixed.path().join("f0.bin")).unwrap(), old_f0);
+    // Replace big.zip by a different archive with the same member names (rename:
+    // nginx's ETag changes with the mtime and size).
+    let staged = tempfile::tempdir().unwrap();
+    let src = staged.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..5 {
+        fs::write(
+            src.join(format!("f{i}.bin")),
+            format!("version two of f{i}\n"),
+        )
+        .unwrap();
+    }
+    let tmp = dir.join(".big.zip.tmp");
+    run(Command::new("zip")
+        .current_dir(&src)
+        .args(["-q", "-X"])
+        .arg(&tmp)
+        .args(["f0.bin", "f1.bin", "f2.bin", "f3.bin", "f4.bin"]));
+    readable(&dir);
+    fs::rename(&tmp, &zip).unwrap();
+    // The old version's bytes not fetched yet are refused, never mixed with the new.
+    let err = fs::read(fixed.path().join("f4.bin"))
+        .map(|b| b.len())
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        fixed.log_text().contains("changed on the server"),
+        "{}",
+        fixed.log_text()
+    );
+    wait_until(Duration::from_secs(20), "the new version is active", || {
+        fs::read(&f4).is_ok_and(|b| b == b"version two of f4\n")
+    });
+    assert_ne!(fs::read(m.path().join("f0.bin")).unwrap(), old_f0);
+    let st = status_json(&m.path());
+    assert!(st["activations"].as_u64().unwrap() >= 1, "{st}");
+
+    // Added and removed.
+    let any = walk(&fixtures().join("basic"))
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "zip"))
+        .unwrap();
+    fs::copy(any, dir.join("added.zip")).unwrap();
+    readable(&dir);
+    wait_until(
+        Duration::from_secs(20),
+        "the added object is active",
+        || {
+            status_json(&m.path())["packages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["path"].as_str().unwrap().ends_with("/added.zip"))
+        },
+    );
+    fs::remove_file(&zip).unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "the removed object is gone",
+        || !f4.exists(),
+    );
+}
+
+/// One archive by URL mounts as the local file does; `pkgfs ls` reads it too.
+#[test]
+fn one_archive_by_url() {
+    if !require_tools(&["nginx"]) {
+        return;
+    }
+    let www = www();
+    let local = served_copy("basic", www.path());
+    let nginx = Nginx::start(www.path());
+    let zip = walk(&local)
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "zip"))
+        .unwrap();
+    let name = zip.file_name().unwrap().to_str().unwrap();
+    let url = nginx.url(&format!("basic/{name}"));
+    let m = Mount::new(&[Path::new(&url)], &["--no-index-cache", "--no-disk-cache"]);
+    let l = Mount::new(&[&zip], &["--no-index-cache"]);
+    trees_match(&l.path(), &m.path(), &[]);
+    let out = pkgfs().args(["ls", &url]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A missing object is a clear error.
+    let out = pkgfs()
+        .args(["ls", &nginx.url("basic/no-such.zip")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no-such.zip"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// moto's S3 server on a free port; stopped when dropped.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Moto {
+    fn start() -> Moto {
+        let port = free_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_listening(port, "moto listens");
+        Moto { child, port }
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "AWS_ENDPOINT_URL",
+                format!("http://127.0.0.1:{}", self.port),
+            ),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// Run boto3 `code` (with `s3` a client of this server).
+    fn boto(&self, code: &str) {
+        let mut c = Command::new("python3");
+        c.arg("-c")
+            .arg(format!(
+                "import boto3, sys\ns3 = boto3.client('s3')\n{code}\n"
+            ))
+            .envs(self.env());
+        run(&mut c);
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        terminate(&mut self.child);
+    }
+}
+
+/// A prefix of an S3 bucket (moto's server) equals the local mount of the same files;
+/// objects outside the prefix, or in "subdirectories", are not layers; an object
+/// replaced and one added are activated by polling.
+#[test]
+fn s3_prefix_equals_the_local_mount_and_polls() {
+    if !require_tools(&["moto_server", "python3", "zip"]) {
+        return;
+    }
+    let moto = Moto::start();
+    let local = fixtures().join("basic");
+    let mut files: Vec<PathBuf> = fs::read_dir(&local)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let mut code = String::from("s3.create_bucket(Bucket='pkgs')\n");
+    for f in &files {
+        code += &format!(
+            "s3.upload_file({:?}, 'pkgs', 'repo/{}')\n",
+            f.to_str().unwrap(),
+            f.file_name().unwrap().to_str().unwrap()
+        );
+    }
+    // Not layers: another prefix, a deeper key.
+    code += &format!(
+        "s3.upload_file({:?}, 'pkgs', 'other/x.zip')\ns3.upload_file({:?}, 'pkgs', 'repo/sub/y.zip')\n",
+        files[0].to_str().unwrap(),
+        files[0].to_str().unwrap()
+    );
+    moto.boto(&code);
+    let env = moto.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let cache = tempfile::tempdir().unwrap();
+    let m = Mount::with_env(
+        &[Path::new("s3://pkgs/repo/")],
+        &[
+            "--no-index-cache",
+            "--disk-cache",
+            cache.path().to_str().unwrap(),
+            "--poll",
+            "1s",
+        ],
+        &env,
+    );
+    let l = Mount::new(&[&local], &["--no-index-cache"]);
+    trees_match(&l.path(), &m.path(), &[]);
+    let st = status_json(&m.path());
+    let rows: Vec<String> = st["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().to_string())
+        .collect();
+    let local_rows = status_json(&l.path())["packages"].as_array().unwrap().len();
+    assert_eq!(rows.len(), local_rows, "{rows:?}");
+    assert!(
+        rows.iter().all(|r| r.starts_with("s3://pkgs/repo/")),
+        "{rows:?}"
+    );
+    assert!(st["remote"]["requests"].as_u64().unwrap() > 0);
+
+    // An object added over the others: a zip providing a new file.
+    let staged = tempfile::tempdir().unwrap();
+    fs::write(staged.path().join("new-file.txt"), b"from s3\n").unwrap();
+    run(Command::new("zip").current_dir(staged.path()).args([
+        "-q",
+        "-X",
+        "zz.zip",
+        "new-file.txt",
+    ]));
+    moto.boto(&format!(
+        "s3.upload_file({:?}, 'pkgs', 'repo/zz.zip')",
+        staged.path().join("zz.zip").to_str().unwrap()
+    ));
+    let new_file = m.path().join("new-file.txt");
+    wait_until(
+        Duration::from_secs(20),
+        "the added object is active",
+        || fs::read(&new_file).is_ok_and(|b| b == b"from s3\n"),
+    );
+    // Replaced: same key, new bytes.
+    fs::write(staged.path().join("new-file.txt"), b"replaced\n").unwrap();
+    run(Command::new("zip").current_dir(staged.path()).args([
+        "-q",
+        "-X",
+        "zz2.zip",
+        "new-file.txt",
+    ]));
+    moto.boto(&format!(
+        "s3.upload_file({:?}, 'pkgs', 'repo/zz.zip')",
+        staged.path().join("zz2.zip").to_str().unwrap()
+    ));
+    wait_until(
+        Duration::from_secs(20),
+        "the replaced object is active",
+        || fs::read(&new_file).is_ok_and(|b| b == b"replaced\n"),
+    );
+    // Removed.
+    moto.boto("s3.delete_object(Bucket='pkgs', Key='repo/zz.zip')");
+    wait_until(
+        Duration::from_secs(20),
+        "the removed object is gone",
+        || !new_file.exists(),
+    );
+    trees_match(&l.path(), &m.path(), &[]);
+}

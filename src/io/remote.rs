@@ -1,0 +1,432 @@
+//! Objects on an S3-compatible store or an HTTP(S) server, as [`Blob`]s.
+//!
+//! The protocols are the `object_store` crate's (request signing, credentials, retries
+//! with backoff on 5xx and resets, connect and request timeouts); this module adds what
+//! a filesystem needs on top:
+//!
+//! - **One version.** An object is opened with the ETag (and size) its listing gave, and
+//!   every range is asked for with `If-Match: ETAG`: an object replaced on the server
+//!   fails the read (`EIO`) instead of mixing bytes of two versions; the next listing
+//!   makes it a replaced package.
+//! - **A bounded wait.** Every read is given at most [`RemoteConfig::read_timeout`],
+//!   retries included; then it fails with `EIO`. A read never hangs on a dead server.
+//! - **Read-ahead.** A read that starts where the last one of the object ended is
+//!   sequential: the fetch grows (doubling up to [`MAX_READ_AHEAD`]) and what is fetched
+//!   beyond the read is kept for the next one ([`KEPT`] extents per object). Other reads
+//!   fetch just their range, 4 KiB aligned, so a mount fetches about what the indexes
+//!   are.
+//!
+//! - **A disk cache.** With one ([`DiskCache`]), reads look there before they fetch and
+//!   keep what they fetched, keyed by the object's version: a remount reads the indexes
+//!   from disk, and cached bytes serve while the server is down.
+//!
+//! The requests run on a small tokio runtime owned by [`Remote`]; callers (FUSE workers,
+//! indexing threads) block on them. Every HTTP request goes through one counting
+//! connector, so `pkgfs status` shows the requests sent, including the retries.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService,
+};
+use object_store::{GetOptions, GetRange, ObjectStore};
+
+use super::blob::Blob;
+use super::diskcache::DiskCache;
+use crate::error::{Error, Result};
+
+/// Largest fetch a sequential reader grows to.
+pub const MAX_READ_AHEAD: u64 = 8 << 20;
+/// Fetched extents kept per object for the reads that follow.
+const KEPT: usize = 4;
+/// Fetches are aligned to this.
+const ALIGN: u64 = 4096;
+
+/// Timeouts and retries of remote reads.
+#[derive(Debug, Clone)]
+pub struct RemoteConfig {
+    /// Longest a read waits, retries included, before it fails with `EIO`.
+    pub read_timeout: Duration,
+    /// Longest a connection takes to open.
+    pub connect_timeout: Duration,
+    /// Retries of a failed request (5xx, reset, timeout).
+    pub retries: usize,
+    /// The disk cache: its directory and byte budget (None: none).
+    pub disk_cache: Option<(PathBuf, u64)>,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        RemoteConfig {
+            read_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            retries: 5,
+            disk_cache: None,
+        }
+    }
+}
+
+/// Counters of remote reads, for `pkgfs status`.
+#[derive(Debug, Default)]
+pub struct RemoteStats {
+    /// HTTP requests sent (ranges, listings, HEADs), retries included.
+    pub requests: AtomicU64,
+    /// Requests that failed (5xx, reset, timeout): each is retried or ends in an error.
+    pub failed_requests: AtomicU64,
+    /// Range reads (fetches), each one or more requests.
+    pub fetches: AtomicU64,
+    /// Bytes of objects received.
+    pub bytes: AtomicU64,
+    /// Reads served from what an earlier fetch kept in memory.
+    pub kept_hits: AtomicU64,
+    /// Reads and listings that failed (after their retries, or out of time).
+    pub errors: AtomicU64,
+}
+
+impl RemoteStats {
+    /// Failed requests that were tried again.
+    pub fn retries(&self) -> u64 {
+        self.failed_requests
+            .load(Relaxed)
+            .saturating_sub(self.errors.load(Relaxed))
+    }
+}
+
+/// The HTTP client of every store: reqwest (rustls), each request counted.
+#[derive(Debug, Clone)]
+struct Counted {
+    client: reqwest::Client,
+    stats: Arc<RemoteStats>,
+}
+
+#[async_trait::async_trait]
+impl HttpService for Counted {
+    async fn call(&self, req: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
+        self.stats.requests.fetch_add(1, Relaxed);
+        let r = self.client.call(req).await;
+        if r.as_ref().map_or(true, |r| r.status().is_server_error()) {
+            self.stats.failed_requests.fetch_add(1, Relaxed);
+        }
+        r
+    }
+}
+
+impl HttpConnector for Counted {
+    fn connect(&self, _: &object_store::ClientOptions) -> object_store::Result<HttpClient> {
+        Ok(HttpClient::new(self.clone()))
+    }
+}
+
+/// The runtime and settings remote objects share.
+#[derive(Debug)]
+pub struct Remote {
+    rt: tokio::runtime::Runtime,
+    client: Counted,
+    /// Settings.
+    pub config: RemoteConfig,
+    /// Counters.
+    pub stats: Arc<RemoteStats>,
+    /// The disk cache, if there is one.
+    pub disk: Option<DiskCache>,
+}
+
+impl Remote {
+    /// A runtime of two worker threads (`pkgfs-net`), the client, the disk cache.
+    pub fn new(config: RemoteConfig) -> Result<Arc<Remote>> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("pkgfs-net")
+            .enable_all()
+            .build()?;
+        // One attempt may take a third of the bound: a stalled connection is retried
+        // in time.
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .timeout(config.read_timeout / 3)
+            .build()
+            .map_err(|e| Error::Io(std::io::Error::other(format!("HTTP client: {e}"))))?;
+        let stats = Arc::new(RemoteStats::default());
+        let disk = match &config.disk_cache {
+            Some((dir, budget)) => Some(DiskCache::open(dir, *budget).map_err(|e| {
+                Error::Io(std::io::Error::other(format!(
+                    "disk cache {}: {e}",
+                    dir.display()
+                )))
+            })?),
+            None => None,
+        };
+        Ok(Arc::new(Remote {
+            rt,
+            client: Counted {
+                client,
+                stats: stats.clone(),
+            },
+            config,
+            stats,
+            disk,
+        }))
+    }
+
+    /// The counting connector, for the stores' builders.
+    pub fn connector(&self) -> impl HttpConnector + use<> {
+        self.client.clone()
+    }
+
+    /// A GET of `url` through the counting client: the body, at most `limit` bytes.
+    /// Resets, timeouts and 5xx answers are retried with backoff, as the stores do.
+    pub async fn get_page(&self, url: &str, limit: usize) -> Result<Vec<u8>> {
+        use futures::StreamExt;
+        let io = |e: reqwest::Error| Error::Io(std::io::Error::other(format!("{url}: {e}")));
+        let mut backoff = Duration::from_millis(100);
+        let mut attempt = 0;
+        let r = loop {
+            self.stats.requests.fetch_add(1, Relaxed);
+            let failed = match self.client.client.get(url).send().await {
+                Ok(r) if !r.status().is_server_error() => break r,
+                Ok(r) => Error::Io(std::io::Error::other(format!("{url}: {}", r.status()))),
+                Err(e) => io(e),
+            };
+            self.stats.failed_requests.fetch_add(1, Relaxed);
+            attempt += 1;
+            if attempt > self.config.retries {
+                return Err(failed);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        };
+        let r = r.error_for_status().map_err(io)?;
+        let mut body = Vec::new();
+        let mut stream = r.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            body.extend_from_slice(&chunk.map_err(io)?);
+            if body.len() > limit {
+                return Err(Error::Format(format!("{url}: index page too large")));
+            }
+        }
+        Ok(body)
+    }
+
+    /// Run `f` on the runtime and wait for it, at most the read timeout.
+    pub fn run<T>(&self, what: &str, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let limit = self.config.read_timeout;
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(limit, f).await });
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.stats.errors.fetch_add(1, Relaxed);
+                Err(e)
+            }
+            Err(_) => {
+                self.stats.errors.fetch_add(1, Relaxed);
+                Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{what}: no answer within {} s", limit.as_secs()),
+                )))
+            }
+        }
+    }
+
+    /// Client options and retry settings for the stores.
+    pub fn client_options(&self) -> (object_store::ClientOptions, object_store::RetryConfig) {
+        let opts = object_store::ClientOptions::new()
+            .with_allow_http(true)
+            .with_connect_timeout(self.config.connect_timeout)
+            .with_timeout(self.config.read_timeout);
+        let retry = object_store::RetryConfig {
+            max_retries: self.config.retries,
+            retry_timeout: self.config.read_timeout,
+            backoff: object_store::BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+                base: 2.0,
+            },
+        };
+        (opts, retry)
+    }
+}
+
+/// An error of the store as the crate's own: a missing object is `Format` (the listing
+/// is stale), a changed one (`If-Match` failed) is `Corrupt`, the rest `Io`.
+pub fn store_error(what: &str, e: object_store::Error) -> Error {
+    match e {
+        object_store::Error::NotFound { .. } => Error::Format(format!("{what}: not found")),
+        object_store::Error::Precondition { .. } => {
+            Error::Corrupt(format!("{what} changed on the server since it was listed"))
+        }
+        e => Error::Io(std::io::Error::other(format!("{what}: {e}"))),
+    }
+}
+
+/// One version of an object.
+#[derive(Debug)]
+pub struct RemoteBlob {
+    name: PathBuf,
+    store: Arc<dyn ObjectStore>,
+    path: object_store::path::Path,
+    size: u64,
+    etag: Option<String>,
+    modified: chrono::DateTime<chrono::Utc>,
+    version: String,
+    /// Its key in the disk cache.
+    disk_key: String,
+    remote: Arc<Remote>,
+    /// Recently fetched extents (offset, bytes), newest last, and the next fetch size
+    /// of a sequential reader.
+    kept: Mutex<(Vec<(u64, bytes::Bytes)>, u64)>,
+}
+
+impl RemoteBlob {
+    /// The object `path` of `store` as listed: named `name` (its URL) in messages.
+    pub fn new(
+        name: String,
+        store: Arc<dyn ObjectStore>,
+        path: object_store::path::Path,
+        meta: &object_store::ObjectMeta,
+        remote: Arc<Remote>,
+    ) -> RemoteBlob {
+        let etag = meta.e_tag.clone();
+        let version = format!(
+            "{name}\0{}\0{}\0{}",
+            etag.as_deref().unwrap_or(""),
+            meta.size,
+            meta.last_modified.timestamp()
+        );
+        RemoteBlob {
+            name: PathBuf::from(name),
+            store,
+            path,
+            size: meta.size,
+            etag,
+            modified: meta.last_modified,
+            disk_key: DiskCache::key(&version),
+            version,
+            remote,
+            kept: Mutex::new((Vec::new(), 0)),
+        }
+    }
+
+    /// Copy `buf.len()` bytes at `offset` out of a kept extent, if one holds them all.
+    fn copy_kept(&self, buf: &mut [u8], offset: u64) -> bool {
+        let k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let end = offset + buf.len() as u64;
+        for (start, bytes) in k.0.iter().rev() {
+            if *start <= offset && end <= start + bytes.len() as u64 {
+                let at = (offset - start) as usize;
+                buf.copy_from_slice(&bytes[at..at + buf.len()]);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+impl Blob for RemoteBlob {
+    fn name(&self) -> &Path {
+        &self.name
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.size)
+            .ok_or_else(|| {
+                Error::Format(format!(
+                    "unexpected end of {} at offset {}",
+                    self.name.display(),
+                    self.size
+                ))
+            })?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if self.copy_kept(buf, offset) {
+            self.remote.stats.kept_hits.fetch_add(1, Relaxed);
+            return Ok(());
+        }
+        if let Some(disk) = &self.remote.disk
+            && disk.read(&self.disk_key, buf, offset)
+        {
+            return Ok(());
+        }
+        // Sequential (starts where a kept extent ends): fetch more, and more each time.
+        let (start, fetch_end) = {
+            let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let sequential = k.0.iter().any(|(s, b)| {
+                s + b.len() as u64 == offset - offset % ALIGN || s + b.len() as u64 == offset
+            });
+            let want = if sequential {
+                k.1 = (k.1 * 2).clamp(256 * 1024, MAX_READ_AHEAD);
+                (end - offset).max(k.1)
+            } else {
+                end - offset
+            };
+            let start = offset - offset % ALIGN;
+            let fetch_end = (offset + want).div_ceil(ALIGN) * ALIGN;
+            (start, fetch_end.min(self.size).max(end))
+        };
+        // This version and no other: by ETag, or (a server without ETags) by date.
+        let opts = GetOptions {
+            if_match: self.etag.clone(),
+            if_unmodified_since: self.etag.is_none().then_some(self.modified),
+            range: Some(GetRange::Bounded(start..fetch_end)),
+            ..GetOptions::default()
+        };
+        let what = self.name.display().to_string();
+        let label = what.clone();
+        let store = self.store.clone();
+        let path = self.path.clone();
+        let bytes = self.remote.run(&label, async move {
+            let r = store
+                .get_opts(&path, opts)
+                .await
+                .map_err(|e| store_error(&what, e))?;
+            r.bytes().await.map_err(|e| store_error(&what, e))
+        })?;
+        if bytes.len() as u64 != fetch_end - start {
+            return Err(Error::Corrupt(format!(
+                "{}: asked for {} bytes at {start}, got {}",
+                self.name.display(),
+                fetch_end - start,
+                bytes.len()
+            )));
+        }
+        self.remote.stats.fetches.fetch_add(1, Relaxed);
+        self.remote
+            .stats
+            .bytes
+            .fetch_add(bytes.len() as u64, Relaxed);
+        if let Some(disk) = &self.remote.disk
+            && let Err(e) = disk.store(&self.disk_key, start, &bytes)
+        {
+            log::warn!(
+                "disk cache: keeping a range of {what_}: {e}",
+                what_ = self.name.display()
+            );
+        }
+        let at = (offset - start) as usize;
+        buf.copy_from_slice(&bytes[at..at + buf.len()]);
+        let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        k.0.push((start, bytes));
+        if k.0.len() > KEPT {
+            k.0.remove(0);
+        }
+        Ok(())
+    }
+
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn mtime(&self) -> i64 {
+        self.modified.timestamp()
+    }
+}

@@ -1,0 +1,396 @@
+//! Remote sources: `s3://BUCKET/PREFIX/` (the objects directly under PREFIX, listed with
+//! ListObjectsV2; credentials, region and endpoint from the standard AWS environment:
+//! `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_REGION`…), `http(s)://HOST/PATH/FILE`
+//! (one archive) and `http(s)://HOST/DIR/` (the files an HTML index links to: nginx's and
+//! Apache's autoindex, PEP 503 simple pages). Each object becomes a candidate whose
+//! blob is an [`crate::io::remote::RemoteBlob`] of the version the listing saw; layer
+//! order is byte order of the object names, as for a directory.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use object_store::ObjectStore;
+use object_store::path::Path as ObjPath;
+
+use crate::error::{Error, Result};
+use crate::io::blob::Blob;
+use crate::io::remote::{Remote, RemoteBlob, store_error};
+
+/// Most objects one remote source may list.
+pub const MAX_OBJECTS: usize = 100_000;
+/// HEAD requests in flight while an HTTP directory is listed.
+const HEADS_IN_FLIGHT: usize = 64;
+/// Largest HTML index read.
+const MAX_INDEX_PAGE: usize = 16 << 20;
+
+/// A remote source as named on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteRef {
+    /// `s3://BUCKET/PREFIX` (PREFIX may be empty).
+    S3 {
+        /// The bucket.
+        bucket: String,
+        /// The prefix, ending with `/` unless empty.
+        prefix: String,
+    },
+    /// `http(s)://…/FILE`: one object.
+    HttpFile(String),
+    /// `http(s)://…/DIR/`: an index page.
+    HttpDir(String),
+}
+
+impl RemoteRef {
+    /// Parse `s3://…`, `http://…`, `https://…`; `None` for anything else.
+    pub fn parse(s: &str) -> Option<RemoteRef> {
+        if let Some(rest) = s.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return None;
+            }
+            let mut prefix = prefix.trim_start_matches('/').to_string();
+            if !prefix.is_empty() && !prefix.ends_with('/') {
+                prefix.push('/');
+            }
+            return Some(RemoteRef::S3 {
+                bucket: bucket.to_string(),
+                prefix,
+            });
+        }
+        if s.starts_with("http://") || s.starts_with("https://") {
+            let after = &s[s.find("://")? + 3..];
+            if after.is_empty() || after.starts_with('/') {
+                return None;
+            }
+            return Some(if s.ends_with('/') || !after.contains('/') {
+                RemoteRef::HttpDir(if s.ends_with('/') {
+                    s.to_string()
+                } else {
+                    format!("{s}/")
+                })
+            } else {
+                RemoteRef::HttpFile(s.to_string())
+            });
+        }
+        None
+    }
+}
+
+/// The objects of a remote source, in layer order: (name, blob).
+pub fn list(r: &RemoteRef, remote: &Arc<Remote>) -> Result<Vec<(String, Arc<dyn Blob>)>> {
+    match r {
+        RemoteRef::S3 { bucket, prefix } => list_s3(bucket, prefix, remote),
+        RemoteRef::HttpFile(url) => {
+            let (store, path) = http_store(url, remote)?;
+            let meta = head(&store, &path, url, remote)?;
+            let blob: Arc<dyn Blob> = Arc::new(RemoteBlob::new(
+                url.clone(),
+                store,
+                path,
+                &meta,
+                remote.clone(),
+            ));
+            Ok(vec![(url.clone(), blob)])
+        }
+        RemoteRef::HttpDir(url) => list_http_dir(url, remote),
+    }
+}
+
+fn list_s3(
+    bucket: &str,
+    prefix: &str,
+    remote: &Arc<Remote>,
+) -> Result<Vec<(String, Arc<dyn Blob>)>> {
+    let (opts, retry) = remote.client_options();
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_client_options(opts)
+            .with_retry(retry)
+            .with_http_connector(remote.connector())
+            .build()
+            .map_err(|e| Error::Format(format!("s3://{bucket}/: {e}")))?,
+    );
+    let what = format!("s3://{bucket}/{prefix}");
+    let label = what.clone();
+    let p = (!prefix.is_empty()).then(|| ObjPath::from(prefix.trim_end_matches('/')));
+    let s = store.clone();
+    let listed = remote.run(&label, async move {
+        s.list_with_delimiter(p.as_ref())
+            .await
+            .map_err(|e| store_error(&what, e))
+    })?;
+    let mut objects: Vec<_> = listed
+        .objects
+        .into_iter()
+        .filter(|m| m.location.filename().is_some_and(|n| !n.starts_with('.')))
+        .collect();
+    if objects.len() > MAX_OBJECTS {
+        return Err(Error::Format(format!(
+            "s3://{bucket}/{prefix} lists more than {MAX_OBJECTS} objects"
+        )));
+    }
+    objects.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
+    Ok(objects
+        .into_iter()
+        .map(|m| {
+            let name = format!("s3://{bucket}/{}", m.location);
+            let blob: Arc<dyn Blob> = Arc::new(RemoteBlob::new(
+                name.clone(),
+                store.clone(),
+                m.location.clone(),
+                &m,
+                remote.clone(),
+            ));
+            (name, blob)
+        })
+        .collect())
+}
+
+/// The store of the server of `url`, and the object's path on it.
+fn http_store(url: &str, remote: &Arc<Remote>) -> Result<(Arc<dyn ObjectStore>, ObjPath)> {
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let host_end = url[scheme_end..]
+        .find('/')
+        .map_or(url.len(), |i| scheme_end + i);
+    let (base, path) = url.split_at(host_end);
+    let (opts, retry) = remote.client_options();
+    let store = object_store::http::HttpBuilder::new()
+        .with_url(base)
+        .with_client_options(opts)
+        .with_retry(retry)
+        .with_http_connector(remote.connector())
+        .build()
+        .map_err(|e| Error::Format(format!("{url}: {e}")))?;
+    let decoded = percent_decode(path.trim_start_matches('/'));
+    let path = ObjPath::parse(&decoded).map_err(|e| Error::Format(format!("{url}: {e}")))?;
+    Ok((Arc::new(store), path))
+}
+
+fn head(
+    store: &Arc<dyn ObjectStore>,
+    path: &ObjPath,
+    url: &str,
+    remote: &Arc<Remote>,
+) -> Result<object_store::ObjectMeta> {
+    let (s, p, what) = (store.clone(), path.clone(), url.to_string());
+    remote.run(url, async move {
+        s.head(&p).await.map_err(|e| store_error(&what, e))
+    })
+}
+
+fn list_http_dir(url: &str, remote: &Arc<Remote>) -> Result<Vec<(String, Arc<dyn Blob>)>> {
+    let page = {
+        let r = remote.clone();
+        let what = url.to_string();
+        remote.run(url, async move { r.get_page(&what, MAX_INDEX_PAGE).await })?
+    };
+    let mut names = links(&String::from_utf8_lossy(&page), url);
+    names.sort();
+    names.dedup();
+    if names.len() > MAX_OBJECTS {
+        return Err(Error::Format(format!(
+            "{url} links to more than {MAX_OBJECTS} files"
+        )));
+    }
+    let (store, dir) = http_store(url, remote)?;
+    // HEAD every file, many in flight.
+    let metas = {
+        let store = store.clone();
+        let dir = dir.clone();
+        let names = names.clone();
+        let what = url.to_string();
+        remote.run(url, async move {
+            let all = futures::stream::iter(names.into_iter().map(|n| {
+                let store = store.clone();
+                let path = dir.child(n.as_str());
+                let what = format!("{what}{n}");
+                async move { store.head(&path).await.map_err(|e| store_error(&what, e)) }
+            }))
+            .buffered(HEADS_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await;
+            Ok(all)
+        })?
+    };
+    // A file the index links to but the server does not give is skipped, named: the
+    // rest of the directory mounts (as a bad archive in a local directory is skipped).
+    Ok(names
+        .iter()
+        .zip(metas)
+        .filter_map(|(n, meta)| match meta {
+            Ok(m) => Some((n, m)),
+            Err(e) => {
+                log::warn!("skipping {url}{}: {e}", percent_encode(n));
+                None
+            }
+        })
+        .map(|(n, meta)| {
+            let name = format!("{url}{}", percent_encode(n));
+            let blob: Arc<dyn Blob> = Arc::new(RemoteBlob::new(
+                name.clone(),
+                store.clone(),
+                dir.child(n.as_str()),
+                &meta,
+                remote.clone(),
+            ));
+            (name, blob)
+        })
+        .collect())
+}
+
+/// The names of the files directly inside the directory `base` (a URL ending in `/`)
+/// that an HTML index page links to, percent-decoded: `href` values that are relative
+/// names, or absolute paths or URLs inside `base`; not subdirectories, parents, queries
+/// (sort links) or hidden names. Fragments (`#sha256=…` of PEP 503) are dropped.
+pub fn links(html: &str, base: &str) -> Vec<String> {
+    let base_path = base
+        .find("://")
+        .and_then(|i| base[i + 3..].find('/').map(|j| &base[i + 3 + j..]))
+        .unwrap_or("/");
+    let mut out = Vec::new();
+    let lower = html.to_ascii_lowercase();
+    let mut at = 0;
+    while let Some(i) = lower[at..].find("href") {
+        let mut p = at + i + 4;
+        at = p;
+        let rest = &html[p..];
+        let trimmed = rest.trim_start();
+        if !trimmed.starts_with('=') {
+            continue;
+        }
+        p += rest.len() - trimmed.len() + 1;
+        let v = html[p..].trim_start();
+        let (value, _) = match v.chars().next() {
+            Some(q @ ('"' | '\'')) => match v[1..].find(q) {
+                Some(e) => (&v[1..1 + e], ()),
+                None => continue,
+            },
+            _ => (
+                v.split(|c: char| c.is_whitespace() || c == '>')
+                    .next()
+                    .unwrap_or(""),
+                (),
+            ),
+        };
+        let value = value.split('#').next().unwrap_or("").replace("&amp;", "&");
+        if value.is_empty() || value.contains('?') {
+            continue;
+        }
+        let rel = if let Some(abs) = value.strip_prefix(base) {
+            abs.to_string()
+        } else if value.contains("://") {
+            continue;
+        } else if let Some(abs) = value.strip_prefix('/') {
+            match format!("/{abs}").strip_prefix(base_path) {
+                Some(r) => r.to_string(),
+                None => continue,
+            }
+        } else {
+            value.trim_start_matches("./").to_string()
+        };
+        if rel.is_empty() || rel.contains('/') || rel == ".." {
+            continue;
+        }
+        let name = percent_decode(&rel);
+        if name.starts_with('.') || name.contains('/') || name.contains('\0') {
+            continue;
+        }
+        out.push(name);
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || b"-._~+".contains(&c) {
+                (c as char).to_string()
+            } else {
+                format!("%{c:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_sources_parse() {
+        assert_eq!(
+            RemoteRef::parse("s3://b/pkgs"),
+            Some(RemoteRef::S3 {
+                bucket: "b".into(),
+                prefix: "pkgs/".into()
+            })
+        );
+        assert_eq!(
+            RemoteRef::parse("s3://b"),
+            Some(RemoteRef::S3 {
+                bucket: "b".into(),
+                prefix: String::new()
+            })
+        );
+        assert_eq!(
+            RemoteRef::parse("http://h:8080/d/"),
+            Some(RemoteRef::HttpDir("http://h:8080/d/".into()))
+        );
+        assert_eq!(
+            RemoteRef::parse("https://h/d/a.zip"),
+            Some(RemoteRef::HttpFile("https://h/d/a.zip".into()))
+        );
+        assert_eq!(
+            RemoteRef::parse("http://h"),
+            Some(RemoteRef::HttpDir("http://h/".into()))
+        );
+        assert_eq!(RemoteRef::parse("/pkgs"), None);
+        assert_eq!(RemoteRef::parse("s3://"), None);
+    }
+
+    #[test]
+    fn index_pages_give_the_files_of_their_directory() {
+        // nginx autoindex, Apache (sort links, parent), PEP 503 (fragments, absolute).
+        let html = r#"<html><body><h1>Index of /pkgs/</h1>
+<a href="../">../</a>
+<a href="sub/">sub/</a>
+<a href="a.zip">a.zip</a>
+<a href="b%20c.whl">b c.whl</a>
+<a href="?C=N;O=D">Name</a>
+<a href='/pkgs/d.tar.gz#sha256=abc'>d</a>
+<A HREF=e.jar>e</A>
+<a href="/elsewhere/f.zip">f</a>
+<a href="http://other/x.zip">x</a>
+<a href="http://h/pkgs/g.zip">g</a>
+<a href=".hidden.zip">h</a>
+<a href="a.zip">again</a>
+</body></html>"#;
+        let mut got = links(html, "http://h/pkgs/");
+        got.sort();
+        got.dedup();
+        assert_eq!(got, ["a.zip", "b c.whl", "d.tar.gz", "e.jar", "g.zip"]);
+        assert_eq!(percent_encode("b c.whl"), "b%20c.whl");
+        assert_eq!(percent_decode("%C3%BC%2"), "ü%2");
+    }
+}
