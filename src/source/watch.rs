@@ -237,10 +237,14 @@ impl Watcher {
             let until_poll = self
                 .poll
                 .map(|(_, at)| at.saturating_duration_since(Instant::now()));
-            if !self.wait(until_poll)? && until_poll.is_some() {
-                if let Some((every, at)) = self.poll.as_mut() {
-                    *at = Instant::now() + *every;
+            let woken = self.wait(until_poll)?;
+            if let Some((every, at)) = self.poll.as_mut()
+                && !woken
+            {
+                if Instant::now() < *at {
+                    continue; // poll(2) rounds down to milliseconds
                 }
+                *at = Instant::now() + *every;
                 debug!("polling the sources");
                 return Ok(Batch {
                     events: 0,
