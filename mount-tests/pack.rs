@@ -8,7 +8,7 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{Mount, pkgfs, python_with_pyzstd, require_fuse, run, trees_match};
+use crate::common::{Mount, pkgfs, require_fuse, run, test_python, trees_match};
 
 /// Set the mtime of `p` (not following symlinks).
 fn set_mtime(p: &Path, secs: i64) {
@@ -216,7 +216,7 @@ fn packages_and_zips_merge_in_one_mount() {
 }
 
 fn foreign(src: &Path, out: &Path) {
-    run(Command::new(python_with_pyzstd())
+    run(Command::new(test_python())
         .arg(crate::common::repo().join("mount-tests/foreign_seekable.py"))
         .arg(src)
         .arg(out));

@@ -10,7 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    Mount, fixtures, pkgfs, repo, require_tools, run, status_json, trees_match, wait_until,
+    Mount, fixtures, pkgfs, repo, require_tools, run, status_json, test_python, trees_match,
+    wait_until,
 };
 
 fn free_port() -> u16 {
@@ -594,7 +595,8 @@ struct Moto {
 impl Moto {
     fn start() -> Moto {
         let port = free_port();
-        let child = Command::new("moto_server")
+        let bin = test_python().with_file_name("moto_server");
+        let child = Command::new(bin)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -619,7 +621,7 @@ impl Moto {
 
     /// Run boto3 `code` (with `s3` a client of this server).
     fn boto(&self, code: &str) {
-        let mut c = Command::new("python3");
+        let mut c = Command::new(test_python());
         c.arg("-c")
             .arg(format!(
                 "import boto3, sys\ns3 = boto3.client('s3')\n{code}\n"
@@ -640,7 +642,7 @@ impl Drop for Moto {
 /// replaced and one added are activated by polling.
 #[test]
 fn s3_prefix_equals_the_local_mount_and_polls() {
-    if !require_tools(&["moto_server", "python3", "zip"]) {
+    if !require_tools(&["python3", "zip"]) {
         return;
     }
     let moto = Moto::start();
@@ -741,4 +743,63 @@ fn s3_prefix_equals_the_local_mount_and_polls() {
         || !new_file.exists(),
     );
     trees_match(&l.path(), &m.path(), &[]);
+}
+
+/// On S3 too: an object replaced under a mount that does not poll is refused for the
+/// bytes not fetched yet (`If-Match`), never mixed; a bucket that does not exist fails
+/// the mount with a message naming it.
+#[test]
+fn s3_object_replaced_is_never_mixed_and_a_missing_bucket_is_named() {
+    if !require_tools(&["python3", "zip"]) {
+        return;
+    }
+    let moto = Moto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let zip = big_zip(dir.path());
+    let staged = dir.path().join("small");
+    fs::create_dir(&staged).unwrap();
+    fs::write(staged.join("f4.bin"), b"other\n").unwrap();
+    run(Command::new("zip")
+        .current_dir(&staged)
+        .args(["-q", "-X", "small.zip", "f4.bin"]));
+    moto.boto(&format!(
+        "s3.create_bucket(Bucket='bkt')\ns3.upload_file({:?}, 'bkt', 'r/big.zip')",
+        zip.to_str().unwrap()
+    ));
+    let env = moto.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let m = Mount::with_env(
+        &[Path::new("s3://bkt/r/")],
+        &["--no-disk-cache", "--prefetch", "0"],
+        &env,
+    );
+    let l = Mount::new(&[&zip], &["--prefetch", "0"]);
+    assert_eq!(
+        fs::read(m.path().join("f0.bin")).unwrap(),
+        fs::read(l.path().join("f0.bin")).unwrap()
+    );
+    moto.boto(&format!(
+        "s3.upload_file({:?}, 'bkt', 'r/big.zip')",
+        staged.join("small.zip").to_str().unwrap()
+    ));
+    let err = fs::read(m.path().join("f4.bin"))
+        .map(|b| b.len())
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        m.log_text().contains("changed on the server"),
+        "{}",
+        m.log_text()
+    );
+
+    let mp = tempfile::tempdir().unwrap();
+    let out = pkgfs()
+        .args(["mount", "s3://no-such-bucket/x/"])
+        .arg(mp.path())
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("s3://no-such-bucket/x/"), "{err}");
 }

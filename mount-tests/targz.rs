@@ -319,7 +319,7 @@ fn real_sdists() -> Vec<PathBuf> {
     if fs::read(dir.join("sdists.txt")).ok().as_ref() != Some(&pins) {
         let part = dir.with_extension("part");
         let _ = fs::remove_dir_all(&part);
-        run(Command::new(crate::common::python_with_pyzstd())
+        run(Command::new(crate::common::test_python())
             .args([
                 "-m",
                 "pip",

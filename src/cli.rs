@@ -158,8 +158,8 @@ struct PackArgs {
 
 #[derive(Debug, Args)]
 struct MountArgs {
-    /// Archive files, directories of archives or images (oci:DIR[:TAG]…), lowest layer
-    /// first.
+    /// Archive files, directories of archives, images (oci:DIR[:TAG]…) or remote stores
+    /// (s3://BUCKET/PREFIX/, http(s)://HOST/DIR/, http(s)://HOST/FILE), lowest layer first.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
     sources: Vec<PathBuf>,
     /// Where to mount.

@@ -481,15 +481,16 @@ pub fn run(cmd: &mut Command) -> Output {
     run_ok(cmd)
 }
 
-/// A Python with `pyzstd` (from PyPI), in a virtual environment made once under the
-/// target directory, so a fresh machine needs nothing installed by hand.
-pub fn python_with_pyzstd() -> PathBuf {
+/// A Python with the test requirements (`mount-tests/requirements.txt`: `pyzstd`, moto's
+/// S3 server and boto3, from PyPI), in a virtual environment made once under the target
+/// directory, so a fresh machine needs nothing installed by hand.
+pub fn test_python() -> PathBuf {
     static PY: OnceLock<PathBuf> = OnceLock::new();
     PY.get_or_init(|| {
-        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("venv-pyzstd");
+        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("venv-tests");
         let py = venv.join("bin/python3");
         let ok = Command::new(&py)
-            .args(["-c", "import pyzstd"])
+            .args(["-c", "import pyzstd, moto.server, boto3"])
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
@@ -530,7 +531,7 @@ pub fn real_wheels() -> PathBuf {
             let part = tmp.join("wheels.part");
             let _ = std::fs::remove_dir_all(&part);
             run_ok(
-                Command::new(python_with_pyzstd())
+                Command::new(test_python())
                     .args([
                         "-m",
                         "pip",

@@ -179,7 +179,9 @@ impl Remote {
     /// Resets, timeouts and 5xx answers are retried with backoff, as the stores do.
     pub async fn get_page(&self, url: &str, limit: usize) -> Result<Vec<u8>> {
         use futures::StreamExt;
-        let io = |e: reqwest::Error| Error::Io(std::io::Error::other(format!("{url}: {e}")));
+        let io = |e: reqwest::Error| {
+            Error::Io(std::io::Error::other(format!("{url}: {}", describe(&e))))
+        };
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 0;
         let r = loop {
@@ -258,8 +260,24 @@ pub fn store_error(what: &str, e: object_store::Error) -> Error {
         object_store::Error::Precondition { .. } => {
             Error::Corrupt(format!("{what} changed on the server since it was listed"))
         }
-        e => Error::Io(std::io::Error::other(format!("{what}: {e}"))),
+        e => Error::Io(std::io::Error::other(format!("{what}: {}", describe(&e)))),
     }
+}
+
+/// An error and its causes, `outer: inner: innermost` (reqwest's and hyper's messages
+/// keep the useful part, "Connection refused", in their sources).
+pub fn describe(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// One version of an object.

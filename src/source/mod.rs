@@ -720,7 +720,11 @@ impl Packages {
                         }
                         warn!("skipping {}: {e}", cand.path.display());
                         report.skipped.push((cand.path.clone(), e.clone()));
-                        self.bad.insert(cand.path.clone(), (st.clone(), e));
+                        // A remote object that could not be fetched (the network, not
+                        // its bytes) is tried again at the next poll.
+                        if !(cand.blob.is_some() && matches!(e, Error::Io(_))) {
+                            self.bad.insert(cand.path.clone(), (st.clone(), e));
+                        }
                         still_bad.insert(cand.path.clone());
                     }
                 }
