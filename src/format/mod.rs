@@ -106,29 +106,27 @@ pub struct Entry {
 pub struct Probe {
     /// The first bytes (up to 512).
     pub head: Vec<u8>,
-    /// The last bytes (up to [`Probe::TAIL`]): end records and seek tables live there,
-    /// and a small archive's whole index often does.
+    /// The last bytes (up to [`Blob::first_tail`]): end records and seek tables live
+    /// there, and a small archive's whole index often does.
     pub tail: Vec<u8>,
     /// The size of the blob.
     pub size: u64,
 }
 
 impl Probe {
-    /// How much of the end of a file is read first.
-    pub const TAIL: u64 = 16 * 1024;
-
-    /// Read the head and tail of `blob` (one read each; one in all for a small blob).
+    /// Read the head and tail of `blob` (one read for a small blob; otherwise both at
+    /// once, which a remote blob fetches concurrently).
     pub fn read(blob: &dyn Blob) -> Result<Probe> {
         let size = blob.size();
-        let tail_len = size.min(Self::TAIL);
+        let tail_len = size.min(blob.first_tail());
         let mut tail = vec![0u8; tail_len as usize];
-        blob.read_exact_at(&mut tail, size - tail_len)?;
         let head_len = size.min(512) as usize;
-        let head = if size <= Self::TAIL {
+        let head = if size <= tail_len {
+            blob.read_exact_at(&mut tail, 0)?;
             tail[..head_len].to_vec()
         } else {
             let mut h = vec![0u8; head_len];
-            blob.read_exact_at(&mut h, 0)?;
+            blob.read_many(&mut [(&mut tail[..], size - tail_len), (&mut h[..], 0)])?;
             h
         };
         Ok(Probe { head, tail, size })

@@ -341,6 +341,129 @@ impl RemoteBlob {
         }
         false
     }
+
+    /// Served without the network: from a kept extent or the disk cache.
+    fn cached(&self, buf: &mut [u8], offset: u64) -> bool {
+        if self.copy_kept(buf, offset) {
+            self.remote.stats.kept_hits.fetch_add(1, Relaxed);
+            return true;
+        }
+        self.remote
+            .disk
+            .as_ref()
+            .is_some_and(|d| d.read(&self.disk_key, buf, offset))
+    }
+
+    /// What to fetch for a read of `[offset, end)`: `(start, fetch_end, suffix)`, where
+    /// `suffix` is a kept extent holding `[fetch_end, end)` when only a prefix is
+    /// missing (a central directory read after the tail that holds its end).
+    fn plan(&self, offset: u64, end: u64) -> (u64, u64, Option<(u64, bytes::Bytes)>) {
+        let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        // Sequential: starts where a fetch ended (give or take the alignment of the
+        // read-ahead's own fetches): fetch more, and more each time.
+        let sequential = k.0.iter().any(|(s, b)| {
+            let e = s + b.len() as u64;
+            e <= offset && offset - e < ALIGN
+        });
+        if sequential {
+            k.1 = (k.1 * 2).clamp(256 * 1024, MAX_READ_AHEAD);
+            let want = (end - offset).max(k.1);
+            let fetch_end = (offset + want).div_ceil(ALIGN) * ALIGN;
+            return (offset, fetch_end.min(self.size).max(end), None);
+        }
+        let suffix = k
+            .0
+            .iter()
+            .filter(|(s, b)| *s > offset && *s < end && s + b.len() as u64 >= end)
+            .min_by_key(|(s, _)| *s)
+            .cloned();
+        match suffix {
+            Some((s, b)) => (offset, s, Some((s, b))),
+            None => (offset, end, None),
+        }
+    }
+
+    /// Fetch `[start, end)` of this version (`If-Match`), counted.
+    async fn fetch(
+        store: Arc<dyn ObjectStore>,
+        path: object_store::path::Path,
+        opts: GetOptions,
+        what: String,
+        len: u64,
+    ) -> Result<bytes::Bytes> {
+        let r = store
+            .get_opts(&path, opts)
+            .await
+            .map_err(|e| store_error(&what, e))?;
+        let bytes = r.bytes().await.map_err(|e| store_error(&what, e))?;
+        if bytes.len() as u64 != len {
+            return Err(Error::Corrupt(format!(
+                "{what}: asked for {len} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// The request options of a fetch of `[start, end)`: this version and no other (by
+    /// ETag, or on a server without ETags by date).
+    fn options(&self, start: u64, end: u64) -> GetOptions {
+        GetOptions {
+            if_match: self.etag.clone(),
+            if_unmodified_since: self.etag.is_none().then_some(self.modified),
+            range: Some(GetRange::Bounded(start..end)),
+            ..GetOptions::default()
+        }
+    }
+
+    /// Fetch the ranges, all at once, and keep them (memory and disk).
+    fn fetch_all(&self, ranges: &[(u64, u64)]) -> Result<Vec<bytes::Bytes>> {
+        let what = self.name.display().to_string();
+        let jobs: Vec<_> = ranges
+            .iter()
+            .map(|&(s, e)| {
+                Self::fetch(
+                    self.store.clone(),
+                    self.path.clone(),
+                    self.options(s, e),
+                    what.clone(),
+                    e - s,
+                )
+            })
+            .collect();
+        let got = self
+            .remote
+            .run(&what, futures::future::try_join_all(jobs))?;
+        let stats = &self.remote.stats;
+        for (&(start, _), bytes) in ranges.iter().zip(&got) {
+            stats.fetches.fetch_add(1, Relaxed);
+            stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
+            if let Some(disk) = &self.remote.disk
+                && let Err(e) = disk.store(&self.disk_key, start, bytes)
+            {
+                log::warn!("disk cache: keeping a range of {what}: {e}");
+            }
+            let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            k.0.push((start, bytes.clone()));
+            if k.0.len() > KEPT {
+                k.0.remove(0);
+            }
+        }
+        Ok(got)
+    }
+
+    fn check_range(&self, offset: u64, len: usize) -> Result<u64> {
+        offset
+            .checked_add(len as u64)
+            .filter(|&e| e <= self.size)
+            .ok_or_else(|| {
+                Error::Format(format!(
+                    "unexpected end of {} at offset {}",
+                    self.name.display(),
+                    self.size
+                ))
+            })
+    }
 }
 
 impl Blob for RemoteBlob {
@@ -353,89 +476,60 @@ impl Blob for RemoteBlob {
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= self.size)
-            .ok_or_else(|| {
-                Error::Format(format!(
-                    "unexpected end of {} at offset {}",
-                    self.name.display(),
-                    self.size
-                ))
-            })?;
-        if buf.is_empty() {
+        let end = self.check_range(offset, buf.len())?;
+        if buf.is_empty() || self.cached(buf, offset) {
             return Ok(());
         }
-        if self.copy_kept(buf, offset) {
-            self.remote.stats.kept_hits.fetch_add(1, Relaxed);
+        let (start, fetch_end, suffix) = self.plan(offset, end);
+        let got = self.fetch_all(&[(start, fetch_end)])?;
+        let bytes = &got[0];
+        let n = (fetch_end.min(end) - offset) as usize;
+        buf[..n].copy_from_slice(&bytes[..n]);
+        if let Some((s, b)) = suffix {
+            let from = (fetch_end - s) as usize;
+            let rest = buf.len() - n;
+            buf[n..].copy_from_slice(&b[from..from + rest]);
+        }
+        Ok(())
+    }
+
+    /// 4 KiB: a ZIP's end record and a package's seek table and index usually fit; a
+    /// larger central directory is fetched next, without what this already holds.
+    fn first_tail(&self) -> u64 {
+        4096
+    }
+
+    /// The ranges not cached are fetched concurrently, adjacent ones as one request.
+    fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<()> {
+        let mut missing: Vec<(u64, u64)> = Vec::new();
+        for (buf, offset) in reads.iter_mut() {
+            let end = self.check_range(*offset, buf.len())?;
+            if !buf.is_empty() && !self.cached(buf, *offset) {
+                missing.push((*offset, end));
+            }
+        }
+        if missing.is_empty() {
             return Ok(());
         }
-        if let Some(disk) = &self.remote.disk
-            && disk.read(&self.disk_key, buf, offset)
-        {
-            return Ok(());
+        missing.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (s, e) in missing {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 + ALIGN => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
         }
-        // Sequential (starts where a kept extent ends): fetch more, and more each time.
-        let (start, fetch_end) = {
-            let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-            let sequential = k.0.iter().any(|(s, b)| {
-                s + b.len() as u64 == offset - offset % ALIGN || s + b.len() as u64 == offset
-            });
-            let want = if sequential {
-                k.1 = (k.1 * 2).clamp(256 * 1024, MAX_READ_AHEAD);
-                (end - offset).max(k.1)
-            } else {
-                end - offset
-            };
-            let start = offset - offset % ALIGN;
-            let fetch_end = (offset + want).div_ceil(ALIGN) * ALIGN;
-            (start, fetch_end.min(self.size).max(end))
-        };
-        // This version and no other: by ETag, or (a server without ETags) by date.
-        let opts = GetOptions {
-            if_match: self.etag.clone(),
-            if_unmodified_since: self.etag.is_none().then_some(self.modified),
-            range: Some(GetRange::Bounded(start..fetch_end)),
-            ..GetOptions::default()
-        };
-        let what = self.name.display().to_string();
-        let label = what.clone();
-        let store = self.store.clone();
-        let path = self.path.clone();
-        let bytes = self.remote.run(&label, async move {
-            let r = store
-                .get_opts(&path, opts)
-                .await
-                .map_err(|e| store_error(&what, e))?;
-            r.bytes().await.map_err(|e| store_error(&what, e))
-        })?;
-        if bytes.len() as u64 != fetch_end - start {
-            return Err(Error::Corrupt(format!(
-                "{}: asked for {} bytes at {start}, got {}",
-                self.name.display(),
-                fetch_end - start,
-                bytes.len()
-            )));
-        }
-        self.remote.stats.fetches.fetch_add(1, Relaxed);
-        self.remote
-            .stats
-            .bytes
-            .fetch_add(bytes.len() as u64, Relaxed);
-        if let Some(disk) = &self.remote.disk
-            && let Err(e) = disk.store(&self.disk_key, start, &bytes)
-        {
-            log::warn!(
-                "disk cache: keeping a range of {what_}: {e}",
-                what_ = self.name.display()
-            );
-        }
-        let at = (offset - start) as usize;
-        buf.copy_from_slice(&bytes[at..at + buf.len()]);
-        let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        k.0.push((start, bytes));
-        if k.0.len() > KEPT {
-            k.0.remove(0);
+        let got = self.fetch_all(&merged)?;
+        for (buf, offset) in reads.iter_mut() {
+            let end = *offset + buf.len() as u64;
+            if let Some(((s, _), bytes)) = merged
+                .iter()
+                .zip(&got)
+                .find(|((s, e), _)| *s <= *offset && end <= *e)
+            {
+                let at = (*offset - s) as usize;
+                buf.copy_from_slice(&bytes[at..at + buf.len()]);
+            }
         }
         Ok(())
     }

@@ -141,11 +141,6 @@ pub fn find_eocd(tail: &[u8]) -> Option<usize> {
     lax
 }
 
-/// How much of the end of a file is read first. Most archives have no comment, so the
-/// end record is in the last 22 bytes, and a small archive's whole central directory
-/// usually fits in this first read too: one `pread` indexes it.
-const FIRST_TAIL: usize = 16 * 1024;
-
 /// The last bytes of an archive, holding its end record.
 pub struct Tail {
     /// The bytes.
@@ -156,9 +151,11 @@ pub struct Tail {
     pub eocd: usize,
 }
 
-/// Read the last `FIRST_TAIL` bytes of a file (the first read of every archive).
+/// Read the last [`Blob::first_tail`] bytes of a file (the first read of every
+/// archive). Most archives have no comment, so the end record is in the last 22 bytes,
+/// and a small archive's whole central directory usually fits in this first read too.
 pub fn first_tail(blob: &dyn Blob, size: u64) -> Result<(Vec<u8>, u64), Error> {
-    let want = size.min(FIRST_TAIL as u64) as usize;
+    let want = size.min(blob.first_tail()) as usize;
     let start = size - want as u64;
     let mut bytes = vec![0u8; want];
     blob.read_exact_at(&mut bytes, start)?;
