@@ -141,7 +141,7 @@ pub fn discover(
 /// folded into the tree are bounded by this many archives, whatever the source holds.
 const INDEX_WINDOW: usize = 256;
 /// Indexing threads when remote archives are opened (each waits on the network).
-const REMOTE_INDEX_THREADS: usize = 64;
+const REMOTE_INDEX_THREADS: usize = 256;
 
 /// Work for an [`IndexStream`]: an archive to open and index, or one kept from the
 /// previous scan (unchanged) whose index is read again.

@@ -19,7 +19,7 @@ use crate::io::remote::{Remote, RemoteBlob, store_error};
 /// Most objects one remote source may list.
 pub const MAX_OBJECTS: usize = 100_000;
 /// HEAD requests in flight while an HTTP directory is listed.
-const HEADS_IN_FLIGHT: usize = 64;
+const HEADS_IN_FLIGHT: usize = 256;
 /// Largest HTML index read.
 const MAX_INDEX_PAGE: usize = 16 << 20;
 

@@ -1,0 +1,89 @@
+//! A TCP proxy that adds latency, for benchmarks: what `tc qdisc add dev lo root netem
+//! delay D` does, on machines whose kernel has no netem.
+//!
+//!     cargo run --release --example delayproxy -- LISTEN_PORT UPSTREAM_PORT DELAY_MS
+//!
+//! Every connection to 127.0.0.1:LISTEN_PORT is joined to 127.0.0.1:UPSTREAM_PORT; every
+//! chunk of bytes, in each direction, is delivered DELAY_MS after it arrived (connection
+//! set-up too), so a request and its answer take 2 × DELAY_MS more, as with netem on
+//! loopback, and bandwidth is not limited. Runs until killed.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Copy `from` to `to`, each chunk `delay` after it was read.
+async fn delayed(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    while let Some((at, chunk)) = rx.recv().await {
+        tokio::time::sleep_until(at).await;
+        if to.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    tokio::time::sleep(delay).await;
+    let _ = to.shutdown().await;
+    reader.abort();
+}
+
+async fn serve(client: TcpStream, upstream: u16, delay: Duration) {
+    // The handshake's round trip.
+    tokio::time::sleep(delay * 2).await;
+    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
+    let up = tokio::spawn(delayed(cr, sw, delay));
+    delayed(sr, cw, delay).await;
+    let _ = up.await;
+}
+
+fn main() -> std::io::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 4 {
+        eprintln!("usage: delayproxy LISTEN_PORT UPSTREAM_PORT DELAY_MS");
+        std::process::exit(2);
+    }
+    let parse = |s: &str| -> u64 {
+        s.parse().unwrap_or_else(|_| {
+            eprintln!("not a number: {s}");
+            std::process::exit(2)
+        })
+    };
+    let (listen, upstream, ms) = (parse(&args[1]), parse(&args[2]), parse(&args[3]));
+    let delay = Duration::from_millis(ms);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(async move {
+            let l = TcpListener::bind(("127.0.0.1", listen as u16)).await?;
+            loop {
+                let (c, _) = l.accept().await?;
+                tokio::spawn(serve(c, upstream as u16, delay));
+            }
+        })
+}
