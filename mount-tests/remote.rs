@@ -315,7 +315,12 @@ fn http_directory_equals_the_local_mount() {
     let before = nginx.file_bytes_sent();
     let m = Mount::new(&[Path::new(&remote)], &dc);
     trees_match(&l.path(), &m.path(), &[]);
-    assert_eq!(nginx.file_bytes_sent(), before, "all from the disk cache");
+    assert_eq!(
+        nginx.file_bytes_sent(),
+        before,
+        "all from the disk cache: {}",
+        status_json(&m.path())["remote"]
+    );
     assert_eq!(remote_stat(&m.path(), "bytes"), 0);
     assert!(disk_stat(&m.path(), "hits") > 0);
     let text = pkgfs().arg("status").arg(m.path()).output().unwrap();

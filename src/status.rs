@@ -165,6 +165,8 @@ struct RemoteReport {
     bytes: u64,
     /// Reads served from ranges kept in memory.
     kept_hits: u64,
+    /// Fetches started ahead of readers (read-ahead advice).
+    prefetches: u64,
     /// Read bound, seconds.
     timeout_s: u64,
     disk_cache: Option<DiskReport>,
@@ -384,6 +386,7 @@ fn remote_report(r: &crate::io::remote::Remote) -> RemoteReport {
         fetches: s.fetches.load(Relaxed),
         bytes: s.bytes.load(Relaxed),
         kept_hits: s.kept_hits.load(Relaxed),
+        prefetches: s.prefetches.load(Relaxed),
         timeout_s: r.config.read_timeout.as_secs(),
         disk_cache: r.disk.as_ref().map(|d| DiskReport {
             dir: d.dir().display().to_string(),
@@ -489,9 +492,10 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
     if let Some(rm) = &r.remote {
         let _ = writeln!(
             o,
-            "remote: {} in {} fetches, {} requests ({} retried), {} errors (bound {} s), {} reads from ranges in memory",
+            "remote: {} in {} fetches ({} ahead of readers), {} requests ({} retried), {} errors (bound {} s), {} reads from ranges in memory",
             mib(rm.bytes),
             rm.fetches,
+            rm.prefetches,
             rm.requests,
             rm.retries,
             rm.errors,

@@ -623,8 +623,14 @@ impl PkgFs {
         wanted.sort_by_key(|&(a, _)| a);
         for group in wanted.chunk_by(|x, y| x.0 == y.0) {
             if let Some(layer) = v.layers.get(group[0].0 as usize) {
-                let advice = crate::io::advice(group.iter().map(|&(_, e)| e).collect());
-                layer.archive.blob.will_need(&advice);
+                let extents = group.iter().map(|&(_, e)| e).collect();
+                let blob = &layer.archive.blob;
+                let advice = if blob.round_trips() {
+                    crate::io::merged(extents)
+                } else {
+                    crate::io::advice(extents)
+                };
+                blob.will_need(&advice);
             }
         }
     }

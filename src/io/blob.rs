@@ -37,6 +37,11 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     /// [`Error::Format`]; an object that changed since this blob was made is
     /// [`Error::Corrupt`].
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Whether each read costs a round trip to a server: read-ahead advice is then
+    /// wanted for reads in order too (a local file has the kernel's read-ahead).
+    fn round_trips(&self) -> bool {
+        false
+    }
     /// How much of its end a format reads first (end records, seek tables, a small
     /// archive's whole index): a local file reads 16 KiB in one `pread` for the price of
     /// 4; an object on a server pays for every byte, and asks for less.

@@ -153,6 +153,36 @@ impl DiskCache {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The parts of `[start, end)` the known ranges of `key` do not hold, in order
+    /// (without reading anything).
+    pub fn holes(&self, key: &str, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut st = self.lock();
+        if !st.objects.contains_key(key) {
+            let listed = list_object(&self.object_dir(key));
+            st.objects.insert(key.to_string(), listed);
+        }
+        let ext = st.objects.get(key).map_or(&[][..], |v| &v[..]);
+        let mut out = Vec::new();
+        let mut pos = start;
+        while pos < end {
+            let upto = ext.partition_point(|e| e.start <= pos);
+            match ext[..upto]
+                .iter()
+                .filter(|e| e.end() > pos)
+                .map(Extent::end)
+                .max()
+            {
+                Some(covered) => pos = covered,
+                None => {
+                    let next = ext[upto..].first().map_or(end, |e| e.start.min(end));
+                    out.push((pos, next));
+                    pos = next;
+                }
+            }
+        }
+        out
+    }
+
     /// Fill `buf` from the ranges of `key` at `offset`; false (and `buf` unspecified) if
     /// they do not hold all of it.
     pub fn read(&self, key: &str, buf: &mut [u8], offset: u64) -> bool {
@@ -435,6 +465,13 @@ mod tests {
         assert!(c.read(&k, &mut span, 5000), "across two extents");
         assert_eq!(span, obj[5000..15_000]);
         assert!(!c.read(&k, &mut span, 15_000), "past what is stored");
+        assert_eq!(c.holes(&k, 100, 30_000), [(20_000, 30_000)]);
+        assert_eq!(c.holes(&k, 0, 20_000), []);
+        c.store(&k, 25_000, &obj[25_000..26_000]).unwrap();
+        assert_eq!(
+            c.holes(&k, 19_000, 40_000),
+            [(20_000, 25_000), (26_000, 40_000)]
+        );
         // Another process (another DiskCache on the directory) sees the ranges, and
         // this one sees what the other stores after it listed.
         let other = DiskCache::open(d.path(), 1 << 30).unwrap();
@@ -443,10 +480,10 @@ mod tests {
         other.store(&k, 20_000, &obj[20_000..]).unwrap();
         assert!(c.read(&k, &mut span, 25_000));
         assert_eq!(span, obj[25_000..35_000]);
-        assert_eq!(c.size(), 20_000 + 2 * TRAILER, "what this one counted");
+        assert_eq!(c.size(), 21_000 + 3 * TRAILER, "what this one counted");
         assert_eq!(
             DiskCache::open(d.path(), 1 << 30).unwrap().size(),
-            40_000 + 3 * TRAILER
+            41_000 + 4 * TRAILER
         );
         // A different version of the object is a different key.
         let k2 = DiskCache::key("http://h/a.zip etag2 3 0");

@@ -327,10 +327,17 @@ pub fn gather(
 /// in the order they will be read: nothing if that order is ascending (the kernel's own
 /// read-ahead follows it), else the extents sorted, with those that overlap or lie at most
 /// [`ADVISE_GAP`] apart merged.
-pub fn advice(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+pub fn advice(v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     if v.windows(2).all(|w| w[0].0 <= w[1].0) {
         return Vec::new();
     }
+    merged(v)
+}
+
+/// The extents sorted, with those that overlap or lie at most [`ADVISE_GAP`] apart
+/// merged: the advice for an object on a server, where reads in order cost a round trip
+/// each too.
+pub fn merged(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     v.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
     for (start, end) in v {

@@ -40,8 +40,10 @@ use crate::error::{Error, Result};
 
 /// Largest fetch a sequential reader grows to.
 pub const MAX_READ_AHEAD: u64 = 8 << 20;
+/// Background fetches in flight at most (all objects).
+const PREFETCHES: usize = 64;
 /// Fetched extents kept per object for the reads that follow.
-const KEPT: usize = 4;
+const KEPT: usize = 8;
 /// Fetches are aligned to this.
 const ALIGN: u64 = 4096;
 
@@ -84,6 +86,8 @@ pub struct RemoteStats {
     pub kept_hits: AtomicU64,
     /// Reads and listings that failed (after their retries, or out of time).
     pub errors: AtomicU64,
+    /// Fetches started ahead of readers, from read-ahead advice.
+    pub prefetches: AtomicU64,
 }
 
 impl RemoteStats {
@@ -131,6 +135,8 @@ pub struct Remote {
     pub stats: Arc<RemoteStats>,
     /// The disk cache, if there is one.
     pub disk: Option<DiskCache>,
+    /// Background fetches (read-ahead advice) in flight at most.
+    prefetch: Arc<tokio::sync::Semaphore>,
 }
 
 impl Remote {
@@ -167,6 +173,7 @@ impl Remote {
             config,
             stats,
             disk,
+            prefetch: Arc::new(tokio::sync::Semaphore::new(PREFETCHES)),
         }))
     }
 
@@ -293,9 +300,52 @@ pub struct RemoteBlob {
     /// Its key in the disk cache.
     disk_key: String,
     remote: Arc<Remote>,
-    /// Recently fetched extents (offset, bytes), newest last, and the next fetch size
-    /// of a sequential reader.
-    kept: Mutex<(Vec<(u64, bytes::Bytes)>, u64)>,
+    /// Recently fetched extents, the read-ahead state and the fetches in flight: shared
+    /// with background fetches ([`Blob::will_need`]).
+    kept: Arc<Mutex<Kept>>,
+}
+
+/// What a [`RemoteBlob`] keeps in memory.
+#[derive(Debug, Default)]
+struct Kept {
+    /// Recently fetched extents (offset, bytes), newest last.
+    extents: Vec<(u64, bytes::Bytes)>,
+    /// The next fetch size of a sequential reader.
+    next: u64,
+    /// Background fetches under way: (start, end, done).
+    flights: Vec<(u64, u64, Arc<Flight>)>,
+}
+
+impl Kept {
+    fn keep(&mut self, start: u64, bytes: bytes::Bytes) {
+        self.extents.push((start, bytes));
+        if self.extents.len() > KEPT {
+            self.extents.remove(0);
+        }
+    }
+}
+
+/// A background fetch: readers of its range wait for it rather than fetch it again.
+#[derive(Debug, Default)]
+struct Flight {
+    done: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Flight {
+    fn finish(&self) {
+        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Wait until it is done, at most `limit`.
+    fn wait(&self, limit: Duration) {
+        let g = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self
+            .cv
+            .wait_timeout_while(g, limit, |done| !*done)
+            .map_err(|e| e.into_inner());
+    }
 }
 
 impl RemoteBlob {
@@ -324,7 +374,7 @@ impl RemoteBlob {
             disk_key: DiskCache::key(&version),
             version,
             remote,
-            kept: Mutex::new((Vec::new(), 0)),
+            kept: Arc::new(Mutex::new(Kept::default())),
         }
     }
 
@@ -332,7 +382,7 @@ impl RemoteBlob {
     fn copy_kept(&self, buf: &mut [u8], offset: u64) -> bool {
         let k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         let end = offset + buf.len() as u64;
-        for (start, bytes) in k.0.iter().rev() {
+        for (start, bytes) in k.extents.iter().rev() {
             if *start <= offset && end <= start + bytes.len() as u64 {
                 let at = (offset - start) as usize;
                 buf.copy_from_slice(&bytes[at..at + buf.len()]);
@@ -361,18 +411,29 @@ impl RemoteBlob {
         let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         // Sequential: starts where a fetch ended (give or take the alignment of the
         // read-ahead's own fetches): fetch more, and more each time.
-        let sequential = k.0.iter().any(|(s, b)| {
+        let sequential = k.extents.iter().any(|(s, b)| {
             let e = s + b.len() as u64;
             e <= offset && offset - e < ALIGN
         });
         if sequential {
-            k.1 = (k.1 * 2).clamp(256 * 1024, MAX_READ_AHEAD);
-            let want = (end - offset).max(k.1);
-            let fetch_end = (offset + want).div_ceil(ALIGN) * ALIGN;
-            return (offset, fetch_end.min(self.size).max(end), None);
+            k.next = (k.next * 2).clamp(256 * 1024, MAX_READ_AHEAD);
+            let want = (end - offset).max(k.next);
+            let mut fetch_end = ((offset + want).div_ceil(ALIGN) * ALIGN).min(self.size);
+            // Not into what is held or being fetched already.
+            for s in k
+                .extents
+                .iter()
+                .map(|(s, _)| *s)
+                .chain(k.flights.iter().map(|f| f.0))
+            {
+                if s > offset && s < fetch_end {
+                    fetch_end = s;
+                }
+            }
+            return (offset, fetch_end.max(end), None);
         }
         let suffix = k
-            .0
+            .extents
             .iter()
             .filter(|(s, b)| *s > offset && *s < end && s + b.len() as u64 >= end)
             .min_by_key(|(s, _)| *s)
@@ -444,12 +505,75 @@ impl RemoteBlob {
                 log::warn!("disk cache: keeping a range of {what}: {e}");
             }
             let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-            k.0.push((start, bytes.clone()));
-            if k.0.len() > KEPT {
-                k.0.remove(0);
-            }
+            k.keep(start, bytes.clone());
         }
         Ok(got)
+    }
+
+    /// Start a background fetch of `[a, b)` unless it is held or under way.
+    fn prefetch_range(&self, a: u64, b: u64) {
+        let flight = {
+            let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let held = k
+                .extents
+                .iter()
+                .any(|(s, bytes)| *s <= a && b <= s + bytes.len() as u64);
+            if held || k.flights.iter().any(|(s, e, _)| *s < b && a < *e) {
+                return;
+            }
+            let f = Arc::new(Flight::default());
+            k.flights.push((a, b, f.clone()));
+            f
+        };
+        self.remote.stats.prefetches.fetch_add(1, Relaxed);
+        let job = Self::fetch(
+            self.store.clone(),
+            self.path.clone(),
+            self.options(a, b),
+            self.name.display().to_string(),
+            b - a,
+        );
+        let (remote, kept, key) = (
+            self.remote.clone(),
+            self.kept.clone(),
+            self.disk_key.clone(),
+        );
+        let sem = self.remote.prefetch.clone();
+        let name = self.name.display().to_string();
+        let limit = self.remote.config.read_timeout;
+        self.remote.rt.spawn(async move {
+            let got = match sem.acquire_owned().await {
+                Ok(_permit) => tokio::time::timeout(limit, job).await,
+                Err(_) => return,
+            };
+            match got {
+                Ok(Ok(bytes)) => {
+                    remote.stats.fetches.fetch_add(1, Relaxed);
+                    remote.stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
+                    let r2 = remote.clone();
+                    let bytes2 = bytes.clone();
+                    // Disk writes off the runtime's threads.
+                    let _ = tokio::task::spawn_blocking(move || {
+                        if let Some(d) = &r2.disk
+                            && let Err(e) = d.store(&key, a, &bytes2)
+                        {
+                            log::warn!("disk cache: keeping a range of {name}: {e}");
+                        }
+                    })
+                    .await;
+                    kept.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .keep(a, bytes);
+                }
+                // A reader that needs these bytes fetches them itself, and reports.
+                Ok(Err(e)) => log::debug!("read-ahead of {name} failed: {e}"),
+                Err(_) => log::debug!("read-ahead of {name}: out of time"),
+            }
+            let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
+            k.flights.retain(|(s, _, _)| *s != a);
+            drop(k);
+            flight.finish();
+        });
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<u64> {
@@ -480,6 +604,20 @@ impl Blob for RemoteBlob {
         if buf.is_empty() || self.cached(buf, offset) {
             return Ok(());
         }
+        // Being fetched in the background: wait for it rather than fetch it twice.
+        let flight = {
+            let k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            k.flights
+                .iter()
+                .find(|(s, e, _)| *s <= offset && end <= *e)
+                .map(|(_, _, f)| f.clone())
+        };
+        if let Some(f) = flight {
+            f.wait(self.remote.config.read_timeout);
+            if self.cached(buf, offset) {
+                return Ok(());
+            }
+        }
         let (start, fetch_end, suffix) = self.plan(offset, end);
         let got = self.fetch_all(&[(start, fetch_end)])?;
         let bytes = &got[0];
@@ -491,6 +629,40 @@ impl Blob for RemoteBlob {
             buf[n..].copy_from_slice(&b[from..from + rest]);
         }
         Ok(())
+    }
+
+    fn round_trips(&self) -> bool {
+        true
+    }
+
+    /// Fetch the ranges in the background (at most [`PREFETCHES`] at once over all
+    /// objects, pieces of at most [`MAX_READ_AHEAD`]), into memory and the disk cache:
+    /// a walk's read-ahead (`fs::prefetch`) then reads many objects at once instead of
+    /// one round trip after another. Ranges already held or in flight are skipped.
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        for &(s, e) in ranges {
+            let e = e.min(self.size);
+            // Only what the disk cache does not hold; not the small gaps between what
+            // it holds (the advice merges extents across gaps: headers nobody read).
+            let holes = match &self.remote.disk {
+                Some(d) => {
+                    let mut h = d.holes(&self.disk_key, s, e);
+                    if h != [(s, e)] {
+                        h.retain(|(a, b)| b - a >= ALIGN);
+                    }
+                    h
+                }
+                None => vec![(s, e)],
+            };
+            for (s, e) in holes {
+                let mut a = s;
+                while a < e {
+                    let b = (a + MAX_READ_AHEAD).min(e);
+                    self.prefetch_range(a, b);
+                    a = b;
+                }
+            }
+        }
     }
 
     /// 4 KiB: a ZIP's end record and a package's seek table and index usually fit; a
