@@ -28,7 +28,10 @@ async fn delayed(
             match from.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
                         break;
                     }
                 }
