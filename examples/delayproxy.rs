@@ -1,13 +1,17 @@
 //! A TCP proxy that adds latency, for benchmarks: what `tc qdisc add dev lo root netem
 //! delay D` does, on machines whose kernel has no netem.
 //!
-//!     cargo run --release --example delayproxy -- LISTEN_PORT UPSTREAM_PORT DELAY_MS
+//!     cargo run --release --example delayproxy -- LISTEN_PORT UPSTREAM_PORT DELAY_MS [STATS]
 //!
 //! Every connection to 127.0.0.1:LISTEN_PORT is joined to 127.0.0.1:UPSTREAM_PORT; every
 //! chunk of bytes, in each direction, is delivered DELAY_MS after it arrived (connection
 //! set-up too), so a request and its answer take 2 × DELAY_MS more, as with netem on
-//! loopback, and bandwidth is not limited. Runs until killed.
+//! loopback, and bandwidth is not limited. With STATS (a file path), it keeps
+//! "CONNECTIONS BYTES_TO_SERVER BYTES_TO_CLIENT" written there (every 50 ms), so a
+//! benchmark counts what each system fetched. Runs until killed.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,6 +24,7 @@ async fn delayed(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay: Duration,
+    count: Arc<AtomicU64>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let reader = tokio::spawn(async move {
@@ -28,6 +33,7 @@ async fn delayed(
             match from.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    count.fetch_add(n as u64, Relaxed);
                     if tx
                         .send((Instant::now() + delay, buf[..n].to_vec()))
                         .is_err()
@@ -49,7 +55,11 @@ async fn delayed(
     reader.abort();
 }
 
-async fn serve(client: TcpStream, upstream: u16, delay: Duration) {
+/// Connections, bytes to the server, bytes to the client.
+type Counters = Arc<[Arc<AtomicU64>; 3]>;
+
+async fn serve(client: TcpStream, upstream: u16, delay: Duration, c: Counters) {
+    c[0].fetch_add(1, Relaxed);
     // The handshake's round trip.
     tokio::time::sleep(delay * 2).await;
     let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
@@ -59,15 +69,15 @@ async fn serve(client: TcpStream, upstream: u16, delay: Duration) {
     let _ = server.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let up = tokio::spawn(delayed(cr, sw, delay));
-    delayed(sr, cw, delay).await;
+    let up = tokio::spawn(delayed(cr, sw, delay, c[1].clone()));
+    delayed(sr, cw, delay, c[2].clone()).await;
     let _ = up.await;
 }
 
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 4 {
-        eprintln!("usage: delayproxy LISTEN_PORT UPSTREAM_PORT DELAY_MS");
+    if args.len() != 4 && args.len() != 5 {
+        eprintln!("usage: delayproxy LISTEN_PORT UPSTREAM_PORT DELAY_MS [STATS]");
         std::process::exit(2);
     }
     let parse = |s: &str| -> u64 {
@@ -78,15 +88,35 @@ fn main() -> std::io::Result<()> {
     };
     let (listen, upstream, ms) = (parse(&args[1]), parse(&args[2]), parse(&args[3]));
     let delay = Duration::from_millis(ms);
+    let stats = args.get(4).cloned();
+    let counters: Counters = Arc::new(std::array::from_fn(|_| Arc::new(AtomicU64::new(0))));
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?
         .block_on(async move {
             let l = TcpListener::bind(("127.0.0.1", listen as u16)).await?;
+            if let Some(path) = stats {
+                let c = counters.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let line = format!(
+                            "{} {} {}\n",
+                            c[0].load(Relaxed),
+                            c[1].load(Relaxed),
+                            c[2].load(Relaxed)
+                        );
+                        let tmp = format!("{path}.tmp");
+                        if std::fs::write(&tmp, line).is_ok() {
+                            let _ = std::fs::rename(&tmp, &path);
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                });
+            }
             loop {
                 let (c, _) = l.accept().await?;
-                tokio::spawn(serve(c, upstream as u16, delay));
+                tokio::spawn(serve(c, upstream as u16, delay, counters.clone()));
             }
         })
 }
