@@ -581,7 +581,23 @@ fn split_fstab_sources(src: &[u8]) -> Vec<OsString> {
         ]
         .iter()
         .any(|t| t.prefix().as_bytes() == parts[i]);
-        if is_image && i + 1 < parts.len() {
+        let is_url = matches!(parts[i], b"s3" | b"http" | b"https")
+            && parts.get(i + 1).is_some_and(|p| p.starts_with(b"//"));
+        if is_url {
+            // SCHEME://HOST[:PORT]/PATH: a port is the digits after the host.
+            let mut word = [parts[i], parts[i + 1]].join(&b':');
+            i += 2;
+            let port = |p: &&[u8]| {
+                let d = p.iter().take_while(|b| b.is_ascii_digit()).count();
+                d > 0 && (d == p.len() || p[d] == b'/')
+            };
+            if parts.get(i).is_some_and(port) {
+                word.push(b':');
+                word.extend_from_slice(parts[i]);
+                i += 1;
+            }
+            out.push(std::ffi::OsStr::from_bytes(&word).to_os_string());
+        } else if is_image && i + 1 < parts.len() {
             let mut word = [parts[i], parts[i + 1]].join(&b':');
             i += 2;
             while i < parts.len() && !parts[i].starts_with(b"/") {
@@ -985,6 +1001,16 @@ mod tests {
             ["/base", "docker-archive:/x.tar:pkgfs/debian:latest"]
         );
         assert_eq!(split("oci-archive:/i.tar"), ["oci-archive:/i.tar"]);
+        assert_eq!(
+            split("/base:http://h:8080/pkgs/:s3://b/p/:https://h/x.zip"),
+            [
+                "/base",
+                "http://h:8080/pkgs/",
+                "s3://b/p/",
+                "https://h/x.zip"
+            ]
+        );
+        assert_eq!(split("http://h:80"), ["http://h:80"]);
     }
 
     #[test]
