@@ -808,3 +808,52 @@ fn s3_object_replaced_is_never_mixed_and_a_missing_bucket_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("s3://no-such-bucket/x/"), "{err}");
 }
+
+/// Keys, region and endpoint from the AWS shared files of a profile (`AWS_PROFILE`, no
+/// `AWS_*` key in the environment), as the AWS CLI takes them.
+#[test]
+fn s3_credentials_and_endpoint_from_a_profile() {
+    if !require_tools(&["python3"]) {
+        return;
+    }
+    let moto = Moto::start();
+    let local = fixtures().join("basic");
+    let mut code = String::from("s3.create_bucket(Bucket='prof')\n");
+    for e in fs::read_dir(&local).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            code += &format!(
+                "s3.upload_file({:?}, 'prof', {:?})\n",
+                p.to_str().unwrap(),
+                p.file_name().unwrap().to_str().unwrap()
+            );
+        }
+    }
+    moto.boto(&code);
+    let home = tempfile::tempdir().unwrap();
+    fs::create_dir(home.path().join(".aws")).unwrap();
+    fs::write(
+        home.path().join(".aws/credentials"),
+        "[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\
+         [bench]\naws_access_key_id = test\naws_secret_access_key = test\n",
+    )
+    .unwrap();
+    fs::write(
+        home.path().join(".aws/config"),
+        format!(
+            "[profile bench]\nregion = us-east-1\nendpoint_url = http://127.0.0.1:{}\n",
+            moto.port
+        ),
+    )
+    .unwrap();
+    let m = Mount::with_env(
+        &[Path::new("s3://prof")],
+        &["--no-index-cache", "--no-disk-cache"],
+        &[
+            ("HOME", home.path().to_str().unwrap()),
+            ("AWS_PROFILE", "bench"),
+        ],
+    );
+    let l = Mount::new(&[&local], &["--no-index-cache"]);
+    trees_match(&l.path(), &m.path(), &[]);
+}

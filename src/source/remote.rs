@@ -101,8 +101,35 @@ fn list_s3(
     remote: &Arc<Remote>,
 ) -> Result<Vec<(String, Arc<dyn Blob>)>> {
     let (opts, retry) = remote.client_options();
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let mut builder = object_store::aws::AmazonS3Builder::from_env();
+    // The shared config files fill in what the environment does not say, as for the
+    // AWS CLI.
+    let profile = aws_profile(&env);
+    if env("AWS_ACCESS_KEY_ID").is_none()
+        && let (Some(id), Some(secret)) = (&profile.access_key_id, &profile.secret_access_key)
+    {
+        builder = builder
+            .with_access_key_id(id)
+            .with_secret_access_key(secret);
+        if let Some(t) = &profile.session_token {
+            builder = builder.with_token(t);
+        }
+    }
+    if env("AWS_REGION").is_none()
+        && env("AWS_DEFAULT_REGION").is_none()
+        && let Some(r) = &profile.region
+    {
+        builder = builder.with_region(r);
+    }
+    if env("AWS_ENDPOINT_URL").is_none()
+        && env("AWS_ENDPOINT").is_none()
+        && let Some(e) = &profile.endpoint_url
+    {
+        builder = builder.with_endpoint(e);
+    }
     let store: Arc<dyn ObjectStore> = Arc::new(
-        object_store::aws::AmazonS3Builder::from_env()
+        builder
             .with_bucket_name(bucket)
             .with_client_options(opts)
             .with_retry(retry)
@@ -144,6 +171,82 @@ fn list_s3(
             (name, blob)
         })
         .collect())
+}
+
+/// What the AWS shared config files say for the profile in use (`AWS_PROFILE`, else
+/// `default`): keys from the credentials file (`AWS_SHARED_CREDENTIALS_FILE`, else
+/// `~/.aws/credentials`), and from the config file (`AWS_CONFIG_FILE`, else
+/// `~/.aws/config`, section `[profile NAME]` or `[default]`) the region, the endpoint and
+/// keys the credentials file lacks.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AwsProfile {
+    /// `aws_access_key_id`.
+    pub access_key_id: Option<String>,
+    /// `aws_secret_access_key`.
+    pub secret_access_key: Option<String>,
+    /// `aws_session_token`.
+    pub session_token: Option<String>,
+    /// `region`.
+    pub region: Option<String>,
+    /// `endpoint_url` (an S3-compatible server).
+    pub endpoint_url: Option<String>,
+}
+
+/// The profile in use, from the files `env` (an environment lookup) points to.
+pub fn aws_profile(env: &dyn Fn(&str) -> Option<String>) -> AwsProfile {
+    let name = env("AWS_PROFILE")
+        .or_else(|| env("AWS_DEFAULT_PROFILE"))
+        .unwrap_or_else(|| "default".into());
+    let home = env("HOME").unwrap_or_default();
+    let read = |var: &str, default: &str| {
+        let path = env(var).unwrap_or_else(|| format!("{home}/.aws/{default}"));
+        std::fs::read_to_string(path).unwrap_or_default()
+    };
+    let creds = ini(&read("AWS_SHARED_CREDENTIALS_FILE", "credentials"));
+    let config = ini(&read("AWS_CONFIG_FILE", "config"));
+    let empty = std::collections::HashMap::new();
+    let c = creds.get(&name).unwrap_or(&empty);
+    let section = if name == "default" {
+        "default".to_string()
+    } else {
+        format!("profile {name}")
+    };
+    let f = config.get(&section).unwrap_or(&empty);
+    let get = |k: &str| c.get(k).or_else(|| f.get(k)).cloned();
+    AwsProfile {
+        access_key_id: get("aws_access_key_id"),
+        secret_access_key: get("aws_secret_access_key"),
+        session_token: get("aws_session_token"),
+        region: f.get("region").cloned(),
+        endpoint_url: f.get("endpoint_url").cloned(),
+    }
+}
+
+/// The sections of an INI text (`[name]`, `key = value`; `#` and `;` comments;
+/// indented lines, the nested settings of the AWS format, are skipped).
+fn ini(text: &str) -> std::collections::HashMap<String, std::collections::HashMap<String, String>> {
+    let mut out: std::collections::HashMap<_, std::collections::HashMap<_, _>> =
+        std::collections::HashMap::new();
+    let mut section = None;
+    for line in text.lines() {
+        if line.starts_with([' ', '\t']) {
+            continue;
+        }
+        let l = line.trim();
+        if l.is_empty() || l.starts_with(['#', ';']) {
+            continue;
+        }
+        if let Some(name) = l.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            let name = name.split_whitespace().collect::<Vec<_>>().join(" ");
+            section = Some(name.clone());
+            out.entry(name).or_default();
+        } else if let (Some(sec), Some((k, v))) = (&section, l.split_once('=')) {
+            out.entry(sec.clone())
+                .or_default()
+                .insert(k.trim().to_string(), v.trim().to_string());
+        }
+    }
+    out
 }
 
 /// The store of the server of `url`, and the object's path on it.
@@ -367,6 +470,56 @@ mod tests {
         );
         assert_eq!(RemoteRef::parse("/pkgs"), None);
         assert_eq!(RemoteRef::parse("s3://"), None);
+    }
+
+    #[test]
+    fn aws_profiles_come_from_the_shared_files() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join(".aws")).unwrap();
+        std::fs::write(
+            d.path().join(".aws/credentials"),
+            "[default]\naws_access_key_id = AKD\naws_secret_access_key = SD\n\n\
+             # a comment\n[ci]\naws_access_key_id=AKC\naws_secret_access_key = SC\n\
+             aws_session_token = T\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join(".aws/config"),
+            "[default]\nregion = eu-west-1\n[profile ci]\nregion = us-east-2\n\
+             endpoint_url = http://127.0.0.1:9000\ns3 =\n  addressing_style = path\n\
+             [profile keys-here]\naws_access_key_id = AKH\naws_secret_access_key = SH\n",
+        )
+        .unwrap();
+        let home = d.path().to_str().unwrap().to_string();
+        let with = |profile: Option<&str>| {
+            let home = home.clone();
+            let profile = profile.map(String::from);
+            aws_profile(&move |k| match k {
+                "HOME" => Some(home.clone()),
+                "AWS_PROFILE" => profile.clone(),
+                _ => None,
+            })
+        };
+        let def = with(None);
+        assert_eq!(def.access_key_id.as_deref(), Some("AKD"));
+        assert_eq!(def.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(def.endpoint_url, None);
+        let ci = with(Some("ci"));
+        assert_eq!(
+            ci,
+            AwsProfile {
+                access_key_id: Some("AKC".into()),
+                secret_access_key: Some("SC".into()),
+                session_token: Some("T".into()),
+                region: Some("us-east-2".into()),
+                endpoint_url: Some("http://127.0.0.1:9000".into()),
+            }
+        );
+        assert_eq!(
+            with(Some("keys-here")).access_key_id.as_deref(),
+            Some("AKH")
+        );
+        assert_eq!(with(Some("none")), AwsProfile::default());
     }
 
     #[test]
