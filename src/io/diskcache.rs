@@ -20,7 +20,12 @@
 //!   mount evicted is a miss.
 //! - **A byte budget, LRU.** A file's mtime is its last use (set when a process first
 //!   uses it, and when it is stored). When the bytes on disk pass the budget, the
-//!   oldest files go until 90% of it is left.
+//!   oldest files go until 90% of it is left. The bytes already on disk are counted by
+//!   a thread of their own when the cache is opened, so a mount does not wait for a
+//!   walk of a large cache; until that count is in, nothing is evicted.
+//! - **Not a lock on the read path.** Listing an object's directory and checking a file
+//!   happen outside the cache's lock, so the index threads of a mount read from disk in
+//!   parallel.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -28,7 +33,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
@@ -81,6 +86,11 @@ struct State {
     open: Option<lru::LruCache<PathBuf, Arc<File>>>,
     /// Bytes on disk, as last counted plus what this process stored since.
     total: u64,
+    /// Whether the count of what was on disk at open is in `total` yet.
+    counted: bool,
+    /// Files this process stored before that count was in (the walk may or may not
+    /// have seen them).
+    uncounted: Vec<(PathBuf, u64)>,
 }
 
 /// The cache directory, its budget and what this process knows of it.
@@ -89,6 +99,8 @@ pub struct DiskCache {
     root: PathBuf,
     budget: u64,
     state: Mutex<State>,
+    /// Signalled when the count at open is in.
+    counted: Condvar,
     tmp_counter: AtomicU64,
     /// Counters.
     pub stats: DiskStats,
@@ -104,12 +116,13 @@ impl DiskCache {
         Some(base.join("pkgfs").join("remote"))
     }
 
-    /// The cache in `dir` (made if missing) with a budget of `budget` bytes.
-    pub fn open(dir: &Path, budget: u64) -> Result<DiskCache> {
+    /// The cache in `dir` (made if missing) with a budget of `budget` bytes. A thread
+    /// (`pkgfs-dcount`) counts the bytes already there, and evicts if they pass the
+    /// budget; [`DiskCache::size`] waits for that count.
+    pub fn open(dir: &Path, budget: u64) -> Result<Arc<DiskCache>> {
         let root = dir.join("v1");
         fs::create_dir_all(&root)?;
-        let total = walk(&root).iter().map(|f| f.size).sum();
-        Ok(DiskCache {
+        let cache = Arc::new(DiskCache {
             root,
             budget,
             state: Mutex::new(State {
@@ -117,11 +130,46 @@ impl DiskCache {
                 open: Some(lru::LruCache::new(
                     std::num::NonZeroUsize::new(OPEN_FILES).unwrap_or(std::num::NonZeroUsize::MIN),
                 )),
-                total,
+                total: 0,
+                counted: false,
+                uncounted: Vec::new(),
             }),
+            counted: Condvar::new(),
             tmp_counter: AtomicU64::new(0),
             stats: DiskStats::default(),
-        })
+        });
+        let weak = Arc::downgrade(&cache);
+        let root = cache.root.clone();
+        std::thread::Builder::new()
+            .name("pkgfs-dcount".into())
+            .spawn(move || {
+                let found = walk(&root);
+                let Some(cache) = weak.upgrade() else { return };
+                let over = {
+                    let mut st = cache.lock();
+                    // What was found, and what this process stored meanwhile that the
+                    // walk did not see.
+                    let seen: std::collections::HashSet<&Path> =
+                        found.iter().map(|f| f.path.as_path()).collect();
+                    let missed: u64 = st
+                        .uncounted
+                        .iter()
+                        .filter(|(p, _)| !seen.contains(p.as_path()))
+                        .map(|(_, n)| n)
+                        .sum();
+                    st.total = found.iter().map(|f| f.size).sum::<u64>() + missed;
+                    st.total > cache.budget
+                };
+                if over {
+                    cache.evict();
+                }
+                let mut st = cache.lock();
+                st.uncounted = Vec::new();
+                st.counted = true;
+                drop(st);
+                cache.counted.notify_all();
+            })?;
+        Ok(cache)
     }
 
     /// The directory given at open.
@@ -136,7 +184,16 @@ impl DiskCache {
 
     /// Bytes on disk (as this process last counted, plus what it stored since).
     pub fn size(&self) -> u64 {
-        self.lock().total
+        self.wait_counted().total
+    }
+
+    /// The state, once the count at open is in.
+    fn wait_counted(&self) -> std::sync::MutexGuard<'_, State> {
+        let mut st = self.lock();
+        while !st.counted {
+            st = self.counted.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st
     }
 
     /// The key of an object version.
@@ -156,11 +213,8 @@ impl DiskCache {
     /// The parts of `[start, end)` the known ranges of `key` do not hold, in order
     /// (without reading anything).
     pub fn holes(&self, key: &str, start: u64, end: u64) -> Vec<(u64, u64)> {
-        let mut st = self.lock();
-        if !st.objects.contains_key(key) {
-            let listed = list_object(&self.object_dir(key));
-            st.objects.insert(key.to_string(), listed);
-        }
+        self.known(key, false);
+        let st = self.lock();
         let ext = st.objects.get(key).map_or(&[][..], |v| &v[..]);
         let mut out = Vec::new();
         let mut pos = start;
@@ -188,12 +242,9 @@ impl DiskCache {
     pub fn read(&self, key: &str, buf: &mut [u8], offset: u64) -> bool {
         let end = offset + buf.len() as u64;
         for relist in [false, true] {
+            self.known(key, relist);
             let plan = {
-                let mut st = self.lock();
-                if relist || !st.objects.contains_key(key) {
-                    let listed = list_object(&self.object_dir(key));
-                    st.objects.insert(key.to_string(), listed);
-                }
+                let st = self.lock();
                 let Some(ext) = st.objects.get(key) else {
                     continue;
                 };
@@ -217,6 +268,31 @@ impl DiskCache {
         }
         self.stats.misses.fetch_add(1, Relaxed);
         false
+    }
+
+    /// Make sure the extents of `key` are known, listing its directory (outside the
+    /// lock) if they are not or if `relist`.
+    fn known(&self, key: &str, relist: bool) {
+        if !relist && self.lock().objects.contains_key(key) {
+            return;
+        }
+        let listed = list_object(&self.object_dir(key));
+        let mut st = self.lock();
+        match st.objects.get_mut(key) {
+            // Listed meanwhile by another thread: keep the union (this process may
+            // have stored a range after that listing, or after this one).
+            Some(have) if !relist => {
+                for e in listed {
+                    if !have.iter().any(|h| h.start == e.start && h.len == e.len) {
+                        let at = have.partition_point(|h| (h.start, h.len) < (e.start, e.len));
+                        have.insert(at, e);
+                    }
+                }
+            }
+            _ => {
+                st.objects.insert(key.to_string(), listed);
+            }
+        }
     }
 
     /// Copy the pieces; on failure, the extent that failed.
@@ -277,6 +353,16 @@ impl DiskCache {
             std::process::id(),
             self.tmp_counter.fetch_add(1, Relaxed)
         ));
+        let path = dir.join(format!("{start}-{len}"));
+        // Counted before it is named: the count at open either sees the file or finds
+        // it in `uncounted`, never both.
+        {
+            let mut st = self.lock();
+            st.total += len + TRAILER;
+            if !st.counted {
+                st.uncounted.push((path.clone(), len + TRAILER));
+            }
+        }
         let written = (|| -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(bytes)?;
@@ -286,21 +372,23 @@ impl DiskCache {
             t.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
             t.extend_from_slice(&[0; 4]);
             f.write_all(&t)?;
-            fs::rename(&tmp, dir.join(format!("{start}-{len}")))
+            fs::rename(&tmp, &path)
         })();
         if let Err(e) = written {
             let _ = fs::remove_file(&tmp);
+            let mut st = self.lock();
+            st.total = st.total.saturating_sub(len + TRAILER);
+            st.uncounted.retain(|(p, _)| *p != path);
             return Err(e.into());
         }
         self.stats.bytes_stored.fetch_add(len, Relaxed);
         let over = {
             let mut st = self.lock();
-            st.total += len + TRAILER;
             if let Some(ext) = st.objects.get_mut(key) {
                 let at = ext.partition_point(|e| e.start < start);
                 ext.insert(at, Extent { start, len });
             }
-            st.total > self.budget
+            st.counted && st.total > self.budget
         };
         if over {
             self.evict();
@@ -398,7 +486,8 @@ fn intact(f: &File, len: u64) -> bool {
     }
     let want = u32::from_le_bytes([t[16], t[17], t[18], t[19]]);
     let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
+    // Most files are small (an index, a tail): a small buffer, not a fresh mapping each.
+    let mut buf = vec![0u8; len.min(64 << 10) as usize];
     let mut pos = 0;
     while pos < len {
         let n = (len - pos).min(buf.len() as u64) as usize;
@@ -453,6 +542,7 @@ mod tests {
     fn ranges_are_served_whole_or_across_extents_and_shared() {
         let d = tempfile::tempdir().unwrap();
         let c = DiskCache::open(d.path(), 1 << 30).unwrap();
+        assert_eq!(c.size(), 0, "counted at open");
         let k = DiskCache::key("http://h/a.zip etag 3 0");
         let obj = bytes(40_000, 7);
         let mut buf = vec![0; 100];
@@ -488,6 +578,24 @@ mod tests {
         // A different version of the object is a different key.
         let k2 = DiskCache::key("http://h/a.zip etag2 3 0");
         assert!(!c.read(&k2, &mut buf, 0));
+    }
+
+    #[test]
+    fn what_is_stored_while_counting_is_counted_once() {
+        let d = tempfile::tempdir().unwrap();
+        let first = DiskCache::open(d.path(), 1 << 30).unwrap();
+        for i in 0..300 {
+            first
+                .store(&DiskCache::key(&format!("o{i}")), 0, &bytes(100, 1))
+                .unwrap();
+        }
+        // Stores race the count of the 300 files at open, whichever way it goes.
+        let c = DiskCache::open(d.path(), 1 << 30).unwrap();
+        for i in 0..5 {
+            c.store(&DiskCache::key("new"), i * 1000, &bytes(1000, 2))
+                .unwrap();
+        }
+        assert_eq!(c.size(), 300 * (100 + TRAILER) + 5 * (1000 + TRAILER));
     }
 
     #[test]
@@ -542,6 +650,7 @@ mod tests {
         // Using o0 makes it the newest (first use by a process touches it).
         let mut buf = vec![0; 10];
         let fresh = DiskCache::open(d.path(), 100_000).unwrap();
+        assert_eq!(fresh.size(), 4 * (20_000 + TRAILER), "counted at open");
         assert!(fresh.read(&keys[0], &mut buf, 0));
         // A fifth file passes the budget: the oldest (o1) goes, down to 90 000 bytes.
         fresh.store(&DiskCache::key("o4"), 0, &chunk).unwrap();
@@ -554,5 +663,14 @@ mod tests {
         assert_eq!(fresh.stats.evicted.load(Relaxed), 1);
         // The first process's view: it finds the evicted ones missing, no error.
         assert!(!c.read(&keys[1], &mut buf, 0));
+        // Opened with a smaller budget, the cache is brought under it by the count at
+        // open, before anything is stored.
+        let small = DiskCache::open(d.path(), 50_000).unwrap();
+        assert!(small.size() <= 45_000, "{}", small.size());
+        assert_eq!(small.stats.evicted.load(Relaxed), 2);
+        // Used last: o4 (stored), then o0, o2, o3 (read above): o4 and o0 went.
+        assert!(small.read(&keys[3], &mut buf, 0), "the newest stays");
+        assert!(small.read(&keys[2], &mut buf, 0));
+        assert!(!small.read(&keys[0], &mut buf, 0));
     }
 }

@@ -134,7 +134,7 @@ pub struct Remote {
     /// Counters.
     pub stats: Arc<RemoteStats>,
     /// The disk cache, if there is one.
-    pub disk: Option<DiskCache>,
+    pub disk: Option<Arc<DiskCache>>,
     /// Background fetches (read-ahead advice) in flight at most.
     prefetch: Arc<tokio::sync::Semaphore>,
 }

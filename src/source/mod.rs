@@ -267,7 +267,8 @@ impl<'a> IndexStream<'a> {
                                 )))
                             });
                     shared.lock().results[i] = Some(r);
-                    shared.filled.notify_all();
+                    // One consumer waits on `filled`.
+                    shared.filled.notify_one();
                 }
             });
         }
@@ -293,7 +294,9 @@ impl<'a> IndexStream<'a> {
         };
         s.taken += 1;
         drop(s);
-        self.shared.room.notify_all();
+        // One slot freed: one worker to take it (waking all of them, hundreds for a
+        // remote source, costs more than the indexing).
+        self.shared.room.notify_one();
         Some(r)
     }
 }
