@@ -76,12 +76,12 @@ bench-images WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release
     python3 bench/images.py {{WORKDIR}} docs/bench/images.json
 
-# Remote sources with 20 ms added per request: the 609 packages over HTTP (nginx) and S3
-# (MinIO if `minio` is on PATH or in ~/go/bin, else moto), cold and on a warm disk cache,
-# against the local mount, rclone mount, s3fs and a plain download (about 40 minutes;
-# needs bench-peers' corpus; installs rclone and s3fs).
+# Remote sources with 20 ms added each way (examples/delayproxy): the 609 packages, ZIP and
+# pkgfs packages, over HTTP (nginx) and S3 (MinIO if `minio` is on PATH or in ~/go/bin, else
+# moto), cold and on a warm disk cache, against the local mount, rclone mount, s3fs and a
+# plain download (about 45 minutes; needs bench-peers' corpus; installs rclone and s3fs).
 bench-remote WORKDIR="/var/tmp/pkgfs-bench":
-    cargo build --release
+    cargo build --release --bin pkgfs --example delayproxy
     command -v rclone >/dev/null && command -v s3fs >/dev/null || apt-get install -y rclone s3fs
     python3 bench/remote.py {{WORKDIR}} docs/bench/remote.json
 

@@ -325,6 +325,28 @@ impl Kept {
     }
 }
 
+/// The parts of `[a, b)` outside the `covered` ranges, in order; slivers under
+/// [`ALIGN`] between covered parts are left out (a reader that needs one fetches it).
+fn uncovered(mut covered: Vec<(u64, u64)>, a: u64, b: u64) -> Vec<(u64, u64)> {
+    covered.retain(|&(s, e)| s < b && a < e);
+    covered.sort_unstable();
+    let mut gaps = Vec::new();
+    let mut pos = a;
+    for (s, e) in covered {
+        if s > pos {
+            gaps.push((pos, s));
+        }
+        pos = pos.max(e);
+    }
+    if pos < b {
+        gaps.push((pos, b));
+    }
+    if gaps != [(a, b)] {
+        gaps.retain(|(s, e)| e - s >= ALIGN);
+    }
+    gaps
+}
+
 /// A background fetch: readers of its range wait for it rather than fetch it again.
 #[derive(Debug, Default)]
 struct Flight {
@@ -404,11 +426,24 @@ impl RemoteBlob {
             .is_some_and(|d| d.read(&self.disk_key, buf, offset))
     }
 
-    /// What to fetch for a read of `[offset, end)`: `(start, fetch_end, suffix)`, where
-    /// `suffix` is a kept extent holding `[fetch_end, end)` when only a prefix is
-    /// missing (a central directory read after the tail that holds its end).
-    fn plan(&self, offset: u64, end: u64) -> (u64, u64, Option<(u64, bytes::Bytes)>) {
+    /// What to fetch for a read of `[offset, end)`: `(start, fetch_end, suffix, flight)`,
+    /// where `suffix` is a kept extent holding `[fetch_end, end)` when only a prefix is
+    /// missing (a central directory read after the tail that holds its end), and
+    /// `flight` the fetch registered for others to wait on (the caller finishes it).
+    fn plan(&self, offset: u64, end: u64) -> (u64, u64, Option<(u64, bytes::Bytes)>, Arc<Flight>) {
         let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let (start, fetch_end, suffix) = Self::plan_in(&mut k, self.size, offset, end);
+        let flight = Arc::new(Flight::default());
+        k.flights.push((start, fetch_end, flight.clone()));
+        (start, fetch_end, suffix, flight)
+    }
+
+    fn plan_in(
+        k: &mut Kept,
+        size: u64,
+        offset: u64,
+        end: u64,
+    ) -> (u64, u64, Option<(u64, bytes::Bytes)>) {
         // Sequential: starts where a fetch ended (give or take the alignment of the
         // read-ahead's own fetches): fetch more, and more each time.
         let sequential = k.extents.iter().any(|(s, b)| {
@@ -418,7 +453,7 @@ impl RemoteBlob {
         if sequential {
             k.next = (k.next * 2).clamp(256 * 1024, MAX_READ_AHEAD);
             let want = (end - offset).max(k.next);
-            let mut fetch_end = ((offset + want).div_ceil(ALIGN) * ALIGN).min(self.size);
+            let mut fetch_end = ((offset + want).div_ceil(ALIGN) * ALIGN).min(size);
             // Not into what is held or being fetched already.
             for s in k
                 .extents
@@ -510,21 +545,35 @@ impl RemoteBlob {
         Ok(got)
     }
 
-    /// Start a background fetch of `[a, b)` unless it is held or under way.
+    /// Start background fetches of what of `[a, b)` is neither held nor under way (a
+    /// range that overlaps a fetch still gets the rest fetched: the walk's advice for a
+    /// ZIP's directory often overlaps a reader's fetch of one of its members).
     fn prefetch_range(&self, a: u64, b: u64) {
-        let flight = {
+        let started = {
             let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-            let held = k
+            let covered = k
                 .extents
                 .iter()
-                .any(|(s, bytes)| *s <= a && b <= s + bytes.len() as u64);
-            if held || k.flights.iter().any(|(s, e, _)| *s < b && a < *e) {
-                return;
-            }
-            let f = Arc::new(Flight::default());
-            k.flights.push((a, b, f.clone()));
-            f
+                .map(|(s, bytes)| (*s, s + bytes.len() as u64))
+                .chain(k.flights.iter().map(|(s, e, _)| (*s, *e)))
+                .collect();
+            uncovered(covered, a, b)
+                .into_iter()
+                .map(|(s, e)| {
+                    let f = Arc::new(Flight::default());
+                    k.flights.push((s, e, f.clone()));
+                    (s, e, f)
+                })
+                .collect::<Vec<_>>()
         };
+        for (s, e, f) in started {
+            self.spawn_prefetch(s, e, f);
+        }
+    }
+
+    /// Fetch `[a, b)` on the runtime (registered as `flight`), into memory and the disk
+    /// cache.
+    fn spawn_prefetch(&self, a: u64, b: u64, flight: Arc<Flight>) {
         self.remote.stats.prefetches.fetch_add(1, Relaxed);
         let job = Self::fetch(
             self.store.clone(),
@@ -570,7 +619,7 @@ impl RemoteBlob {
                 Err(_) => log::debug!("read-ahead of {name}: out of time"),
             }
             let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
-            k.flights.retain(|(s, _, _)| *s != a);
+            k.flights.retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
             drop(k);
             flight.finish();
         });
@@ -618,8 +667,16 @@ impl Blob for RemoteBlob {
                 return Ok(());
             }
         }
-        let (start, fetch_end, suffix) = self.plan(offset, end);
-        let got = self.fetch_all(&[(start, fetch_end)])?;
+        let (start, fetch_end, suffix, flight) = self.plan(offset, end);
+        let got = self.fetch_all(&[(start, fetch_end)]);
+        // Readers and read-ahead that waited on (or kept clear of) this fetch go on.
+        self.kept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .flights
+            .retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
+        flight.finish();
+        let got = got?;
         let bytes = &got[0];
         let n = (fetch_end.min(end) - offset) as usize;
         buf[..n].copy_from_slice(&bytes[..n]);
@@ -712,5 +769,43 @@ impl Blob for RemoteBlob {
 
     fn mtime(&self) -> i64 {
         self.modified.timestamp()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_ahead_fetches_only_what_is_neither_held_nor_under_way() {
+        let k = 1 << 20;
+        // Nothing covered: the whole range.
+        assert_eq!(uncovered(vec![], 0, k), [(0, k)]);
+        // A reader's fetch inside the advice (a ZIP member of the directory advised):
+        // the rest on both sides is still fetched.
+        assert_eq!(
+            uncovered(vec![(100_000, 200_000)], 0, k),
+            [(0, 100_000), (200_000, k)]
+        );
+        // Overlapping and unsorted cover, one past the end, one outside.
+        assert_eq!(
+            uncovered(
+                vec![
+                    (500_000, 600_000),
+                    (0, 50_000),
+                    (40_000, 60_000),
+                    (900_000, 2 * k),
+                    (3 * k, 4 * k)
+                ],
+                0,
+                k
+            ),
+            [(60_000, 500_000), (600_000, 900_000)]
+        );
+        // Slivers between held ranges are left to readers, unless that is all there is.
+        assert_eq!(uncovered(vec![(0, 10_000), (10_100, k)], 0, k), []);
+        assert_eq!(uncovered(vec![], 10, 20), [(10, 20)]);
+        // All held.
+        assert_eq!(uncovered(vec![(0, k)], 10, 20), []);
     }
 }
