@@ -41,6 +41,10 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import drop_caches, log  # noqa: E402
 import zipfile
 
 WORK = sys.argv[1]
@@ -67,35 +71,13 @@ TIMEOUT = 900
 LIMIT = 180
 
 
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
 def sh(cmd, timeout=TIMEOUT, check=True):
     return subprocess.run(["bash", "-c", cmd], timeout=timeout, check=check,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def is_mounted(path):
-    with open("/proc/self/mounts") as f:
-        return any(l.split(" ")[1] == path for l in f)
-
-
 def unmount():
-    for _ in range(50):
-        if not is_mounted(MNT):
-            return
-        subprocess.run(["umount", MNT], stderr=subprocess.DEVNULL)
-        if is_mounted(MNT):
-            subprocess.run(["umount", "-l", MNT], stderr=subprocess.DEVNULL)
-        time.sleep(0.1)
-    raise RuntimeError("cannot unmount " + MNT)
+    common.unmount(MNT)
 
 
 def pids(pattern):

@@ -26,6 +26,10 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import drop_caches, log, sh  # noqa: E402
+
 WORK = sys.argv[1]
 OUT = sys.argv[2]
 ARGS = sys.argv[3:]
@@ -38,39 +42,12 @@ TGZ = os.path.join(WORK, "linux.tar.gz")
 HUGE = os.path.join(WORK, "huge/targz/huge.tar.gz")
 
 
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def sh(cmd, check=True):
-    return subprocess.run(["bash", "-c", cmd], check=check,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
 def warm(path):
     sh(f"cat '{path}' > /dev/null")
 
 
-def mounted():
-    with open("/proc/self/mounts") as f:
-        return any(l.split(" ")[1] == MNT for l in f)
-
-
 def unmount():
-    for _ in range(100):
-        if not mounted():
-            return
-        subprocess.run(["umount", MNT], stderr=subprocess.DEVNULL)
-        if mounted():
-            subprocess.run(["umount", "-l", MNT], stderr=subprocess.DEVNULL)
-        time.sleep(0.1)
-    raise RuntimeError("cannot unmount " + MNT)
+    common.unmount(MNT)
 
 
 def mount_time(cmd):

@@ -86,6 +86,15 @@ fn secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
+/// Hits as a percentage of all lookups (0 with none).
+fn hit_rate(hits: u64, misses: u64) -> f64 {
+    if hits + misses > 0 {
+        100.0 * hits as f64 / (hits + misses) as f64
+    } else {
+        0.0
+    }
+}
+
 fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
 }
@@ -475,11 +484,7 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
         let _ = writeln!(o, "indexing in the background: {}", r.indexing.join(" "));
     }
     let c = &r.cache;
-    let rate = if c.hits + c.misses > 0 {
-        100.0 * c.hits as f64 / (c.hits + c.misses) as f64
-    } else {
-        0.0
-    };
+    let rate = hit_rate(c.hits, c.misses);
     let _ = writeln!(
         o,
         "cache: {} of {}; {} hits, {} misses ({rate:.1}% hit rate); {} blocks dropped once the kernel held them",
@@ -504,11 +509,7 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
         );
         match &rm.disk_cache {
             Some(d) => {
-                let rate = if d.hits + d.misses > 0 {
-                    100.0 * d.hits as f64 / (d.hits + d.misses) as f64
-                } else {
-                    0.0
-                };
+                let rate = hit_rate(d.hits, d.misses);
                 let _ = writeln!(
                     o,
                     "disk cache: {} of {} in {}; {} hits, {} misses ({rate:.1}% hit rate); {} read, {} stored, {} torn files dropped, {} evicted",
