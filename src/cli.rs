@@ -3,6 +3,7 @@
 //! Stage one is [`Cli`], exactly what the user typed; stage two is [`Command`], validated
 //! values the rest of the program uses without knowing about clap (the ripgrep/fd split).
 
+use crate::layout::{Config as LayoutConfig, Kind as LayoutKind};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -191,7 +192,8 @@ struct MountArgs {
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
     /// suid, dev (both off by default), fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
     /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, disk_cache=DIR,
-    /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION; options
+    /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
+    /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing; options
     /// mount(8) passes (ro, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -243,6 +245,8 @@ struct MountArgs {
     /// listing at mount is kept).
     #[arg(long, value_name = "DURATION")]
     poll: Option<String>,
+    #[command(flatten)]
+    layout: LayoutArgs,
 }
 
 #[derive(Debug, Args)]
@@ -277,6 +281,8 @@ struct MergeArgs {
     /// The platform to take from a multi-platform image, as `mount --platform`.
     #[arg(long, value_name = "PLATFORM")]
     platform: Option<String>,
+    #[command(flatten)]
+    layout: LayoutArgs,
 }
 
 impl MergeArgs {
@@ -284,8 +290,65 @@ impl MergeArgs {
         Ok(Merge {
             whiteouts: self.whiteouts,
             platform: platform(self.platform)?,
+            layout: self.layout.into_config()?,
         })
     }
+}
+
+/// Where each package goes: `mount` and the offline tools take the same options.
+#[derive(Debug, Args)]
+struct LayoutArgs {
+    /// Where each package goes: merge (every archive folded into one tree, the later
+    /// package winning), each (every archive in a directory named after its file, less
+    /// its extension), npm (npm tarballs as a node_modules directory, from their
+    /// package.json, or as npm ci lays out --lockfile), cargo (.crate files as cargo's
+    /// registry/src/INDEX/, with .cargo-ok). each and cargo index a package when its
+    /// directory is first looked into.
+    #[arg(long, value_name = "KIND", default_value = "merge", value_parser = ["merge", "each", "npm", "cargo"])]
+    layout: String,
+    /// merge and each: drop the first N components of every path inside an archive, as
+    /// tar's --strip-components does (shorter paths are left out).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    strip_components: usize,
+    /// npm: the package-lock.json (lockfile versions 2 and 3) whose node_modules the
+    /// mount is: nested as npm ci nests it, each tarball checked against its integrity.
+    #[arg(long, value_name = "FILE")]
+    lockfile: Option<PathBuf>,
+    /// npm with --lockfile: mount even if packages it names are in no source (they are
+    /// left out, with a warning naming them); without it such a mount fails.
+    #[arg(long)]
+    allow_missing: bool,
+}
+
+impl LayoutArgs {
+    fn into_config(self) -> Result<LayoutConfig, UsageError> {
+        let kind = LayoutKind::parse(&self.layout)
+            .ok_or_else(|| UsageError(format!("unknown layout {:?}", self.layout)))?;
+        check_layout(LayoutConfig {
+            kind,
+            strip: self.strip_components,
+            lockfile: self.lockfile,
+            allow_missing: self.allow_missing,
+        })
+    }
+}
+
+/// The layout options that only some layouts take.
+fn check_layout(cfg: LayoutConfig) -> Result<LayoutConfig, UsageError> {
+    if cfg.strip > 0 && !matches!(cfg.kind, LayoutKind::Merge | LayoutKind::Each) {
+        return Err(format!(
+            "--strip-components is for --layout merge and each, not {}",
+            cfg.kind.name()
+        )
+        .into());
+    }
+    if cfg.kind != LayoutKind::Npm && (cfg.lockfile.is_some() || cfg.allow_missing) {
+        return Err("--lockfile and --allow-missing are for --layout npm".into());
+    }
+    if cfg.allow_missing && cfg.lockfile.is_none() {
+        return Err("--allow-missing needs --lockfile".into());
+    }
+    Ok(cfg)
 }
 
 fn platform(p: Option<String>) -> Result<Option<Platform>, UsageError> {
@@ -327,6 +390,8 @@ struct CheckArgs {
 pub struct MountConfig {
     /// Sources in layer order.
     pub sources: Vec<PathBuf>,
+    /// Where each package goes.
+    pub layout: LayoutConfig,
     /// Mountpoint.
     pub mountpoint: PathBuf,
     /// Stay attached.
@@ -729,6 +794,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
                 .map_or_else(String::new, |p| p.display().to_string())
         ),
         sources: m.sources,
+        layout: m.layout.into_config()?,
         mountpoint: m.mountpoint,
         foreground: m.foreground,
         cache_bytes: parse_size(&m.cache_size)?,
@@ -839,6 +905,13 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
             "no_disk_cache" => cfg.remote.disk_cache = None,
             "remote_timeout" => cfg.remote.read_timeout = parse_duration(need()?)?,
             "poll" => cfg.poll = Some(parse_duration(need()?)?),
+            "layout" => {
+                cfg.layout.kind = LayoutKind::parse(need()?)
+                    .ok_or_else(|| format!("unknown layout {:?}", value.unwrap_or("")))?;
+            }
+            "strip_components" => cfg.layout.strip = number()? as usize,
+            "lockfile" => cfg.layout.lockfile = Some(PathBuf::from(need()?)),
+            "allow_missing" => cfg.layout.allow_missing = true,
             // Always in force, or meaningless for a read-only FUSE mount: accepted so
             // fstab lines and mount(8) helpers work.
             "ro"
@@ -861,6 +934,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
     if cfg.threads == 0 {
         return Err("--threads must be at least 1".into());
     }
+    cfg.layout = check_layout(cfg.layout)?;
     Ok(cfg)
 }
 

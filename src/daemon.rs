@@ -198,6 +198,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         platform: cfg.platform.clone(),
         remote: cfg.remote.clone(),
         progress: Some(Progress(Arc::new(IndexBars::default()))),
+        layout: cfg.layout.clone(),
     };
     let mut packages = Packages::new(cfg.sources.clone(), opts);
     let dirs = packages.source_dirs();
@@ -250,9 +251,10 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
             .collect(),
         ..Activity::default()
     }));
-    let fs = Arc::new(PkgFs::with_layers(
+    let fs = Arc::new(PkgFs::with_grafts(
         scan.tree,
         scan.layers,
+        scan.grafts,
         cfg.cache_bytes,
         watcher.is_some(),
     ));

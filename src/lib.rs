@@ -27,6 +27,7 @@ pub mod error;
 pub mod format;
 pub mod fs;
 pub mod io;
+pub mod layout;
 pub mod progress;
 pub mod source;
 pub mod status;

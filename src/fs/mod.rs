@@ -16,7 +16,7 @@
 
 pub mod prefetch;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
@@ -26,7 +26,7 @@ use log::warn;
 use crate::error::{Error, Result};
 use crate::format::Archive;
 use crate::io::{Io, ReadData, Span};
-use crate::tree::view::{InoMap, Invalidation, Layer, View};
+use crate::tree::view::{Graft, InoMap, Invalidation, Layer, View};
 use crate::tree::{Kind, Node, Tree};
 
 /// Block size reported in `st_blksize` and used by `statfs`.
@@ -166,6 +166,9 @@ pub struct PkgFs {
     /// Count lookups and keep retired generations (a mount that can change).
     live: bool,
     next_ino: AtomicU64,
+    /// The grafts of the current generation that have been indexed, by the first inode
+    /// of their range (see [`View::graft_range`]).
+    grafted: RwLock<BTreeMap<u64, Arc<Graft>>>,
     io: Io,
     reported: Mutex<HashSet<u64>>,
     /// Extended attributes are served (see [`PkgFs::xattrs_served`]).
@@ -193,7 +196,18 @@ impl PkgFs {
 
     /// Assemble the filesystem; `live` prepares it for [`PkgFs::activate`].
     pub fn with_layers(tree: Tree, layers: Vec<Layer>, cache_bytes: u64, live: bool) -> Self {
-        let view = Arc::new(View::first(tree, layers));
+        Self::with_grafts(tree, layers, Vec::new(), cache_bytes, live)
+    }
+
+    /// [`PkgFs::with_layers`] with the packages a layout grafts, indexed on first use.
+    pub fn with_grafts(
+        tree: Tree,
+        layers: Vec<Layer>,
+        grafts: Vec<Arc<Graft>>,
+        cache_bytes: u64,
+        live: bool,
+    ) -> Self {
+        let view = Arc::new(View::first(tree, layers).with_grafts(grafts));
         PkgFs {
             current: RwLock::new(view.clone()),
             inodes: Mutex::new(Inodes {
@@ -203,6 +217,7 @@ impl PkgFs {
             }),
             live,
             next_ino: AtomicU64::new(view.tree.len() as u64 + 1),
+            grafted: RwLock::new(BTreeMap::new()),
             io: Io::new(cache_bytes),
             reported: Mutex::new(HashSet::new()),
             xattrs: view.tree.has_xattrs,
@@ -234,12 +249,13 @@ impl PkgFs {
         lock(&self.inodes).retired.len()
     }
 
-    /// The generation and local node serving `ino`: the current generation, else an older
-    /// one the kernel still holds it from.
+    /// The generation and local node serving `ino`: the current generation (or one of
+    /// its indexed grafts), else an older one the kernel still holds it from. A graft
+    /// directory is served by the generation above it (its attributes need no index).
     pub(crate) fn find(&self, ino: u64) -> Result<(Arc<View>, u64)> {
         let v = self.view();
-        if let Some(l) = v.local(ino) {
-            return Ok((v, l));
+        if let Some(found) = self.locate(&v, ino) {
+            return Ok(found);
         }
         if !self.live {
             return Err(Error::NotFound);
@@ -251,14 +267,68 @@ impl PkgFs {
             .ok_or(Error::NotFound)
     }
 
+    /// `ino` in generation `top` or in one of the grafts indexed so far.
+    fn locate(&self, top: &Arc<View>, ino: u64) -> Option<(Arc<View>, u64)> {
+        if let Some(l) = top.local(ino) {
+            return Some((top.clone(), l));
+        }
+        let grafted = self.grafted.read().unwrap_or_else(|e| e.into_inner());
+        if grafted.is_empty() {
+            return None;
+        }
+        let (_, g) = grafted.range(..=ino).next_back()?;
+        let v = g.indexed()?;
+        v.local(ino).map(|l| (v.clone(), l))
+    }
+
+    /// The generation and node whose children directory `ino` lists: for a graft, its
+    /// package's own generation (indexed now if it is the first look into it). Current
+    /// generation only: a directory no longer there has no children.
+    fn dir(&self, ino: u64) -> Option<(Arc<View>, u64)> {
+        let v = self.view();
+        match v.local(ino) {
+            Some(l) => match v.graft_at(l) {
+                Some(g) => Some((self.enter(&v, l, g), crate::tree::ROOT_INO)),
+                None => Some((v, l)),
+            },
+            None => self.locate(&v, ino),
+        }
+    }
+
+    /// Graft `g` at node `l` of `v`, indexed on first use.
+    fn enter(&self, v: &View, l: u64, g: &Arc<Graft>) -> Arc<View> {
+        let parent = v.tree.node(l).map_or(0, |n| v.global(n.parent));
+        g.enter(v.global(l), parent, &self.next_ino, |made| {
+            let Some(range) = made.graft_range().filter(|r| !r.is_empty()) else {
+                return;
+            };
+            let mut grafted = self.grafted.write().unwrap_or_else(|e| e.into_inner());
+            grafted.insert(range.start, g.clone());
+            // Removed by an activation while it was being indexed: not current.
+            if g.retired.load(Relaxed) {
+                grafted.remove(&range.start);
+            }
+        })
+        .clone()
+    }
+
+    /// Packages placed by a layout in directories of their own: how many the current
+    /// generation lists, how many have been indexed, how many of those failed.
+    pub fn graft_counts(&self) -> (usize, usize, usize) {
+        let v = self.view();
+        let indexed = v.grafts.iter().filter(|g| g.indexed().is_some()).count();
+        let failed = v.grafts.iter().filter(|g| g.error().is_some()).count();
+        (v.grafts.len(), indexed, failed)
+    }
+
     /// Count one kernel reference to `ino` (served by `view`'s node `local`).
     fn note_lookup(&self, inodes: &mut Inodes, ino: u64, view: &Arc<View>, local: u64) {
         *inodes.counts.entry(ino).or_insert(0) += 1;
         // An activation may have happened since `view` was read: keep what this
         // reference points at alive.
-        if inodes.current.generation != view.generation
-            && inodes.current.local(ino).is_none()
+        if !Arc::ptr_eq(&inodes.current, view)
             && !inodes.retired.contains_key(&ino)
+            && self.locate(&inodes.current, ino).is_none()
         {
             inodes.retired.insert(ino, (view.clone(), local));
         }
@@ -293,27 +363,56 @@ impl PkgFs {
     /// entries that became stale. Activations must not run concurrently with each other
     /// (one watcher thread does them); requests run concurrently with it freely.
     pub fn activate(&self, tree: Tree, layers: Vec<Layer>) -> Activation {
+        self.activate_with(tree, layers, Vec::new())
+    }
+
+    /// [`PkgFs::activate`] with the grafts of the new generation.
+    pub fn activate_with(
+        &self,
+        tree: Tree,
+        layers: Vec<Layer>,
+        grafts: Vec<Arc<Graft>>,
+    ) -> Activation {
         let old = self.view();
         let generation = old.generation + 1;
         let (view, invalidations) =
-            crate::tree::view::carry_over(&old, tree, layers, generation, &self.next_ino);
+            crate::tree::view::carry_over(&old, tree, layers, grafts, generation, &self.next_ino);
         let view = Arc::new(view);
+        let kept: HashSet<*const Graft> = view.grafts.iter().map(Arc::as_ptr).collect();
+        let gone: Vec<&Arc<Graft>> = old
+            .grafts
+            .iter()
+            .filter(|g| !kept.contains(&Arc::as_ptr(g)))
+            .collect();
         let retired = {
             let mut inodes = lock(&self.inodes);
+            // Where each inode the kernel holds is served from before the swap.
+            let before: Vec<(u64, Option<(Arc<View>, u64)>)> = inodes
+                .counts
+                .keys()
+                .filter(|ino| !inodes.retired.contains_key(ino))
+                .map(|&ino| (ino, self.locate(&old, ino)))
+                .collect();
+            {
+                let mut grafted = self.grafted.write().unwrap_or_else(|e| e.into_inner());
+                for g in &gone {
+                    g.retired.store(true, Relaxed);
+                    if let Some(r) = g.indexed().and_then(|v| v.graft_range()) {
+                        grafted.remove(&r.start);
+                    }
+                }
+            }
             *self.current.write().unwrap_or_else(|e| e.into_inner()) = view.clone();
             inodes.current = view.clone();
-            let Inodes {
-                counts, retired, ..
-            } = &mut *inodes;
-            for &ino in counts.keys() {
-                if view.local(ino).is_none()
-                    && !retired.contains_key(&ino)
-                    && let Some(l) = old.local(ino)
+            for (ino, was) in before {
+                if self.locate(&view, ino).is_none()
+                    && let Some(was) = was
                 {
-                    retired.insert(ino, (old.clone(), l));
+                    inodes.retired.insert(ino, was);
                 }
             }
             // An inode that came back (a package removed, then restored) is current again.
+            let Inodes { retired, .. } = &mut *inodes;
             retired.retain(|ino, _| view.local(*ino).is_none());
             retired.len()
         };
@@ -322,6 +421,11 @@ impl PkgFs {
         let live_keys: HashSet<u32> = view.layers.iter().map(|l| l.archive.key).collect();
         for l in &old.layers {
             if !live_keys.contains(&l.archive.key) {
+                l.archive.blob.pin();
+            }
+        }
+        for g in gone {
+            for l in g.indexed().map(|v| &v.layers[..]).unwrap_or_default() {
                 l.archive.blob.pin();
             }
         }
@@ -376,20 +480,22 @@ impl PkgFs {
         self.stats.lookups.fetch_add(1, Relaxed);
         // Lookups are answered from the current generation only: a directory that is no
         // longer there (someone's working directory in a removed package) is empty.
-        let v = self.view();
-        let pl = v.local(parent).ok_or(Error::NotFound)?;
+        let (v, pl) = self.dir(parent).ok_or(Error::NotFound)?;
         let dir = Self::node(&v, pl)?;
         if dir.kind != Kind::Dir {
             return Err(Error::NotDir);
         }
-        let local = match name {
-            b"." => pl,
-            b".." => dir.parent,
-            _ => v
-                .tree
-                .lookup(dir, name)
-                .map(|i| v.tree.canonical(i))
-                .ok_or(Error::NotFound)?,
+        let (v, local) = match name {
+            b"." => self.find(parent)?,
+            b".." => self.find(v.parent_of(pl, dir))?,
+            _ => {
+                let l = v
+                    .tree
+                    .lookup(dir, name)
+                    .map(|i| v.tree.canonical(i))
+                    .ok_or(Error::NotFound)?;
+                (v, l)
+            }
         };
         let ino = v.global(local);
         let node = Self::node(&v, local)?;
@@ -414,8 +520,7 @@ impl PkgFs {
         mut add: impl FnMut(DirEntry<'_>) -> bool,
     ) -> Result<()> {
         self.stats.readdirs.fetch_add(1, Relaxed);
-        let v = self.view();
-        let Some(dl) = v.local(ino) else {
+        let Some((v, dl)) = self.dir(ino) else {
             // Not in the current generation: a removed directory lists as empty.
             return match self.find(ino) {
                 Ok((old, l)) if Self::node(&old, l)?.kind != Kind::Dir => Err(Error::NotDir),
@@ -429,18 +534,25 @@ impl PkgFs {
         }
         // Positions: 0 is ".", 1 is "..", 2 + i is child i. Resuming at a large offset
         // must not walk the entries before it (directories can hold 100,000 names).
-        let dots = [(dl, &b"."[..]), (dir.parent, &b".."[..])];
+        // The dots carry the directory's own attributes (the kernel ignores them); ".."
+        // of a graft's root is in the generation above.
+        let dots = [
+            (dl, v.global(dl), &b"."[..]),
+            (dl, v.parent_of(dl, dir), &b".."[..]),
+        ];
         let children = v
             .tree
             .children_from(dir, offset.saturating_sub(2))
-            .map(|(i, n)| (v.tree.canonical(i), v.tree.name(n)));
+            .map(|(i, n)| {
+                let c = v.tree.canonical(i);
+                (c, v.global(c), v.tree.name(n))
+            });
         let entries = dots
             .into_iter()
             .skip(offset.min(2) as usize)
             .chain(children);
         let mut taken: Vec<(u64, u64)> = Vec::new();
-        for (pos, (child, name)) in (offset..).zip(entries) {
-            let child_ino = v.global(child);
+        for (pos, (child, child_ino, name)) in (offset..).zip(entries) {
             let full = add(DirEntry {
                 ino: child_ino,
                 next_offset: pos + 1,

@@ -99,7 +99,7 @@ impl Activator {
             scan.replaced.len()
         );
         let skipped = skipped_list(&scan.report);
-        let act = self.fs.activate(scan.tree, scan.layers);
+        let act = self.fs.activate_with(scan.tree, scan.layers, scan.grafts);
         let invalidated = invalidate(&*self.kernel, &act.invalidations);
         info!(
             "generation {}: {} packages ({summary}), {invalidated} kernel cache entries invalidated, {} inodes of older generations still in use, {} ms",

@@ -20,10 +20,13 @@ use std::sync::{Arc, Mutex};
 use log::{debug, info, warn};
 
 use crate::error::{Error, Result};
-use crate::format::{self, Archive, IndexCache, IndexProgress, Indexed, OpenContext, OpenError};
+use crate::format::{
+    self, Archive, Entry, IndexCache, IndexProgress, Indexed, OpenContext, OpenError,
+};
 use crate::fs::PkgFs;
-use crate::tree::view::Layer;
-use crate::tree::{Ownership, Tree, TreeBuilder};
+use crate::layout::{Layout, Placement};
+use crate::tree::view::{Graft, GraftSource, Layer};
+use crate::tree::{Ownership, Place, Tree, TreeBuilder};
 
 /// A file that may be an archive, with how it was named.
 #[derive(Debug, Clone)]
@@ -39,6 +42,18 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// Its modification time as listed (0 if unknown).
+    fn mtime(&self) -> i64 {
+        match (&self.layer, &self.blob) {
+            (Some(l), _) => l.blob.mtime(),
+            (None, Some(b)) => b.mtime(),
+            (None, None) => {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata(&self.path).map_or(0, |m| m.mtime())
+            }
+        }
+    }
+
     /// The version of its bytes now (None if it is gone).
     fn stamp(&self) -> Option<Stamp> {
         match (&self.layer, &self.blob) {
@@ -120,9 +135,14 @@ pub fn discover(
             if name.as_encoded_bytes().first() == Some(&b'.') {
                 continue;
             }
-            // Follow symlinks: a directory of links to packages is a normal setup.
-            let path = entry.path();
-            if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            // Follow symlinks: a directory of links to packages is a normal setup. The
+            // type from the listing saves a stat per file (10,000 packages).
+            let is_file = match entry.file_type() {
+                Ok(t) if t.is_file() => true,
+                Ok(t) if t.is_dir() => false,
+                _ => std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()),
+            };
+            if is_file {
                 names.push(name);
             }
         }
@@ -151,8 +171,12 @@ enum Job<'a> {
     Reindex(&'a Arc<Archive>, Option<&'a Candidate>),
 }
 
-/// What an [`IndexStream`] hands out: an archive and its entries.
-type Opened = std::result::Result<(Arc<Archive>, Vec<crate::format::Entry>), OpenError>;
+/// What an [`IndexStream`] hands out: an archive, its entries, and what the layout
+/// learnt of it.
+type Opened = std::result::Result<(Arc<Archive>, Vec<Entry>, crate::layout::Facts), OpenError>;
+
+/// An archive and its entries, or why not.
+type Entries = std::result::Result<(Arc<Archive>, Vec<Entry>), OpenError>;
 
 /// The objects of a remote source: (name, blob), in layer order.
 pub type Listing = Vec<(String, Arc<dyn crate::io::blob::Blob>)>;
@@ -210,7 +234,7 @@ impl StreamState {
 }
 
 /// Open and index a new archive, or re-read the index of a kept one.
-fn index_job(job: &Job, cx: &OpenContext) -> Opened {
+fn index_job(job: &Job, cx: &OpenContext) -> Entries {
     match *job {
         Job::Open(cand) => {
             let Indexed { archive, entries } = cand.open(cx)?;
@@ -328,6 +352,8 @@ pub struct LoadOptions {
     pub remote: crate::io::remote::RemoteConfig,
     /// Who hears about passes over archives while the first scan indexes them.
     pub progress: Option<Progress>,
+    /// Where each package goes.
+    pub layout: crate::layout::Config,
 }
 
 /// A shared [`IndexProgress`].
@@ -387,11 +413,39 @@ enum Plan {
     Open,
 }
 
+/// What an active package is: an open archive, or a graft (a directory of its own,
+/// indexed on first use).
+#[derive(Debug, Clone)]
+enum Provided {
+    Archive(Arc<Archive>),
+    Graft(Arc<Graft>),
+}
+
+impl Provided {
+    /// Whether two are the same version of a package (the same open archive or graft).
+    fn same(&self, other: &Provided) -> bool {
+        match (self, other) {
+            (Provided::Archive(a), Provided::Archive(b)) => a.key == b.key,
+            (Provided::Graft(a), Provided::Graft(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 /// An active package.
 #[derive(Debug, Clone)]
 struct Active {
     path: PathBuf,
-    archive: Arc<Archive>,
+    provided: Provided,
+}
+
+impl Active {
+    fn archive(&self) -> Option<&Arc<Archive>> {
+        match &self.provided {
+            Provided::Archive(a) => Some(a),
+            Provided::Graft(_) => None,
+        }
+    }
 }
 
 /// The result of a scan of the sources: a tree ready to mount or to activate.
@@ -401,6 +455,9 @@ pub struct Scan {
     pub tree: Tree,
     /// Its layers.
     pub layers: Vec<Layer>,
+    /// Packages in directories of their own, indexed on first use (`Tree::graft`
+    /// numbers index this).
+    pub grafts: Vec<Arc<Graft>>,
     /// Mounted, skipped and ignored files.
     pub report: LoadReport,
     /// Packages that became active since the previous scan.
@@ -427,6 +484,107 @@ pub struct Packages {
     remote: std::sync::OnceLock<Arc<crate::io::remote::Remote>>,
     /// The last listing of each remote source: kept when listing it again fails.
     listed: HashMap<PathBuf, Listing>,
+    /// The grafts of the last scan, by path: kept while their package is unchanged.
+    grafts: HashMap<PathBuf, Arc<Graft>>,
+}
+
+/// What the sources hold now (the first stage of a scan).
+struct Listed {
+    candidates: Vec<Candidate>,
+    stamps: Vec<Option<Stamp>>,
+    images: Vec<image::Image>,
+}
+
+/// The tree being built by a scan, and what it is built from.
+struct Fold {
+    builder: TreeBuilder,
+    layers: Vec<Layer>,
+    grafts: Vec<Arc<Graft>>,
+    report: LoadReport,
+    active: Vec<Active>,
+}
+
+impl Fold {
+    fn new(opts: &LoadOptions, images: Vec<image::Image>) -> Self {
+        let whiteouts = opts.whiteouts || !images.is_empty();
+        Fold {
+            builder: TreeBuilder::new(opts.owner).with_whiteouts(whiteouts),
+            layers: Vec::new(),
+            grafts: Vec::new(),
+            report: LoadReport {
+                images,
+                ..LoadReport::default()
+            },
+            active: Vec::new(),
+        }
+    }
+
+    /// Fold an archive's entries in at each of `places` (one layer).
+    fn archive(&mut self, path: &Path, archive: Arc<Archive>, entries: &[Entry], places: &[Place]) {
+        let idx = self.layers.len() as u32;
+        for place in places {
+            self.builder
+                .add_layer_at(idx, archive.mtime(), entries, place);
+        }
+        self.report.layers.push(path.to_path_buf());
+        self.layers.push(Layer {
+            archive: archive.clone(),
+            entries: entries.len(),
+        });
+        self.active.push(Active {
+            path: path.to_path_buf(),
+            provided: Provided::Archive(archive),
+        });
+    }
+
+    /// A graft at `dir`; `false` (and nothing added) if the path is taken.
+    fn graft(&mut self, path: &Path, dir: &[Vec<u8>], graft: Arc<Graft>, mtime: i64) -> bool {
+        let comps: Vec<&[u8]> = dir.iter().map(Vec::as_slice).collect();
+        if !self
+            .builder
+            .add_graft(&comps, self.grafts.len() as u32, u32::MAX, mtime)
+        {
+            return false;
+        }
+        self.grafts.push(graft.clone());
+        self.active.push(Active {
+            path: path.to_path_buf(),
+            provided: Provided::Graft(graft),
+        });
+        true
+    }
+
+    /// The layout's own entries (npm's `.bin` links), at the root.
+    fn own(&mut self, kind: crate::layout::Kind, entries: Vec<Entry>) {
+        if entries.is_empty() {
+            return;
+        }
+        let idx = self.layers.len() as u32;
+        self.builder.add_layer(idx, 0, &entries);
+        let n = entries.len();
+        self.report
+            .layers
+            .push(PathBuf::from(format!("(layout {})", kind.name())));
+        self.layers.push(Layer {
+            archive: crate::layout::own_archive(kind.name(), entries),
+            entries: n,
+        });
+    }
+
+    fn refuse(&mut self, path: &Path, why: &str) {
+        warn!("skipping {}: {why}", path.display());
+        self.report
+            .skipped
+            .push((path.to_path_buf(), Error::Format(why.to_string())));
+    }
+}
+
+/// What changed since the previous scan.
+struct Changes {
+    unchanged: bool,
+    added: Vec<PathBuf>,
+    removed: Vec<PathBuf>,
+    replaced: Vec<PathBuf>,
 }
 
 impl Packages {
@@ -441,6 +599,7 @@ impl Packages {
             background: None,
             remote: std::sync::OnceLock::new(),
             listed: HashMap::new(),
+            grafts: HashMap::new(),
         }
     }
 
@@ -518,12 +677,69 @@ impl Packages {
     }
 
     /// Find the archives of the sources, index what is new or changed, and build the
-    /// merged tree. Files in `busy` (being written) are left out for now. Returns `None`
-    /// when nothing changed since the last scan. Errors only if a source itself cannot
-    /// be listed; bad archives are skipped, with a warning the first time.
+    /// tree. Files in `busy` (being written) are left out for now. Returns `None` when
+    /// nothing changed since the last scan. Errors only if a source itself cannot be
+    /// listed, or the layout refuses the whole set (a lockfile's package missing); bad
+    /// archives are skipped, with a warning the first time.
+    ///
+    /// The stages, in order: [`Packages::list`] what the sources hold; the layout places
+    /// packages by name ([`Packages::place_by_name`], each a graft indexed on first use),
+    /// or [`Packages::plan`] what to index and [`Packages::index_and_place`] (indexing on
+    /// worker threads while this thread places and folds, in layer order); the layout's
+    /// own entries; [`Packages::settle`] what changed.
     pub fn scan(&mut self, busy: &HashSet<PathBuf>) -> Result<Option<Scan>> {
         let first = !self.scanned;
         let started = std::time::Instant::now();
+        let mut layout = self.opts.layout.kind.start(&self.opts.layout)?;
+        let mut listed = self.list(busy, first, &*layout)?;
+        if layout.by_name() && !listed.images.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "--layout {} gives each archive a directory: container images take --layout merge",
+                self.opts.layout.kind.name()
+            )));
+        }
+        let mut fold = Fold::new(&self.opts, std::mem::take(&mut listed.images));
+        if layout.by_name() {
+            self.place_by_name(&listed.candidates, &listed.stamps, &mut *layout, &mut fold);
+        } else {
+            let (plan, ready) = self.plan(&listed.candidates, &listed.stamps);
+            self.index_and_place(&listed, plan, ready, &mut *layout, &mut fold, first)?;
+        }
+        fold.own(self.opts.layout.kind, layout.finish()?);
+        let Fold {
+            builder,
+            layers,
+            grafts,
+            report,
+            active,
+        } = fold;
+        let changes = self.settle(active, first);
+        if changes.unchanged {
+            return Ok(None);
+        }
+        let mut tree = builder.finish();
+        drop_conflicts_within_images(&mut tree, &report);
+        log_tree(&tree, &report.layers, first, started.elapsed());
+        Ok(Some(Scan {
+            tree,
+            layers,
+            grafts,
+            report,
+            added: changes.added,
+            removed: changes.removed,
+            replaced: changes.replaced,
+        }))
+    }
+
+    /// Stage 1: the candidates of the sources in layer order (remote sources listed
+    /// again, keeping the last listing when that fails), less the busy ones and the files
+    /// of directory sources that the layout does not take, with their stamps.
+    fn list(
+        &mut self,
+        busy: &HashSet<PathBuf>,
+        first: bool,
+        layout: &dyn Layout,
+    ) -> Result<Listed> {
         let mut listed = std::mem::take(&mut self.listed);
         let mut list_remote = |r: &remote::RemoteRef, src: &Path| -> Result<Listing> {
             match self.remote().and_then(|rt| remote::list(r, &rt)) {
@@ -551,8 +767,72 @@ impl Packages {
         let candidates: Vec<Candidate> = found
             .into_iter()
             .filter(|c| !busy.contains(&c.path))
+            .filter(|c| c.explicit || layout.takes(crate::layout::file_name(&c.path)))
             .collect();
-        let stamps: Vec<Option<Stamp>> = candidates.iter().map(Candidate::stamp).collect();
+        let stamps = candidates.iter().map(Candidate::stamp).collect();
+        Ok(Listed {
+            candidates,
+            stamps,
+            images,
+        })
+    }
+
+    /// Stage 2 (layouts that place by name): a graft for each package, the last scan's
+    /// kept where the package is unchanged. Nothing is opened.
+    fn place_by_name(
+        &mut self,
+        candidates: &[Candidate],
+        stamps: &[Option<Stamp>],
+        layout: &mut dyn Layout,
+        fold: &mut Fold,
+    ) {
+        let cx = Arc::new(LazyContext {
+            owner: self.opts.owner,
+            index_cache: self.opts.index_cache.clone(),
+        });
+        let mut previous = std::mem::take(&mut self.grafts);
+        for (cand, stamp) in candidates.iter().zip(stamps) {
+            let Some(stamp) = stamp else {
+                // Gone since it was listed.
+                continue;
+            };
+            let (dir, inner, extra) = match layout.place_name(&cand.path) {
+                Placement::Own { dir, inner, extra } => (dir, inner, extra),
+                Placement::Fold(_) => continue,
+                Placement::Refused(why) => {
+                    fold.refuse(&cand.path, &why);
+                    continue;
+                }
+                Placement::Unused(why) => {
+                    info!("{}: {why}", cand.path.display());
+                    continue;
+                }
+            };
+            let graft = match previous.remove(&cand.path) {
+                Some(g) if g.source.version() == stamp => g,
+                _ => Arc::new(Graft::new(Box::new(LazyPackage {
+                    cand: cand.clone(),
+                    version: stamp.clone(),
+                    inner,
+                    extra,
+                    cx: cx.clone(),
+                }))),
+            };
+            if fold.graft(&cand.path, &dir, graft.clone(), cand.mtime()) {
+                self.grafts.insert(cand.path.clone(), graft);
+            } else {
+                fold.refuse(&cand.path, "its directory is taken");
+            }
+        }
+    }
+
+    /// Stage 2 (layouts that place indexed packages): what to do with each candidate,
+    /// and the background indexer's finished results, taken.
+    fn plan(
+        &mut self,
+        candidates: &[Candidate],
+        stamps: &[Option<Stamp>],
+    ) -> (Vec<Plan>, Vec<Option<Indexing>>) {
         // What the background indexer has finished: taken by this scan (results for
         // paths no longer there are dropped).
         let mut ready: HashMap<PathBuf, Indexing> = match &mut self.background {
@@ -565,19 +845,14 @@ impl Packages {
             }
             None => HashMap::new(),
         };
-        // Reuse what is unchanged; open the rest on worker threads while this thread
-        // folds the archives already indexed into the tree, in order (at most
-        // INDEX_WINDOW archives of raw entries wait in memory, not all of them).
         let old: HashMap<&Path, &Active> =
             self.active.iter().map(|a| (a.path.as_path(), a)).collect();
         let mut plan: Vec<Plan> = Vec::with_capacity(candidates.len());
         let mut ready_for: Vec<Option<Indexing>> = Vec::with_capacity(candidates.len());
-        for (c, st) in candidates.iter().zip(&stamps) {
+        for (c, st) in candidates.iter().zip(stamps) {
             ready_for.push(None);
-            let previous = old.get(c.path.as_path());
-            let kept = previous
-                .filter(|a| Some(archive_stamp(&a.archive)) == *st)
-                .map(|a| a.archive.clone());
+            let previous = old.get(c.path.as_path()).and_then(|a| a.archive());
+            let kept = previous.filter(|a| Some(archive_stamp(a)) == *st).cloned();
             let queued = self
                 .background
                 .as_ref()
@@ -590,22 +865,30 @@ impl Packages {
                 Plan::Ready
             } else if queued {
                 // Still being indexed: the version this path had, if any, stays.
-                Plan::Pending(previous.map(|a| a.archive.clone()))
+                Plan::Pending(previous.cloned())
             } else if matches!(self.bad.get(&c.path), Some((s, _)) if s == st) {
                 Plan::KnownBad
             } else {
                 Plan::Open
             });
         }
+        (plan, ready_for)
+    }
 
-        let mut report = LoadReport::default();
-        let whiteouts = self.opts.whiteouts || !images.is_empty();
-        report.images = images;
-        let mut builder = TreeBuilder::new(self.opts.owner).with_whiteouts(whiteouts);
-        let mut layers: Vec<Layer> = Vec::new();
-        let mut active = Vec::new();
-        let bad_before: HashSet<PathBuf> = self.bad.keys().cloned().collect();
-        let mut still_bad = HashSet::new();
+    /// Stage 3: index what the plan says on worker threads (at most [`INDEX_WINDOW`]
+    /// archives of raw entries wait in memory), while this thread has the layout place
+    /// each archive, in layer order, and folds it in. Archives that need a long pass on
+    /// a live mount go to the background indexer.
+    fn index_and_place(
+        &mut self,
+        listed: &Listed,
+        plan: Vec<Plan>,
+        mut ready_for: Vec<Option<Indexing>>,
+        layout: &mut dyn Layout,
+        fold: &mut Fold,
+        first: bool,
+    ) -> Result<()> {
+        let candidates = &listed.candidates;
         let jobs: Vec<Job> = candidates
             .iter()
             .zip(&plan)
@@ -636,14 +919,27 @@ impl Packages {
             self.opts.threads
         };
         let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
-        let work = |job: &Job| index_job(job, &cx);
+        let inspector = layout.inspector();
+        let work = |job: &Job| {
+            let (archive, entries) = index_job(job, &cx)?;
+            let facts = inspector
+                .inspect(&archive, &entries)
+                .map_err(OpenError::Bad)?;
+            Ok((archive, entries, facts))
+        };
+        let old: HashMap<PathBuf, Arc<Archive>> = self
+            .active
+            .iter()
+            .filter_map(|a| Some((a.path.clone(), a.archive()?.clone())))
+            .collect();
         let mut deferred = Vec::new();
-        let mut failed_layer = None;
-        std::thread::scope(|scope| {
+        let bad_before: HashSet<PathBuf> = self.bad.keys().cloned().collect();
+        let mut still_bad = HashSet::new();
+        let failed_layer = std::thread::scope(|scope| -> Option<Error> {
             let mut stream = IndexStream::start(scope, &streamed, &jobs, threads, &work);
             for (((cand, st), plan), ready) in candidates
                 .iter()
-                .zip(&stamps)
+                .zip(&listed.stamps)
                 .zip(&plan)
                 .zip(&mut ready_for)
             {
@@ -653,52 +949,39 @@ impl Packages {
                         None => continue,
                     },
                     Plan::Ready => match ready.take() {
-                        Some(r) => r.map_err(OpenError::Bad),
+                        Some(r) => r.map_err(OpenError::Bad).and_then(|(a, e)| {
+                            let facts = inspector.inspect(&a, &e).map_err(OpenError::Bad)?;
+                            Ok((a, e, facts))
+                        }),
                         None => continue,
                     },
                     Plan::Pending(None) => continue,
                     Plan::KnownBad => {
                         // Known bad and unchanged: skip quietly.
                         if let Some((_, e)) = self.bad.get(&cand.path) {
-                            report.skipped.push((cand.path.clone(), e.clone()));
+                            fold.report.skipped.push((cand.path.clone(), e.clone()));
                         }
                         still_bad.insert(cand.path.clone());
                         continue;
                     }
                 };
                 match result {
-                    Ok((archive, entries)) => {
+                    Ok((archive, mut entries, facts)) => {
                         debug!("{}: {} entries", cand.path.display(), entries.len());
-                        builder.add_layer(layers.len() as u32, archive.mtime(), &entries);
-                        report.layers.push(cand.path.clone());
-                        layers.push(Layer {
-                            archive: archive.clone(),
-                            entries: entries.len(),
-                        });
-                        active.push(Active {
-                            path: cand.path.clone(),
-                            archive,
-                        });
+                        place(layout, fold, &cand.path, archive, &mut entries, &facts);
                     }
                     Err(OpenError::Bad(Error::Deferred)) => {
                         deferred.push((cand.clone(), st.clone()));
                         // The version this path had stays until the new one is ready.
-                        if let Some(a) = old.get(cand.path.as_path()) {
+                        if let Some(a) = old.get(&cand.path) {
                             let cx = OpenContext {
                                 index_cache: self.opts.index_cache.as_ref(),
                                 ..OpenContext::default()
                             };
-                            if let Ok(entries) = a.archive.entries(&cx) {
-                                builder.add_layer(layers.len() as u32, a.archive.mtime(), &entries);
-                                report.layers.push(cand.path.clone());
-                                layers.push(Layer {
-                                    archive: a.archive.clone(),
-                                    entries: entries.len(),
-                                });
-                                active.push(Active {
-                                    path: cand.path.clone(),
-                                    archive: a.archive.clone(),
-                                });
+                            if let Ok(mut entries) = a.entries(&cx)
+                                && let Ok(facts) = inspector.inspect(a, &entries)
+                            {
+                                place(layout, fold, &cand.path, a.clone(), &mut entries, &facts);
                             }
                         }
                     }
@@ -706,7 +989,7 @@ impl Packages {
                         if !cand.explicit && !looks_like_archive(&cand.path) =>
                     {
                         info!("{}: not an archive, ignored", cand.path.display());
-                        report.ignored.push(cand.path.clone());
+                        fold.report.ignored.push(cand.path.clone());
                     }
                     Err(e) => {
                         let e = match e {
@@ -718,11 +1001,10 @@ impl Packages {
                         if cand.layer.is_some() {
                             // An image without one of its layers is another image: it
                             // is refused whole.
-                            failed_layer = Some(e.with_path(&cand.path));
-                            break;
+                            return Some(e.with_path(&cand.path));
                         }
                         warn!("skipping {}: {e}", cand.path.display());
-                        report.skipped.push((cand.path.clone(), e.clone()));
+                        fold.report.skipped.push((cand.path.clone(), e.clone()));
                         // A remote object that could not be fetched (the network, not
                         // its bytes) is tried again at the next poll.
                         if !(cand.blob.is_some() && matches!(e, Error::Io(_))) {
@@ -732,6 +1014,7 @@ impl Packages {
                     }
                 }
             }
+            None
         });
         if let Some(e) = failed_layer {
             return Err(e);
@@ -747,26 +1030,29 @@ impl Packages {
                 }
             }
         }
+        Ok(())
+    }
 
+    /// Stage 4: what changed since the last scan, by path (through hash maps: ten
+    /// thousand packages make pairwise scans slow); the active set becomes `active`.
+    fn settle(&mut self, active: Vec<Active>, first: bool) -> Changes {
         let unchanged = !first
             && active.len() == self.active.len()
             && active
                 .iter()
                 .zip(&self.active)
-                .all(|(a, b)| a.archive.key == b.archive.key && a.path == b.path);
-        // By path, through hash maps: ten thousand packages make pairwise scans slow
-        // (`Path` equality compares component by component).
-        let before: HashMap<&Path, u32> = self
+                .all(|(a, b)| a.path == b.path && a.provided.same(&b.provided));
+        let before: HashMap<&Path, &Provided> = self
             .active
             .iter()
-            .map(|o| (o.path.as_path(), o.archive.key))
+            .map(|o| (o.path.as_path(), &o.provided))
             .collect();
         let mut added = Vec::new();
         let mut replaced = Vec::new();
         for a in &active {
             match before.get(a.path.as_path()) {
                 None => added.push(a.path.clone()),
-                Some(&k) if k != a.archive.key => replaced.push(a.path.clone()),
+                Some(p) if !p.same(&a.provided) => replaced.push(a.path.clone()),
                 Some(_) => {}
             }
         }
@@ -779,35 +1065,127 @@ impl Packages {
             .collect();
         self.active = active;
         self.scanned = true;
-        if unchanged {
-            return Ok(None);
-        }
-        let mut tree = builder.finish();
-        // One layer of an image replacing or whiting out what a lower one has is how the
-        // image is made, not a conflict between packages.
-        let image_of: HashMap<&Path, usize> = report
-            .images
-            .iter()
-            .enumerate()
-            .flat_map(|(i, img)| img.layers.iter().map(move |l| (l.name.as_path(), i)))
-            .collect();
-        let image_at = |layer: u32| {
-            report
-                .layers
-                .get(layer as usize)
-                .and_then(|p| image_of.get(p.as_path()))
-        };
-        tree.conflicts
-            .retain(|c| image_at(c.winner).is_none() || image_at(c.winner) != image_at(c.loser));
-        log_tree(&tree, &report.layers, first, started.elapsed());
-        Ok(Some(Scan {
-            tree,
-            layers,
-            report,
+        Changes {
+            unchanged,
             added,
             removed,
             replaced,
-        }))
+        }
+    }
+}
+
+/// Have the layout place an indexed archive and fold it in where it says.
+fn place(
+    layout: &mut dyn Layout,
+    fold: &mut Fold,
+    path: &Path,
+    archive: Arc<Archive>,
+    entries: &mut [Entry],
+    facts: &crate::layout::Facts,
+) {
+    match layout.place(path, entries, facts) {
+        Placement::Fold(places) => fold.archive(path, archive, entries, &places),
+        Placement::Own { .. } => fold.refuse(path, "this layout places packages by name"),
+        Placement::Refused(why) => fold.refuse(path, &why),
+        Placement::Unused(why) => info!("{}: {why}", path.display()),
+    }
+}
+
+/// One layer of an image replacing or whiting out what a lower one has is how the image
+/// is made, not a conflict between packages.
+fn drop_conflicts_within_images(tree: &mut Tree, report: &LoadReport) {
+    let image_of: HashMap<&Path, usize> = report
+        .images
+        .iter()
+        .enumerate()
+        .flat_map(|(i, img)| img.layers.iter().map(move |l| (l.name.as_path(), i)))
+        .collect();
+    if image_of.is_empty() {
+        return;
+    }
+    let image_at = |layer: u32| {
+        report
+            .layers
+            .get(layer as usize)
+            .and_then(|p| image_of.get(p.as_path()))
+    };
+    tree.conflicts
+        .retain(|c| image_at(c.winner).is_none() || image_at(c.winner) != image_at(c.loser));
+}
+
+/// What every lazily indexed package of a scan shares.
+#[derive(Debug)]
+struct LazyContext {
+    owner: Ownership,
+    index_cache: Option<IndexCache>,
+}
+
+/// A package a layout placed by name: opened and indexed when its directory is first
+/// looked into ([`Graft`]).
+#[derive(Debug)]
+struct LazyPackage {
+    cand: Candidate,
+    version: Stamp,
+    inner: Place,
+    extra: Vec<Entry>,
+    cx: Arc<LazyContext>,
+}
+
+impl GraftSource for LazyPackage {
+    fn name(&self) -> &Path {
+        &self.cand.path
+    }
+
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn index(&self) -> Result<(Tree, Vec<Layer>)> {
+        let started = std::time::Instant::now();
+        let cx = OpenContext {
+            index_cache: self.cx.index_cache.as_ref(),
+            ..OpenContext::default()
+        };
+        let Indexed { archive, entries } = self.cand.open(&cx).map_err(|e| match e {
+            OpenError::NotAnArchive => Error::Format("not an archive pkgfs reads".into()),
+            OpenError::Bad(e) => e,
+        })?;
+        let mtime = archive.mtime();
+        let mut b = TreeBuilder::new(self.cx.owner);
+        b.add_layer_at(0, mtime, &entries, &self.inner);
+        let mut layers = vec![Layer {
+            archive: Arc::new(archive),
+            entries: entries.len(),
+        }];
+        if !self.extra.is_empty() {
+            let extra: Vec<Entry> = self
+                .extra
+                .iter()
+                .cloned()
+                .map(|e| Entry { mtime, ..e })
+                .collect();
+            b.add_layer(1, mtime, &extra);
+            layers.push(Layer {
+                entries: extra.len(),
+                archive: crate::layout::own_archive("extra", extra),
+            });
+        }
+        let tree = b.finish();
+        for s in &tree.skipped {
+            warn!(
+                "{}: skipping entry {:?}: {}",
+                self.cand.path.display(),
+                String::from_utf8_lossy(&s.path),
+                s.reason
+            );
+        }
+        info!(
+            "{}: indexed on first use, {} entries in {:.3} s",
+            self.cand.path.display(),
+            entries.len(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok((tree, layers))
     }
 }
 
@@ -858,7 +1236,7 @@ pub fn load(sources: &[PathBuf], opts: &LoadOptions) -> Result<(PkgFs, LoadRepor
         .scan(&HashSet::new())?
         .ok_or_else(|| Error::Format("first scan found nothing to do".into()))?;
     Ok((
-        PkgFs::with_layers(scan.tree, scan.layers, opts.cache_bytes, false),
+        PkgFs::with_grafts(scan.tree, scan.layers, scan.grafts, opts.cache_bytes, false),
         scan.report,
     ))
 }
@@ -900,6 +1278,10 @@ mod tests {
     use std::io::Write;
 
     const OWNER: Ownership = Ownership::defaults(0, 0);
+
+    fn with_no_facts(r: Entries) -> Opened {
+        r.map(|(a, e)| (a, e, crate::layout::Facts::default()))
+    }
 
     fn write_zip(path: &Path, files: &[(String, Vec<u8>)]) {
         let mut w = ::zip::ZipWriter::new(std::fs::File::create(path).unwrap());
@@ -949,7 +1331,7 @@ mod tests {
         let jobs: Vec<Job> = cands.iter().map(Job::Open).collect();
         for window in [1, 2, 5, 64] {
             let shared = StreamState::new(jobs.len(), window);
-            let work = |job: &Job| index_job(job, &OpenContext::default());
+            let work = |job: &Job| with_no_facts(index_job(job, &OpenContext::default()));
             let got: Vec<Opened> = std::thread::scope(|s| {
                 let mut stream = IndexStream::start(s, &shared, &jobs, 4, &work);
                 std::iter::from_fn(|| stream.next()).collect()
@@ -957,7 +1339,7 @@ mod tests {
             assert_eq!(got.len(), paths.len(), "window {window}");
             for (i, r) in got.iter().enumerate() {
                 match r {
-                    Ok((a, entries)) => {
+                    Ok((a, entries, _)) => {
                         assert_eq!(a.path, paths[i], "window {window}");
                         assert_eq!(entries.len(), i % 5 + 1, "window {window}");
                     }
@@ -974,7 +1356,7 @@ mod tests {
         let cands = candidates(&paths);
         let jobs: Vec<Job> = cands.iter().map(Job::Open).collect();
         let shared = StreamState::new(jobs.len(), 2);
-        let work = |job: &Job| index_job(job, &OpenContext::default());
+        let work = |job: &Job| with_no_facts(index_job(job, &OpenContext::default()));
         // The scope joins the workers: it returns only if they stop.
         std::thread::scope(|s| {
             let mut stream = IndexStream::start(s, &shared, &jobs, 3, &work);
@@ -1000,7 +1382,7 @@ mod tests {
             {
                 panic!("injected");
             }
-            index_job(job, &OpenContext::default())
+            with_no_facts(index_job(job, &OpenContext::default()))
         };
         let got: Vec<Opened> = std::thread::scope(|s| {
             let mut stream = IndexStream::start(s, &shared, &jobs, 2, &work);
@@ -1041,6 +1423,7 @@ mod tests {
             platform: None,
             remote: Default::default(),
             progress: None,
+            layout: Default::default(),
         };
         let mut pk = Packages::new(vec![d.to_path_buf()], opts);
         let none = HashSet::new();

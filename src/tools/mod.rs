@@ -51,6 +51,8 @@ pub struct Merge {
     pub whiteouts: bool,
     /// The platform to take from a multi-platform image.
     pub platform: Option<crate::source::image::Platform>,
+    /// Where each package goes.
+    pub layout: crate::layout::Config,
 }
 
 fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolError> {
@@ -67,6 +69,7 @@ fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolE
         progress: Some(source::Progress(std::sync::Arc::new(
             crate::progress::IndexBars::default(),
         ))),
+        layout: merge.layout.clone(),
     };
     Ok(source::load(sources, &opts)?)
 }

@@ -200,6 +200,36 @@ pub struct Skipped {
     pub reason: String,
 }
 
+/// Where a layer's entries go (see [`TreeBuilder::add_layer_at`]): the first `strip`
+/// components of each stored path are dropped, as tar's `--strip-components` drops them
+/// (an entry with no more components than that is left out), then `prefix` is put in
+/// front. The default places every entry where its archive says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Place {
+    /// Leading components dropped.
+    pub strip: usize,
+    /// Components put in front (plain names, checked by whoever made them).
+    pub prefix: Vec<Vec<u8>>,
+}
+
+impl Place {
+    /// The components of `comps` placed, into `out` (cleared first); `false` when the
+    /// entry is left out (no more components than `strip`).
+    fn apply<'a>(&'a self, comps: &[&'a [u8]], out: &mut Vec<&'a [u8]>) -> bool {
+        out.clear();
+        if comps.len() <= self.strip {
+            return false;
+        }
+        out.extend(self.prefix.iter().map(Vec::as_slice));
+        out.extend_from_slice(&comps[self.strip..]);
+        true
+    }
+
+    fn is_identity(&self) -> bool {
+        self.strip == 0 && self.prefix.is_empty()
+    }
+}
+
 /// The immutable merged tree.
 #[derive(Debug)]
 pub struct Tree {
@@ -216,9 +246,26 @@ pub struct Tree {
     extras: HashMap<u64, Box<Extra>>,
     /// Whether any node has extended attributes.
     pub has_xattrs: bool,
+    /// Directories whose contents are a package of their own, indexed on first use
+    /// (see [`view::Graft`]): node → graft number.
+    grafts: HashMap<u64, u32>,
 }
 
 impl Tree {
+    /// The graft number of directory node `ino`, if its contents are a package indexed
+    /// on first use ([`TreeBuilder::add_graft`]).
+    pub fn graft(&self, ino: u64) -> Option<u32> {
+        if self.grafts.is_empty() {
+            return None;
+        }
+        self.grafts.get(&ino).copied()
+    }
+
+    /// The nodes that are grafts, with their graft numbers.
+    pub fn grafts(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.grafts.iter().map(|(&n, &g)| (n, g))
+    }
+
     /// The device number and extended attributes of node `ino` (after hard links are
     /// followed: see [`Tree::canonical`]).
     pub fn extra(&self, ino: u64) -> Option<&Extra> {
@@ -423,6 +470,8 @@ pub struct TreeBuilder {
     last_parent: Option<(Vec<u8>, usize)>,
     /// Whether `.wh.` entries are whiteouts.
     whiteouts: bool,
+    /// Graft directories: building node → graft number.
+    grafts: HashMap<usize, u32>,
 }
 
 impl TreeBuilder {
@@ -451,6 +500,7 @@ impl TreeBuilder {
             groups: 0,
             last_parent: None,
             whiteouts: false,
+            grafts: HashMap::new(),
         }
     }
 
@@ -481,16 +531,29 @@ impl TreeBuilder {
     /// Apply one layer: the entries of archive number `archive`, whose file has
     /// modification time `archive_mtime` (used for implied directories).
     pub fn add_layer(&mut self, archive: u32, archive_mtime: i64, entries: &[Entry]) {
+        self.add_layer_at(archive, archive_mtime, entries, &Place::default());
+    }
+
+    /// [`TreeBuilder::add_layer`] with every path placed by `place` (a layout's
+    /// `--strip-components`, a package's own directory).
+    pub fn add_layer_at(
+        &mut self,
+        archive: u32,
+        archive_mtime: i64,
+        entries: &[Entry],
+        place: &Place,
+    ) {
         let root = &mut self.nodes[0];
         root.mtime = root.mtime.max(archive_mtime);
         if self.whiteouts {
-            self.apply_whiteouts(archive, entries);
+            self.apply_whiteouts(archive, entries, place);
         }
         // Walks of this layer update implied directories' times: none carries over.
         self.last_parent = None;
-        let mut comps = Vec::new();
+        let mut raw = Vec::new();
+        let mut placed = Vec::new();
         for entry in entries {
-            match path::components_into(&entry.path, &mut comps) {
+            match path::components_into(&entry.path, &mut raw) {
                 Ok(()) => {}
                 // "./" or "/" as a directory entry names the root: nothing to add.
                 Err(PathError::Empty) if entry.kind == EntryKind::Dir => continue,
@@ -498,6 +561,13 @@ impl TreeBuilder {
                     self.skip(archive, entry, e.to_string());
                     continue;
                 }
+            };
+            let comps: &[&[u8]] = if place.is_identity() {
+                &raw
+            } else if place.apply(&raw, &mut placed) {
+                &placed
+            } else {
+                continue;
             };
             if self.whiteouts
                 && let Some((last, parents)) = comps.split_last()
@@ -517,7 +587,7 @@ impl TreeBuilder {
                 EntryKind::Fifo => Kind::Fifo,
                 EntryKind::Socket => Kind::Socket,
                 EntryKind::HardLink => {
-                    self.hard_link(archive, archive_mtime, &comps, entry);
+                    self.hard_link(archive, archive_mtime, comps, entry, place);
                     continue;
                 }
                 EntryKind::Special => {
@@ -529,17 +599,41 @@ impl TreeBuilder {
                     continue;
                 }
             };
-            self.insert(archive, archive_mtime, &comps, kind, entry);
+            self.insert(archive, archive_mtime, comps, kind, entry);
         }
+    }
+
+    /// A directory at `comps` (made with its parents; none may be there yet) whose
+    /// contents are graft number `graft`: a package indexed on first use. Its attributes
+    /// are the ones given, whatever the package holds. `false` if the path is taken.
+    pub fn add_graft(&mut self, comps: &[&[u8]], graft: u32, archive: u32, mtime: i64) -> bool {
+        let Some((last, parents)) = comps.split_last() else {
+            return false;
+        };
+        let root = &mut self.nodes[0];
+        root.mtime = root.mtime.max(mtime);
+        self.last_parent = None;
+        let dir = self.walk(archive, mtime, parents);
+        if self.child(dir, last).is_some() {
+            return false;
+        }
+        let mut node = self.implied_dir(archive, mtime);
+        node.explicit = true;
+        let idx = self.push_child(dir, last.to_vec(), node);
+        self.grafts.insert(idx, graft);
+        true
     }
 
     /// Remove what the layer's whiteouts hide from the layers below, before any of the
     /// layer's own entries is added (so none of those is hidden, whatever the order).
     /// Each removal is recorded as a conflict lost by the layer below.
-    fn apply_whiteouts(&mut self, archive: u32, entries: &[Entry]) {
+    fn apply_whiteouts(&mut self, archive: u32, entries: &[Entry], place: &Place) {
+        let mut raw = Vec::new();
         let mut comps = Vec::new();
         for entry in entries {
-            if path::components_into(&entry.path, &mut comps).is_err() {
+            if path::components_into(&entry.path, &mut raw).is_err()
+                || !place.apply(&raw, &mut comps)
+            {
                 continue;
             }
             let Some((last, parents)) = comps.split_last() else {
@@ -595,9 +689,21 @@ impl TreeBuilder {
 
     /// A hard link: a new name for an earlier entry's inode. Its target must already be
     /// in the tree (tar writes the target first) and must not be a directory.
-    fn hard_link(&mut self, archive: u32, archive_mtime: i64, comps: &[&[u8]], entry: &Entry) {
+    fn hard_link(
+        &mut self,
+        archive: u32,
+        archive_mtime: i64,
+        comps: &[&[u8]],
+        entry: &Entry,
+        place: &Place,
+    ) {
+        let mut placed = Vec::new();
         let target = path::components(&entry.link).ok().and_then(|t| {
-            t.iter()
+            if !place.apply(&t, &mut placed) {
+                return None;
+            }
+            placed
+                .iter()
                 .try_fold(0usize, |dir, c| self.child(dir, c))
                 .filter(|&i| self.nodes[i].kind != Kind::Dir && i != 0)
         });
@@ -840,8 +946,10 @@ impl TreeBuilder {
             mut dirs,
             conflicts,
             skipped,
+            grafts: graft_nodes,
             ..
         } = self;
+        let mut grafts = HashMap::new();
         let mut out: Vec<Node> = Vec::with_capacity(nodes.len());
         let mut names = Vec::new();
         let mut members = Vec::new();
@@ -879,6 +987,11 @@ impl TreeBuilder {
             }
             if let Some(x) = b.extra.take() {
                 extras.insert(ino, x);
+            }
+            if !graft_nodes.is_empty()
+                && let Some(&g) = graft_nodes.get(&bi)
+            {
+                grafts.insert(ino, g);
             }
             let (a, count, nlink) = match (b.kind, b.member.take()) {
                 (Kind::Dir, _) => (first_child, count, 0),
@@ -948,6 +1061,7 @@ impl TreeBuilder {
             total_bytes,
             extras,
             has_xattrs,
+            grafts,
         }
     }
 }

@@ -19,14 +19,24 @@
 //!   file* (the same open archive object, not just the same path) at the same place in
 //!   it, with the same attributes. A package replaced by a new version gets new inodes
 //!   for all its files: without reading data pkgfs cannot prove a member's bytes equal.
+//! - a [`Graft`] directory (a package of a layout that gives each package a directory,
+//!   indexed on first use) stays the same inode only while it is the same graft: a
+//!   package replaced at that path is a new directory.
+//!
+//! A graft's contents are a generation of their own ([`View`] with graft numbering):
+//! made once, the first time the directory is looked into, from the package alone. Its
+//! root is the graft directory's inode; its other nodes take a range of fresh inode
+//! numbers, so the top generation never changes when a package is indexed.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Arc;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, OnceLock};
 
+use crate::error::Error;
 use crate::format::Archive;
-use crate::tree::{Kind, Node, ROOT_INO, Tree};
+use crate::tree::{Kind, Node, Ownership, ROOT_INO, Tree, TreeBuilder};
 
 /// A fast hasher for inode numbers (they are already well spread, and not chosen by an
 /// attacker).
@@ -79,11 +89,101 @@ pub struct MemberState {
     pub known: AtomicBool,
 }
 
+/// How a graft's package is indexed: what a layout hands the tree for each package
+/// placed by name alone.
+pub trait GraftSource: Send + Sync + std::fmt::Debug {
+    /// The package (its path or URL), for messages and status.
+    fn name(&self) -> &Path;
+    /// The version of its bytes when it was listed: a rescan keeps a graft whose
+    /// package still has this version.
+    fn version(&self) -> &str;
+    /// Read the package's index and build its own tree, with its layers.
+    fn index(&self) -> crate::error::Result<(Tree, Vec<Layer>)>;
+}
+
+/// A directory whose contents are one package, indexed the first time it is looked into
+/// and then shared by every reader (and by later generations while the package is
+/// unchanged). A package whose index fails is an empty directory; the error is logged
+/// once and kept for `pkgfs status`.
+#[derive(Debug)]
+pub struct Graft {
+    /// How to index it.
+    pub source: Box<dyn GraftSource>,
+    view: OnceLock<Arc<View>>,
+    error: OnceLock<Error>,
+    /// No longer in the current generation (an activation removed or replaced it).
+    pub retired: AtomicBool,
+}
+
+impl Graft {
+    /// A graft not indexed yet.
+    pub fn new(source: Box<dyn GraftSource>) -> Self {
+        Graft {
+            source,
+            view: OnceLock::new(),
+            error: OnceLock::new(),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// Its generation, if it has been indexed.
+    pub fn indexed(&self) -> Option<&Arc<View>> {
+        self.view.get()
+    }
+
+    /// Why its index failed, if it did.
+    pub fn error(&self) -> Option<&Error> {
+        self.error.get()
+    }
+
+    /// Its generation, indexing it on first use (concurrent callers wait for the one
+    /// that indexes). `root` is the graft directory's inode, `parent` its parent's;
+    /// `made` hears of a generation made here (to find its inodes later).
+    pub fn enter(
+        &self,
+        root: u64,
+        parent: u64,
+        next_ino: &AtomicU64,
+        made: impl FnOnce(&Arc<View>),
+    ) -> &Arc<View> {
+        let mut fresh = false;
+        let view = self.view.get_or_init(|| {
+            fresh = true;
+            let indexed =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.source.index()))
+                    .unwrap_or_else(|_| {
+                        Err(Error::Internal(
+                            "indexing panicked (a bug: please report it)".into(),
+                        ))
+                    });
+            let (tree, layers) = indexed.unwrap_or_else(|e| {
+                log::warn!(
+                    "{}: cannot index it, its directory is empty: {e}",
+                    self.source.name().display()
+                );
+                let _ = self.error.set(e);
+                (
+                    TreeBuilder::new(Ownership::defaults(0, 0)).finish(),
+                    Vec::new(),
+                )
+            });
+            Arc::new(View::grafted(tree, layers, root, parent, next_ino))
+        });
+        if fresh {
+            made(view);
+        }
+        view
+    }
+}
+
 /// Local (tree) numbers to global (kernel) inode numbers and back.
 #[derive(Debug)]
 enum Numbering {
     /// Global numbers are the local ones (the first generation).
     Identity,
+    /// A graft's package: its root is the graft directory (`root`, whose parent is
+    /// `parent`), local node `l > 1` is `base + l - 2`.
+    Graft { root: u64, parent: u64, base: u64 },
     /// Anything else.
     Mapped {
         to_global: Vec<u64>,
@@ -102,6 +202,8 @@ pub struct View {
     pub layers: Vec<Layer>,
     members: Vec<MemberState>,
     numbering: Numbering,
+    /// The grafts of this generation (`Tree::graft` numbers index this).
+    pub grafts: Vec<Arc<Graft>>,
 }
 
 impl View {
@@ -116,6 +218,55 @@ impl View {
             layers,
             members,
             numbering: Numbering::Identity,
+            grafts: Vec::new(),
+        }
+    }
+
+    /// The same generation with `grafts` (the trees' graft numbers index them).
+    pub fn with_grafts(mut self, grafts: Vec<Arc<Graft>>) -> Self {
+        self.grafts = grafts;
+        self
+    }
+
+    /// A graft's generation: its root is inode `root` (child of `parent`), the rest
+    /// take fresh numbers from `next_ino`.
+    fn grafted(
+        tree: Tree,
+        layers: Vec<Layer>,
+        root: u64,
+        parent: u64,
+        next_ino: &AtomicU64,
+    ) -> Self {
+        let extra = tree.len().saturating_sub(1) as u64;
+        let base = next_ino.fetch_add(extra, std::sync::atomic::Ordering::Relaxed);
+        let mut v = View::first(tree, layers);
+        v.numbering = Numbering::Graft { root, parent, base };
+        v
+    }
+
+    /// The inodes this generation numbers beyond its root, if it is a graft's: `base..end`.
+    pub fn graft_range(&self) -> Option<std::ops::Range<u64>> {
+        match self.numbering {
+            Numbering::Graft { base, .. } => {
+                Some(base..base + self.tree.len().saturating_sub(1) as u64)
+            }
+            _ => None,
+        }
+    }
+
+    /// The graft of local node `local`, if it is a graft directory.
+    pub fn graft_at(&self, local: u64) -> Option<&Arc<Graft>> {
+        self.tree
+            .graft(local)
+            .and_then(|g| self.grafts.get(g as usize))
+    }
+
+    /// The global inode of the parent of local node `local` (a graft's root has its
+    /// parent in the generation above).
+    pub fn parent_of(&self, local: u64, node: &Node) -> u64 {
+        match self.numbering {
+            Numbering::Graft { parent, .. } if local == ROOT_INO => parent,
+            _ => self.global(node.parent),
         }
     }
 
@@ -124,6 +275,11 @@ impl View {
         let local = self.tree.canonical(local);
         match &self.numbering {
             Numbering::Identity => local,
+            Numbering::Graft { root, base, .. } => match local {
+                0 => 0,
+                1 => *root,
+                l => base + l - 2,
+            },
             Numbering::Mapped { to_global, .. } => local
                 .checked_sub(1)
                 .and_then(|i| to_global.get(i as usize))
@@ -136,6 +292,14 @@ impl View {
     pub fn local(&self, ino: u64) -> Option<u64> {
         match &self.numbering {
             Numbering::Identity => self.tree.node(ino).map(|_| ino),
+            Numbering::Graft { root, base, .. } => {
+                if ino == *root {
+                    Some(ROOT_INO)
+                } else {
+                    let l = ino.checked_sub(*base)? + 2;
+                    self.tree.node(l).map(|_| l)
+                }
+            }
             Numbering::Mapped { to_local, .. } => to_local.get(&ino).copied(),
         }
     }
@@ -233,6 +397,7 @@ pub fn carry_over(
     old: &View,
     tree: Tree,
     layers: Vec<Layer>,
+    grafts: Vec<Arc<Graft>>,
     generation: u64,
     next_ino: &AtomicU64,
 ) -> (View, Vec<Invalidation>) {
@@ -246,6 +411,7 @@ pub fn carry_over(
         layers,
         members,
         numbering: Numbering::Identity,
+        grafts,
     };
     let len = view.tree.len();
     let mut to_global = vec![0u64; len];
@@ -293,10 +459,17 @@ pub fn carry_over(
                         break;
                     };
                     let old_ino = old.global(oi);
+                    let same_graft = match (old.graft_at(oi), view.graft_at(ni)) {
+                        (None, None) => true,
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        _ => false,
+                    };
                     match (o.kind, n.kind) {
-                        (Kind::Dir, Kind::Dir) => {
+                        (Kind::Dir, Kind::Dir) if same_graft => {
                             to_global[ni as usize - 1] = old_ino;
-                            stack.push((oi, ni));
+                            if old.graft_at(oi).is_none() {
+                                stack.push((oi, ni));
+                            }
                         }
                         (Kind::Dir, _) | (_, Kind::Dir) => {
                             delete_entry(old, dir_ino, oi, o, &mut inval);
@@ -428,7 +601,7 @@ mod tests {
         // Remove b (the winner of bin/x), add c.
         let lc = (c.clone(), vec![file("share/c", 1)]);
         let (t, l) = build(&[la, lc]);
-        let (new, inval) = carry_over(&old, t, l, 1, &next);
+        let (new, inval) = carry_over(&old, t, l, Vec::new(), 1, &next);
         assert_eq!(ino(&new, "lib"), ino(&old, "lib"));
         assert_eq!(ino(&new, "lib/a.py"), ino(&old, "lib/a.py"));
         assert_ne!(
@@ -475,7 +648,7 @@ mod tests {
         let old = View::first(t, l);
         let next = AtomicU64::new(100);
         let (t, l) = build(&[la]);
-        let (new, inval) = carry_over(&old, t, l, 1, &next);
+        let (new, inval) = carry_over(&old, t, l, Vec::new(), 1, &next);
         assert!(inval.is_empty(), "{inval:?}");
         assert_eq!(ino(&new, "d/e/f"), ino(&old, "d/e/f"));
         assert_eq!(next.load(std::sync::atomic::Ordering::Relaxed), 100);
@@ -489,7 +662,7 @@ mod tests {
         let old = View::first(t, l);
         let next = AtomicU64::new(10);
         let (t, l) = build(&[lb]);
-        let (new, inval) = carry_over(&old, t, l, 1, &next);
+        let (new, inval) = carry_over(&old, t, l, Vec::new(), 1, &next);
         assert_eq!(ino(&new, "m"), 10);
         assert!(inval.contains(&Invalidation::Delete {
             parent: ROOT_INO,
@@ -507,7 +680,7 @@ mod tests {
         let old = View::first(t, l);
         let next = AtomicU64::new(100);
         let (t, l) = build(&[la]);
-        let (_, inval) = carry_over(&old, t, l, 1, &next);
+        let (_, inval) = carry_over(&old, t, l, Vec::new(), 1, &next);
         let names: Vec<String> = inval
             .iter()
             .filter_map(|i| match i {

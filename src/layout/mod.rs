@@ -1,0 +1,316 @@
+//! Layouts: where each package goes in the mount.
+//!
+//! A layout is chosen per mount (`--layout`). `merge` folds every archive into one tree
+//! (the rule of docs/SEMANTICS.md, "Merging"); the others give each package a directory
+//! of its own, as the build tool that reads them expects it:
+//!
+//! - [`each`]: a directory per archive, named after its file (`http-1.2.0.tar.gz` →
+//!   `http-1.2.0/`): a pub cache, a vendor directory of loose tarballs;
+//! - [`npm`]: `node_modules` as npm writes it, from the packages' own `package.json`
+//!   and, with a lockfile, exactly where `npm ci` puts each package;
+//! - [`cargo`]: cargo's `registry/src/INDEX/`, each `.crate` at `NAME-VERSION/` with the
+//!   marker cargo writes after unpacking.
+//!
+//! A layout sees packages, never files of a mount: the scan (`crate::source`) asks it
+//! where each package goes ([`Placement`]) and folds the entries there with
+//! [`crate::tree::Place`]. Layouts that can name a package's directory from its file name
+//! alone (`each`, `cargo`) let it be indexed lazily: the directory is a graft
+//! ([`crate::tree::view::Graft`]) whose index is read when it is first looked into. A
+//! layout that needs the package's contents to place it (`npm` reads `package.json` and
+//! checks the lockfile's integrity) places it once it is indexed.
+//!
+//! Adding a layout: a module here with a type implementing [`Layout`], a [`Kind`]
+//! variant and its line in [`Kind::start`].
+
+pub mod cargo;
+pub mod each;
+pub mod npm;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::format::{Archive, Entry, EntryKind, Loc};
+use crate::tree::Place;
+
+/// The layouts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Every archive folded into one tree.
+    #[default]
+    Merge,
+    /// A directory per archive, named after its file.
+    Each,
+    /// npm's `node_modules`.
+    Npm,
+    /// cargo's `registry/src/INDEX/`.
+    Cargo,
+}
+
+impl Kind {
+    /// Every layout, in the order `--help` lists them.
+    pub const ALL: [Kind; 4] = [Kind::Merge, Kind::Each, Kind::Npm, Kind::Cargo];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Merge => "merge",
+            Kind::Each => "each",
+            Kind::Npm => "npm",
+            Kind::Cargo => "cargo",
+        }
+    }
+
+    /// The layout of this name.
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// The rules of one scan (a layout may keep state while it places packages: names
+    /// taken, the lockfile's packages found).
+    pub fn start(self, cfg: &Config) -> Result<Box<dyn Layout>> {
+        Ok(match self {
+            Kind::Merge => Box::new(Merge { strip: cfg.strip }),
+            Kind::Each => Box::new(each::Each::new(cfg.strip)),
+            Kind::Npm => Box::new(npm::Npm::new(cfg)?),
+            Kind::Cargo => Box::new(cargo::Cargo::default()),
+        })
+    }
+}
+
+/// A mount's layout and its settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Which layout.
+    pub kind: Kind,
+    /// Leading path components dropped from every entry (`merge` and `each`).
+    pub strip: usize,
+    /// npm: the `package-lock.json` the mount follows.
+    pub lockfile: Option<PathBuf>,
+    /// npm: mount even if packages of the lockfile are missing from the sources.
+    pub allow_missing: bool,
+}
+
+/// Where one package goes.
+#[derive(Debug)]
+pub enum Placement {
+    /// Its entries, folded into the mount at each place (merge: the root; npm: every
+    /// path the lockfile installs it at).
+    Fold(Vec<Place>),
+    /// A directory of its own at `dir` (components), indexed on first use; inside it,
+    /// the entries placed by `inner`, and `extra` entries of the layout's own.
+    Own {
+        /// The directory.
+        dir: Vec<Vec<u8>>,
+        /// Where the package's entries go inside it.
+        inner: Place,
+        /// Entries the layout adds inside it (cargo's `.cargo-ok`).
+        extra: Vec<Entry>,
+    },
+    /// Not mounted, and why: a warning naming the package.
+    Refused(String),
+    /// Not mounted because the layout has no use for it (not in the lockfile): logged
+    /// at `info`, no warning.
+    Unused(String),
+}
+
+/// What a layout learns of a package on the indexing thread, before it is placed.
+#[derive(Debug, Default, Clone)]
+pub struct Facts {
+    /// npm: the bytes of the package's `package.json`.
+    pub manifest: Option<Vec<u8>>,
+    /// npm with a lockfile: digests of the archive's bytes as `(algorithm, digest)`
+    /// (`sha512`, `sha1`).
+    pub digests: Vec<(&'static str, Vec<u8>)>,
+}
+
+/// Finds out what a layout needs to know of an indexed package ([`Facts`]).
+pub trait Inspect: Sync {
+    /// The facts of `archive`, whose index is `entries`.
+    fn inspect(&self, archive: &Archive, entries: &[Entry]) -> Result<Facts>;
+}
+
+/// Layouts that need no facts.
+struct NoFacts;
+
+impl Inspect for NoFacts {
+    fn inspect(&self, _: &Archive, _: &[Entry]) -> Result<Facts> {
+        Ok(Facts::default())
+    }
+}
+
+/// One layout's rules, for one scan.
+pub trait Layout: Send + Sync {
+    /// Packages are placed by their names alone, each in a directory of its own that is
+    /// indexed on first use ([`Layout::place_name`]); otherwise each is indexed first
+    /// and placed by [`Layout::place`].
+    fn by_name(&self) -> bool {
+        false
+    }
+
+    /// Whether a file of a directory source is a package, by its name alone (a layout
+    /// placing by name cannot open files to find out).
+    fn takes(&self, _file_name: &[u8]) -> bool {
+        true
+    }
+
+    /// Where the package named `name` goes, by name ([`Layout::by_name`] layouts).
+    fn place_name(&mut self, name: &Path) -> Placement {
+        Placement::Refused(format!(
+            "{}: this layout places packages once indexed",
+            name.display()
+        ))
+    }
+
+    /// What finds out, on the indexing threads (so in parallel), what the layout needs
+    /// to know of each indexed package before it places it.
+    fn inspector(&self) -> Box<dyn Inspect> {
+        Box::new(NoFacts)
+    }
+
+    /// Where the indexed package `name` goes; it may adjust the entries (npm makes
+    /// `bin` targets executable).
+    fn place(&mut self, name: &Path, entries: &mut [Entry], facts: &Facts) -> Placement;
+
+    /// Once every package is placed: entries of the layout's own at the mount's root
+    /// (npm's `.bin` links), or why the mount cannot be made (a lockfile's package that
+    /// no source holds).
+    fn finish(&mut self) -> Result<Vec<Entry>> {
+        Ok(Vec::new())
+    }
+}
+
+/// `merge`: every archive at the root.
+struct Merge {
+    strip: usize,
+}
+
+impl Layout for Merge {
+    fn place(&mut self, _: &Path, _: &mut [Entry], _: &Facts) -> Placement {
+        Placement::Fold(vec![Place {
+            strip: self.strip,
+            prefix: Vec::new(),
+        }])
+    }
+}
+
+/// A plain path component: not empty, `.`, `..`, no `/`, `\`, NUL, at most 255 bytes.
+pub fn plain_component(c: &[u8]) -> bool {
+    !c.is_empty()
+        && c != b"."
+        && c != b".."
+        && c.len() <= crate::tree::path::NAME_MAX
+        && !c.iter().any(|&b| b == b'/' || b == b'\\' || b == 0)
+}
+
+/// The last component of a package's name (a path, or an object's key).
+pub fn file_name(name: &Path) -> &[u8] {
+    let b = name.as_os_str().as_encoded_bytes();
+    b.rsplit(|&c| c == b'/').next().unwrap_or(b)
+}
+
+/// A file entry of a layout's own, with its bytes.
+pub fn inline_file(path: &[u8], data: &[u8], perm: u16, mtime: i64) -> Entry {
+    Entry {
+        path: path.to_vec(),
+        kind: EntryKind::File,
+        perm,
+        mtime,
+        uid: None,
+        gid: None,
+        size: data.len() as u64,
+        data: Loc::Inline(data.into()),
+        link: Vec::new(),
+        rdev: 0,
+        xattrs: Vec::new(),
+    }
+}
+
+/// A symlink of a layout's own.
+pub fn symlink(path: &[u8], target: &[u8], mtime: i64) -> Entry {
+    Entry {
+        path: path.to_vec(),
+        kind: EntryKind::Symlink,
+        perm: 0o777,
+        mtime,
+        uid: None,
+        gid: None,
+        size: target.len() as u64,
+        data: Loc::None,
+        link: target.to_vec(),
+        rdev: 0,
+        xattrs: Vec::new(),
+    }
+}
+
+/// The archive that serves a layout's own entries (their bytes are in the entries).
+pub fn own_archive(name: &str, entries: Vec<Entry>) -> Arc<Archive> {
+    let blob: Arc<dyn crate::io::blob::Blob> = Arc::new(crate::io::blob::Bytes::new(
+        format!("(layout: {name})"),
+        Vec::new(),
+    ));
+    Arc::new(Archive::new(
+        blob,
+        Box::new(Own { entries }),
+        crate::format::IndexOrigin::Archive,
+    ))
+}
+
+/// The package of a layout's own entries: every byte is in its index.
+#[derive(Debug)]
+struct Own {
+    entries: Vec<Entry>,
+}
+
+impl crate::format::Package for Own {
+    fn format(&self) -> &'static str {
+        "layout"
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn entries(
+        &self,
+        _: &Arc<dyn crate::io::blob::Blob>,
+        _: &crate::format::OpenContext,
+    ) -> Result<Vec<Entry>> {
+        Ok(self.entries.clone())
+    }
+    fn read(
+        &self,
+        _: &crate::format::Reading<'_>,
+        _: u64,
+        _: u64,
+        _: crate::io::Span,
+    ) -> Result<crate::io::ReadData> {
+        Err(Error::Internal("a layout's entry without its bytes".into()))
+    }
+    fn extent(&self, _: &crate::format::Reading<'_>) -> Option<(u64, u64)> {
+        None
+    }
+    fn delivered(&self, _: &crate::format::Reading<'_>, _: u64, _: u64) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_components_refuse_what_could_escape() {
+        for bad in [&b""[..], b".", b"..", b"a/b", b"a\\b", b"a\0"] {
+            assert!(!plain_component(bad), "{bad:?}");
+        }
+        assert!(plain_component(b"@scope"));
+        assert!(plain_component(b"x-1.2.3"));
+        assert!(!plain_component(&[b'a'; 256]));
+    }
+
+    #[test]
+    fn layouts_are_named_as_on_the_command_line() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.name()), Some(k));
+        }
+        assert_eq!(Kind::parse("nope"), None);
+    }
+}
