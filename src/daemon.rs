@@ -300,6 +300,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         sources: cfg.sources.clone(),
         watching: watcher.is_some(),
         whiteouts: cfg.whiteouts,
+        layout: cfg.layout.kind,
         started: SystemTime::now(),
         rings,
         remote: packages.remote_made(),

@@ -42,6 +42,8 @@ pub struct MountInfo {
     pub watching: bool,
     /// Whether `.wh.` entries are whiteouts (`--whiteouts`).
     pub whiteouts: bool,
+    /// Its layout.
+    pub layout: crate::layout::Kind,
     /// When the mount started.
     pub started: SystemTime,
     /// The io_uring transport's state.
@@ -214,6 +216,7 @@ struct Report {
     uptime_s: u64,
     watching: bool,
     whiteouts: bool,
+    layout: LayoutRow,
     sources: Vec<String>,
     images: Vec<ImageRow>,
     generation: u64,
@@ -274,6 +277,18 @@ impl Style {
     }
 }
 
+/// The layout and, for layouts that index packages on first use, how far that went.
+#[derive(Debug, Clone, Serialize)]
+struct LayoutRow {
+    kind: crate::layout::Kind,
+    /// Packages in directories of their own, listed.
+    listed: usize,
+    /// Of those, indexed so far.
+    indexed: usize,
+    /// Of those, whose index failed (empty directories).
+    failed: usize,
+}
+
 /// Gather the report of `fs`.
 fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
     let view = fs.view();
@@ -307,6 +322,15 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         uptime_s: info.started.elapsed().unwrap_or(Duration::ZERO).as_secs(),
         watching: info.watching,
         whiteouts: info.whiteouts,
+        layout: {
+            let (listed, indexed, failed) = fs.graft_counts();
+            LayoutRow {
+                kind: info.layout,
+                listed,
+                indexed,
+                failed,
+            }
+        },
         sources: info
             .sources
             .iter()
@@ -472,6 +496,16 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
         let _ = write!(o, ", {} failed rescans", r.failed_scans);
     }
     o.push('\n');
+    if r.layout.kind != crate::layout::Kind::Merge {
+        let _ = writeln!(
+            o,
+            "layout: {}; {} packages listed, {} indexed, {} failed",
+            r.layout.kind.name(),
+            r.layout.listed,
+            r.layout.indexed,
+            r.layout.failed
+        );
+    }
     let _ = writeln!(
         o,
         "packages: {} active, {} skipped; {} inodes ({} still held from older generations)",
@@ -831,6 +865,7 @@ mod tests {
             sources: Vec::new(),
             watching: false,
             whiteouts: false,
+            layout: Default::default(),
             started: SystemTime::now(),
             rings: Default::default(),
             remote: None,
@@ -951,6 +986,7 @@ mod tests {
             sources: Vec::new(),
             watching: false,
             whiteouts: false,
+            layout: Default::default(),
             started: SystemTime::now(),
             rings: Default::default(),
             remote: None,
