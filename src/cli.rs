@@ -847,95 +847,101 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
         .flat_map(|o| o.split(','))
         .filter(|o| !o.is_empty())
     {
-        let (key, value) = match opt.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (opt, None),
-        };
-        let need = || value.ok_or_else(|| format!("mount option {key} needs a value"));
-        let number = || -> Result<u32, String> {
-            need()?
-                .parse()
-                .map_err(|_| format!("mount option {key} needs a number"))
-        };
-        match key {
-            "allow_other" => cfg.access = Access::All,
-            "allow_root" => cfg.access = Access::RootAndOwner,
-            "noexec" => cfg.noexec = true,
-            "exec" => cfg.noexec = false,
-            "noatime" => cfg.noatime = true,
-            "suid" => cfg.suid = true,
-            "nosuid" => cfg.suid = false,
-            "dev" => cfg.dev = true,
-            "nodev" => cfg.dev = false,
-            "atime" | "relatime" | "strictatime" => cfg.noatime = false,
-            "fsname" => cfg.fsname = need()?.to_string(),
-            "uid" => {
-                cfg.owner.uid = number()?;
-                cfg.owner.force_uid = true;
-            }
-            "gid" => {
-                cfg.owner.gid = number()?;
-                cfg.owner.force_gid = true;
-            }
-            "cache_size" => cfg.cache_bytes = parse_size(need()?)?,
-            "prefetch" => cfg.prefetch_bytes = parse_size(need()?)?,
-            "threads" => cfg.threads = number()? as usize,
-            "log_file" => cfg.log_file = Some(PathBuf::from(need()?)),
-            "foreground" => cfg.foreground = true,
-            "no_watch" | "nowatch" => cfg.watch = false,
-            "watch" => cfg.watch = true,
-            "index_cache" => cfg.index_cache = Some(PathBuf::from(need()?)),
-            "no_index_cache" => cfg.index_cache = None,
-            "whiteouts" => cfg.whiteouts = true,
-            "no_io_uring" => cfg.io_uring = false,
-            "disk_cache" => {
-                let budget = cfg
-                    .remote
-                    .disk_cache
-                    .as_ref()
-                    .map_or(parse_size(DEFAULT_DISK_CACHE)?, |(_, b)| *b);
-                cfg.remote.disk_cache = Some((PathBuf::from(need()?), budget));
-            }
-            "disk_cache_size" => {
-                let budget = parse_size(need()?)?;
-                if let Some((_, b)) = cfg.remote.disk_cache.as_mut() {
-                    *b = budget;
-                }
-            }
-            "no_disk_cache" => cfg.remote.disk_cache = None,
-            "remote_timeout" => cfg.remote.read_timeout = parse_duration(need()?)?,
-            "poll" => cfg.poll = Some(parse_duration(need()?)?),
-            "layout" => {
-                cfg.layout.kind = LayoutKind::parse(need()?)
-                    .ok_or_else(|| format!("unknown layout {:?}", value.unwrap_or("")))?;
-            }
-            "strip_components" => cfg.layout.strip = number()? as usize,
-            "lockfile" => cfg.layout.lockfile = Some(PathBuf::from(need()?)),
-            "allow_missing" => cfg.layout.allow_missing = true,
-            // Always in force, or meaningless for a read-only FUSE mount: accepted so
-            // fstab lines and mount(8) helpers work.
-            "ro"
-            | "rw"
-            | "defaults"
-            | "auto"
-            | "noauto"
-            | "user"
-            | "users"
-            | "nouser"
-            | "nofail"
-            | "_netdev"
-            | "default_permissions"
-            | "async"
-            | "sync" => {}
-            k if k.starts_with("x-") || k.starts_with("comment=") => {}
-            _ => return Err(format!("unknown mount option {opt:?}").into()),
-        }
+        apply_option(&mut cfg, opt)?;
     }
     if cfg.threads == 0 {
         return Err("--threads must be at least 1".into());
     }
     cfg.layout = check_layout(cfg.layout)?;
     Ok(cfg)
+}
+
+/// Apply one `-o` option (`key` or `key=value`) to `cfg`.
+fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> {
+    let (key, value) = match opt.split_once('=') {
+        Some((k, v)) => (k, Some(v)),
+        None => (opt, None),
+    };
+    let need = || value.ok_or_else(|| format!("mount option {key} needs a value"));
+    let number = || -> Result<u32, String> {
+        need()?
+            .parse()
+            .map_err(|_| format!("mount option {key} needs a number"))
+    };
+    match key {
+        "allow_other" => cfg.access = Access::All,
+        "allow_root" => cfg.access = Access::RootAndOwner,
+        "noexec" => cfg.noexec = true,
+        "exec" => cfg.noexec = false,
+        "noatime" => cfg.noatime = true,
+        "suid" => cfg.suid = true,
+        "nosuid" => cfg.suid = false,
+        "dev" => cfg.dev = true,
+        "nodev" => cfg.dev = false,
+        "atime" | "relatime" | "strictatime" => cfg.noatime = false,
+        "fsname" => cfg.fsname = need()?.to_string(),
+        "uid" => {
+            cfg.owner.uid = number()?;
+            cfg.owner.force_uid = true;
+        }
+        "gid" => {
+            cfg.owner.gid = number()?;
+            cfg.owner.force_gid = true;
+        }
+        "cache_size" => cfg.cache_bytes = parse_size(need()?)?,
+        "prefetch" => cfg.prefetch_bytes = parse_size(need()?)?,
+        "threads" => cfg.threads = number()? as usize,
+        "log_file" => cfg.log_file = Some(PathBuf::from(need()?)),
+        "foreground" => cfg.foreground = true,
+        "no_watch" | "nowatch" => cfg.watch = false,
+        "watch" => cfg.watch = true,
+        "index_cache" => cfg.index_cache = Some(PathBuf::from(need()?)),
+        "no_index_cache" => cfg.index_cache = None,
+        "whiteouts" => cfg.whiteouts = true,
+        "no_io_uring" => cfg.io_uring = false,
+        "disk_cache" => {
+            let budget = cfg
+                .remote
+                .disk_cache
+                .as_ref()
+                .map_or(parse_size(DEFAULT_DISK_CACHE)?, |(_, b)| *b);
+            cfg.remote.disk_cache = Some((PathBuf::from(need()?), budget));
+        }
+        "disk_cache_size" => {
+            let budget = parse_size(need()?)?;
+            if let Some((_, b)) = cfg.remote.disk_cache.as_mut() {
+                *b = budget;
+            }
+        }
+        "no_disk_cache" => cfg.remote.disk_cache = None,
+        "remote_timeout" => cfg.remote.read_timeout = parse_duration(need()?)?,
+        "poll" => cfg.poll = Some(parse_duration(need()?)?),
+        "layout" => {
+            cfg.layout.kind = LayoutKind::parse(need()?)
+                .ok_or_else(|| format!("unknown layout {:?}", value.unwrap_or("")))?;
+        }
+        "strip_components" => cfg.layout.strip = number()? as usize,
+        "lockfile" => cfg.layout.lockfile = Some(PathBuf::from(need()?)),
+        "allow_missing" => cfg.layout.allow_missing = true,
+        // Always in force, or meaningless for a read-only FUSE mount: accepted so
+        // fstab lines and mount(8) helpers work.
+        "ro"
+        | "rw"
+        | "defaults"
+        | "auto"
+        | "noauto"
+        | "user"
+        | "users"
+        | "nouser"
+        | "nofail"
+        | "_netdev"
+        | "default_permissions"
+        | "async"
+        | "sync" => {}
+        k if k.starts_with("x-") || k.starts_with("comment=") => {}
+        _ => return Err(format!("unknown mount option {opt:?}").into()),
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -952,4 +952,155 @@ mod tests {
         b.add_layer(0, 0, &entries[..4]);
         assert!(!PkgFs::new(b.finish(), Vec::new(), 0).xattrs_served());
     }
+
+    /// A package of `files` (name, bytes) that counts how often it is indexed.
+    #[derive(Debug)]
+    struct Counted {
+        name: std::path::PathBuf,
+        version: String,
+        files: Vec<(&'static str, &'static str)>,
+        fail: bool,
+        indexed: Arc<AtomicU64>,
+    }
+
+    impl crate::tree::view::GraftSource for Counted {
+        fn name(&self) -> &std::path::Path {
+            &self.name
+        }
+        fn version(&self) -> &str {
+            &self.version
+        }
+        fn index(&self) -> Result<(Tree, Vec<Layer>)> {
+            self.indexed.fetch_add(1, Relaxed);
+            // Readers arriving meanwhile must wait for this one, not index again.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            if self.fail {
+                return Err(Error::Corrupt("a damaged package".into()));
+            }
+            let entries: Vec<Entry> = self
+                .files
+                .iter()
+                .map(|(p, data)| {
+                    crate::layout::inline_file(p.as_bytes(), data.as_bytes(), 0o644, 7)
+                })
+                .collect();
+            let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
+            b.add_layer(0, 7, &entries);
+            let layers = vec![Layer {
+                archive: crate::layout::own_archive("test", entries.clone()),
+                entries: entries.len(),
+            }];
+            Ok((b.finish(), layers))
+        }
+    }
+
+    fn grafted(
+        names: &[&str],
+        fail: &[&str],
+        counter: &Arc<AtomicU64>,
+        live: bool,
+    ) -> (Tree, Vec<Arc<Graft>>) {
+        let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
+        let mut grafts = Vec::new();
+        for (i, n) in names.iter().enumerate() {
+            assert!(b.add_graft(&[n.as_bytes()], i as u32, u32::MAX, 5));
+            grafts.push(Arc::new(Graft::new(Box::new(Counted {
+                name: n.into(),
+                version: format!("{n}-{live}"),
+                files: vec![("lib/a.txt", "alpha"), ("b.txt", "beta")],
+                fail: fail.contains(n),
+                indexed: counter.clone(),
+            }))));
+        }
+        (b.finish(), grafts)
+    }
+
+    #[test]
+    fn a_graft_is_indexed_once_on_first_look_and_its_stat_needs_no_index() {
+        let counter = Arc::new(AtomicU64::new(0));
+        let (tree, grafts) = grafted(&["p1", "p2", "bad"], &["bad"], &counter, false);
+        let fs = Arc::new(PkgFs::with_grafts(tree, Vec::new(), grafts, 1 << 20, true));
+        let p1 = fs.lookup(ROOT, b"p1").unwrap();
+        assert_eq!(p1.kind, Kind::Dir);
+        assert_eq!(p1.mtime, 5);
+        fs.getattr(p1.ino).unwrap();
+        let mut names = Vec::new();
+        fs.readdir(ROOT, 0, true, |e| {
+            names.push(e.name.to_vec());
+            false
+        })
+        .unwrap();
+        assert_eq!(names.len(), 5);
+        assert_eq!(
+            fs.graft_counts(),
+            (3, 0, 0),
+            "nothing indexed by stat and listing"
+        );
+        assert_eq!(counter.load(Relaxed), 0);
+        // Eight first readers at once: one index.
+        let inos: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| fs.lookup(p1.ino, b"b.txt").unwrap().ino))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(inos.windows(2).all(|w| w[0] == w[1]));
+        assert_eq!(counter.load(Relaxed), 1);
+        assert_eq!(fs.graft_counts(), (3, 1, 0));
+        assert_eq!(fs.read(inos[0], 0, 100).unwrap(), b"beta");
+        let lib = fs.lookup(p1.ino, b"lib").unwrap();
+        let a = fs.lookup(lib.ino, b"a.txt").unwrap();
+        assert_eq!(fs.read(a.ino, 0, 100).unwrap(), b"alpha");
+        assert_eq!(fs.lookup(lib.ino, b"..").unwrap().ino, p1.ino);
+        assert_eq!(fs.lookup(p1.ino, b"..").unwrap().ino, ROOT);
+        // Inodes of two packages never meet.
+        let p2 = fs.lookup(ROOT, b"p2").unwrap();
+        let b2 = fs.lookup(p2.ino, b"b.txt").unwrap();
+        assert_ne!(b2.ino, inos[0]);
+        assert_eq!(fs.getattr(inos[0]).unwrap().size, 4);
+        // A package whose index fails is an empty directory, counted.
+        let bad = fs.lookup(ROOT, b"bad").unwrap();
+        let mut n = 0;
+        fs.readdir(bad.ino, 0, false, |_| {
+            n += 1;
+            false
+        })
+        .unwrap();
+        assert_eq!(n, 2, "only . and ..");
+        assert_eq!(fs.graft_counts(), (3, 3, 1));
+    }
+
+    #[test]
+    fn a_replaced_graft_is_a_new_directory_and_held_inodes_stay_served() {
+        let counter = Arc::new(AtomicU64::new(0));
+        let (tree, grafts) = grafted(&["p1", "p2"], &[], &counter, false);
+        let keep = grafts[1].clone();
+        let fs = PkgFs::with_grafts(tree, Vec::new(), grafts, 1 << 20, true);
+        let p1 = fs.lookup(ROOT, b"p1").unwrap();
+        let held = fs.lookup(p1.ino, b"b.txt").unwrap();
+        let p2 = fs.lookup(ROOT, b"p2").unwrap();
+        let p2b = fs.lookup(p2.ino, b"b.txt").unwrap();
+        // p1 replaced by another version, p2 unchanged.
+        let (tree, mut grafts) = grafted(&["p1", "p2"], &[], &counter, true);
+        grafts[1] = keep;
+        let act = fs.activate_with(tree, Vec::new(), grafts);
+        assert!(act.invalidations.iter().any(
+            |i| matches!(i, Invalidation::Delete { name, old, .. } if name == b"p1" && *old == p1.ino)
+        ));
+        let p1_new = fs.lookup(ROOT, b"p1").unwrap();
+        assert_ne!(p1_new.ino, p1.ino, "a replaced package is a new directory");
+        assert_eq!(fs.lookup(ROOT, b"p2").unwrap().ino, p2.ino);
+        assert_eq!(
+            fs.lookup(p2.ino, b"b.txt").unwrap().ino,
+            p2b.ino,
+            "kept, not re-indexed"
+        );
+        // The old version's file the kernel holds is still served.
+        assert_eq!(fs.read(held.ino, 0, 10).unwrap(), b"beta");
+        assert_eq!(fs.retired_count(), 2, "the old p1 and its b.txt");
+        fs.forget(held.ino, 1);
+        fs.forget(p1.ino, 1);
+        assert_eq!(fs.retired_count(), 0);
+        assert!(fs.getattr(held.ino).is_err());
+    }
 }

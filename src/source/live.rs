@@ -227,6 +227,7 @@ mod tests {
             platform: None,
             remote: Default::default(),
             progress: None,
+            layout: Default::default(),
         };
         let mut packages = Packages::new(vec![dir.path().to_path_buf()], opts);
         let scan = packages.scan(&HashSet::new()).unwrap().unwrap();

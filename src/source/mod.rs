@@ -992,23 +992,8 @@ impl Packages {
                         fold.report.ignored.push(cand.path.clone());
                     }
                     Err(e) => {
-                        let e = match e {
-                            OpenError::NotAnArchive => Error::Format(
-                                "not an archive pkgfs reads (ZIP, tar, tar.gz, tar.zst, seekable zstd, zstd:chunked, eStargz)".into(),
-                            ),
-                            OpenError::Bad(e) => e,
-                        };
-                        if cand.layer.is_some() {
-                            // An image without one of its layers is another image: it
-                            // is refused whole.
-                            return Some(e.with_path(&cand.path));
-                        }
-                        warn!("skipping {}: {e}", cand.path.display());
-                        fold.report.skipped.push((cand.path.clone(), e.clone()));
-                        // A remote object that could not be fetched (the network, not
-                        // its bytes) is tried again at the next poll.
-                        if !(cand.blob.is_some() && matches!(e, Error::Io(_))) {
-                            self.bad.insert(cand.path.clone(), (st.clone(), e));
+                        if let Some(e) = failed(&mut self.bad, cand, st, e, fold) {
+                            return Some(e);
                         }
                         still_bad.insert(cand.path.clone());
                     }
@@ -1072,6 +1057,35 @@ impl Packages {
             replaced,
         }
     }
+}
+
+/// A candidate that could not be opened: skipped with a warning and remembered
+/// (until it changes), or, for an image's layer, the error that refuses the image.
+fn failed(
+    bad: &mut HashMap<PathBuf, (Option<Stamp>, Error)>,
+    cand: &Candidate,
+    st: &Option<Stamp>,
+    e: OpenError,
+    fold: &mut Fold,
+) -> Option<Error> {
+    let e = match e {
+        OpenError::NotAnArchive => Error::Format(
+            "not an archive pkgfs reads (ZIP, tar, tar.gz, tar.zst, seekable zstd, zstd:chunked, eStargz)".into(),
+        ),
+        OpenError::Bad(e) => e,
+    };
+    if cand.layer.is_some() {
+        // An image without one of its layers is another image: it is refused whole.
+        return Some(e.with_path(&cand.path));
+    }
+    warn!("skipping {}: {e}", cand.path.display());
+    fold.report.skipped.push((cand.path.clone(), e.clone()));
+    // A remote object that could not be fetched (the network, not its bytes) is
+    // tried again at the next poll.
+    if !(cand.blob.is_some() && matches!(e, Error::Io(_))) {
+        bad.insert(cand.path.clone(), (st.clone(), e));
+    }
+    None
 }
 
 /// Have the layout place an indexed archive and fold it in where it says.

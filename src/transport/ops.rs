@@ -619,6 +619,7 @@ mod tests {
             platform: None,
             remote: Default::default(),
             progress: None,
+            layout: Default::default(),
         };
         let (fs, _) = crate::source::load(&[path], &opts).unwrap();
         (dir, Handler::new(Arc::new(fs), hints))
