@@ -239,7 +239,12 @@ impl View {
     ) -> Self {
         let extra = tree.len().saturating_sub(1) as u64;
         let base = next_ino.fetch_add(extra, std::sync::atomic::Ordering::Relaxed);
+        // A number no generation of the top tree will have: whatever keeps state by
+        // generation (the read-ahead's windows) never takes a graft's nodes for the
+        // top tree's.
+        static GRAFT_GENERATIONS: AtomicU64 = AtomicU64::new(u64::MAX);
         let mut v = View::first(tree, layers);
+        v.generation = GRAFT_GENERATIONS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         v.numbering = Numbering::Graft { root, parent, base };
         v
     }
