@@ -233,10 +233,19 @@ impl PkgFs {
             .clone()
     }
 
-    /// The global inode of a `/`-separated path in the current generation.
+    /// The global inode of a `/`-separated path in the current generation (entering
+    /// grafts on the way, as lookups do).
     pub fn resolve(&self, path: &[u8]) -> Option<u64> {
-        let v = self.view();
-        v.tree.resolve(path).map(|l| v.global(l))
+        let mut ino = crate::tree::ROOT_INO;
+        for comp in path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
+            let (v, l) = self.dir(ino)?;
+            let child = v.tree.lookup(v.tree.node(l)?, comp)?;
+            ino = v.global(child);
+        }
+        Some(ino)
     }
 
     /// The read services (statistics, cache).
@@ -284,7 +293,7 @@ impl PkgFs {
     /// The generation and node whose children directory `ino` lists: for a graft, its
     /// package's own generation (indexed now if it is the first look into it). Current
     /// generation only: a directory no longer there has no children.
-    fn dir(&self, ino: u64) -> Option<(Arc<View>, u64)> {
+    pub(crate) fn dir(&self, ino: u64) -> Option<(Arc<View>, u64)> {
         let v = self.view();
         match v.local(ino) {
             Some(l) => match v.graft_at(l) {

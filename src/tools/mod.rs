@@ -8,11 +8,13 @@ pub mod pack;
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::error::Error;
 use crate::format::{IndexCache, OpenContext};
 use crate::fs::PkgFs;
 use crate::source::{self, LoadOptions, LoadReport, display_archive};
+use crate::tree::view::View;
 use crate::tree::{Kind, Ownership, ROOT_INO};
 
 /// Bytes asked for per read when streaming a whole file.
@@ -91,6 +93,58 @@ fn mode_string(kind: Kind, perm: u16) -> String {
     s
 }
 
+/// Where a node comes from, for `ls` and `check`: its archive as the scan named it
+/// (`report`, for the top generation), a graft's package, or the archive of a graft's
+/// own generation.
+fn origin(top: &Arc<View>, report: &LoadReport, v: &Arc<View>, local: u64) -> String {
+    let Some(node) = v.tree.node(local) else {
+        return String::new();
+    };
+    if let Some(g) = v.graft_at(local) {
+        return g.source.name().display().to_string();
+    }
+    if Arc::ptr_eq(top, v) {
+        return display_archive(&report.layers, node.archive);
+    }
+    v.layers.get(node.archive as usize).map_or_else(
+        || format!("archive #{}", node.archive),
+        |l| l.archive.path.display().to_string(),
+    )
+}
+
+/// Every node under `start` (inode, path), depth first in name order, grafts entered
+/// (indexed) on the way.
+fn walk(
+    fs: &PkgFs,
+    start: u64,
+    start_path: Vec<u8>,
+    mut visit: impl FnMut(u64, &[u8]) -> Result<(), ToolError>,
+) -> Result<(), ToolError> {
+    let mut stack = vec![(start, start_path)];
+    while let Some((ino, path)) = stack.pop() {
+        visit(ino, &path)?;
+        let Some((v, l)) = fs.dir(ino) else { continue };
+        let Some(node) = v.tree.node(l).filter(|n| n.kind == Kind::Dir) else {
+            continue;
+        };
+        let mut kids: Vec<(u64, Vec<u8>)> = v
+            .tree
+            .children(node)
+            .map(|(i, n)| {
+                let mut p = path.clone();
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(v.tree.name(n));
+                (v.global(i), p)
+            })
+            .collect();
+        kids.reverse();
+        stack.extend(kids);
+    }
+    Ok(())
+}
+
 /// `pkgfs ls`: one line per entry under `path`, depth first in name order:
 /// mode, owner, size, mtime, path (with `-> target` for symlinks), and the package.
 pub fn ls(
@@ -100,25 +154,34 @@ pub fn ls(
     out: &mut impl Write,
 ) -> Result<bool, ToolError> {
     let (fs, report) = load(sources, merge)?;
-    // A fixed mount: the tree's own node numbers are the inode numbers.
-    let view = fs.view();
-    let tree = &view.tree;
-    let start = tree
+    let top = fs.view();
+    let start = fs
         .resolve(path)
         .ok_or_else(|| ToolError::NotInTree(String::from_utf8_lossy(path).into_owned()))?;
-    let mut stack = vec![start];
-    let mut w = |s: String| out.write_all(s.as_bytes());
-    while let Some(ino) = stack.pop() {
-        let Some(node) = tree.node(ino) else { continue };
-        if ino != ROOT_INO {
-            let mut name = String::from_utf8_lossy(&tree.path_of(ino)).into_owned();
-            if node.kind == Kind::Symlink {
-                match fs.readlink(ino) {
-                    Ok(t) => name += &format!(" -> {}", String::from_utf8_lossy(&t)),
-                    Err(e) => name += &format!(" -> ({e})"),
-                }
+    let start_path: Vec<u8> = path
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .collect::<Vec<_>>()
+        .join(&b'/');
+    walk(&fs, start, start_path, |ino, p| {
+        if ino == ROOT_INO {
+            return Ok(());
+        }
+        let Ok((v, l)) = fs.find(ino) else {
+            return Ok(());
+        };
+        let Some(node) = v.tree.node(l) else {
+            return Ok(());
+        };
+        let mut name = String::from_utf8_lossy(p).into_owned();
+        if node.kind == Kind::Symlink {
+            match fs.readlink(ino) {
+                Ok(t) => name += &format!(" -> {}", String::from_utf8_lossy(&t)),
+                Err(e) => name += &format!(" -> ({e})"),
             }
-            w(format!(
+        }
+        out.write_all(
+            format!(
                 "{} {:>5} {:>5} {:>12} {:>11} {}\t{}\n",
                 mode_string(node.kind, node.perm),
                 node.uid,
@@ -126,13 +189,12 @@ pub fn ls(
                 node.size,
                 node.mtime,
                 name,
-                display_archive(&report.layers, node.archive)
-            ))?;
-        }
-        let mut kids: Vec<u64> = tree.children(node).map(|(i, _)| i).collect();
-        kids.reverse();
-        stack.extend(kids);
-    }
+                origin(&top, &report, &v, l)
+            )
+            .as_bytes(),
+        )?;
+        Ok(())
+    })?;
     Ok(report.skipped.is_empty())
 }
 
@@ -186,101 +248,143 @@ fn stream(fs: &PkgFs, ino: u64, mut sink: impl FnMut(&[u8]) -> bool) -> Result<u
 }
 
 /// `pkgfs check`: verify everything; prints findings to `out`; `Ok(true)` if clean.
+/// Packages a layout indexes on first use are all indexed (and checked) here.
 pub fn check(sources: &[PathBuf], merge: &Merge, out: &mut impl Write) -> Result<bool, ToolError> {
     let (fs, report) = load(sources, merge)?;
-    // A fixed mount: the tree's own node numbers are the inode numbers.
-    let view = fs.view();
-    let tree = &view.tree;
+    let top = fs.view();
     let mut errors = 0usize;
-    let mut w = |s: String| out.write_all(s.as_bytes());
     for (path, e) in &report.skipped {
         errors += 1;
-        w(format!("error: archive {} skipped: {e}\n", path.display()))?;
+        writeln!(out, "error: archive {} skipped: {e}", path.display())?;
     }
-    for s in &tree.skipped {
-        errors += 1;
-        w(format!(
-            "error: {}: entry {:?} skipped: {}\n",
-            display_archive(&report.layers, s.archive),
-            String::from_utf8_lossy(&s.path),
-            s.reason
-        ))?;
-    }
-    for c in &tree.conflicts {
-        w(format!(
-            "conflict: {}: {} wins over {} ({})\n",
-            String::from_utf8_lossy(&c.path),
-            display_archive(&report.layers, c.winner),
-            display_archive(&report.layers, c.loser),
-            c.reason
-        ))?;
+    let mut files = 0u64;
+    let mut bytes = 0u64;
+    let mut views: Vec<Arc<View>> = vec![top.clone()];
+    walk(&fs, ROOT_INO, Vec::new(), |ino, p| {
+        let Ok((v, l)) = fs.find(ino) else {
+            return Ok(());
+        };
+        let Some(node) = v.tree.node(l) else {
+            return Ok(());
+        };
+        let Some(member) = v.tree.member(node) else {
+            return Ok(());
+        };
+        if !views.iter().any(|x| Arc::ptr_eq(x, &v)) {
+            views.push(v.clone());
+        }
+        files += 1;
+        match check_member(&fs, ino, &v, member) {
+            Ok(n) => bytes += n,
+            Err(e) => {
+                errors += 1;
+                writeln!(
+                    out,
+                    "error: {} (from {}): {e}",
+                    String::from_utf8_lossy(p),
+                    origin(&top, &report, &v, l)
+                )?;
+            }
+        }
+        Ok(())
+    })?;
+    for g in &top.grafts {
+        if let Some(e) = g.error() {
+            errors += 1;
+            writeln!(
+                out,
+                "error: {}: cannot index it: {e}",
+                g.source.name().display()
+            )?;
+        }
     }
     // Checks of whole archives beyond their members (a seekable archive's index must
-    // agree with the tar stream it describes).
+    // agree with the tar stream it describes), entries refused and conflicts, in every
+    // generation the walk went through.
     let cache = IndexCache::default_dir().map(IndexCache::new);
     let cx = OpenContext {
         index_cache: cache.as_ref(),
         ..OpenContext::default()
     };
-    for a in view.layers.iter().map(|l| &l.archive) {
-        let problems = a
-            .package
-            .verify(a, &cx)
-            .unwrap_or_else(|e| vec![e.to_string()]);
-        for p in problems {
-            errors += 1;
-            w(format!("error: {}: {p}\n", a.path.display()))?;
-        }
-    }
-    let mut files = 0u64;
-    let mut bytes = 0u64;
-    for ino in 1..=tree.len() as u64 {
-        let Some(node) = tree.node(ino) else { continue };
-        let Some(member) = tree.member(node) else {
-            continue;
+    let mut conflicts = 0;
+    for v in &views {
+        let name = |i: u32| {
+            if Arc::ptr_eq(v, &top) {
+                display_archive(&report.layers, i)
+            } else {
+                v.layers
+                    .get(i as usize)
+                    .map_or_else(String::new, |l| l.archive.path.display().to_string())
+            }
         };
-        files += 1;
-        let mut crc = crc32fast::Hasher::new();
-        let result = stream(&fs, ino, |c| {
-            crc.update(c);
-            true
-        })
-        .map_err(|e| e.to_string())
-        .and_then(|n| {
-            let sum = crc.clone().finalize();
-            if n != member.size {
-                return Err(format!("read {n} bytes, directory says {}", member.size));
-            }
-            let recorded = view
-                .layers
-                .get(member.archive as usize)
-                .and_then(|l| l.archive.package.crc32(&member.loc));
-            match recorded {
-                Some(crc) if sum != crc => {
-                    Err(format!("CRC-32 {sum:08x}, directory says {crc:08x}"))
-                }
-                // Seekable frames carry zstd checksums, verified as they decode.
-                _ => Ok(n),
-            }
-        });
-        match result {
-            Ok(n) => bytes += n,
-            Err(e) => {
+        for s in &v.tree.skipped {
+            errors += 1;
+            writeln!(
+                out,
+                "error: {}: entry {:?} skipped: {}",
+                name(s.archive),
+                String::from_utf8_lossy(&s.path),
+                s.reason
+            )?;
+        }
+        for c in &v.tree.conflicts {
+            conflicts += 1;
+            writeln!(
+                out,
+                "conflict: {}: {} wins over {} ({})",
+                String::from_utf8_lossy(&c.path),
+                name(c.winner),
+                name(c.loser),
+                c.reason
+            )?;
+        }
+        for a in v.layers.iter().map(|l| &l.archive) {
+            let problems = a
+                .package
+                .verify(a, &cx)
+                .unwrap_or_else(|e| vec![e.to_string()]);
+            for p in problems {
                 errors += 1;
-                w(format!(
-                    "error: {} (from {}): {e}\n",
-                    String::from_utf8_lossy(&tree.path_of(ino)),
-                    display_archive(&report.layers, node.archive)
-                ))?;
+                writeln!(out, "error: {}: {p}", a.path.display())?;
             }
         }
     }
+    let mut w = |s: String| out.write_all(s.as_bytes());
     w(format!(
         "{} archives ({} skipped, {} ignored), {files} files and symlinks, {bytes} bytes verified, {} conflicts, {errors} errors\n",
-        report.layers.len(),
+        report.layers.len() + top.grafts.len(),
         report.skipped.len(),
         report.ignored.len(),
-        tree.conflicts.len(),
+        conflicts,
     ))?;
     Ok(errors == 0)
+}
+
+/// Read a member whole and compare its size and its CRC-32 (where its format records
+/// one) with the index: the bytes read.
+fn check_member(
+    fs: &PkgFs,
+    ino: u64,
+    v: &View,
+    member: &crate::tree::Member,
+) -> Result<u64, String> {
+    let mut crc = crc32fast::Hasher::new();
+    let n = stream(fs, ino, |c| {
+        crc.update(c);
+        true
+    })
+    .map_err(|e| e.to_string())?;
+    let sum = crc.finalize();
+    if n != member.size {
+        return Err(format!("read {n} bytes, directory says {}", member.size));
+    }
+    let recorded = v
+        .layers
+        .get(member.archive as usize)
+        .and_then(|l| l.archive.package.crc32(&member.loc));
+    match recorded {
+        Some(crc) if sum != crc => Err(format!("CRC-32 {sum:08x}, directory says {crc:08x}")),
+        // Seekable frames carry zstd checksums, verified as they decode.
+        _ => Ok(n),
+    }
 }
