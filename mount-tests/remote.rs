@@ -106,6 +106,18 @@ impl Nginx {
         format!("http://127.0.0.1:{}/{path}", self.port)
     }
 
+    /// The files (not index pages) nginx answered GETs for, with the body bytes sent.
+    fn file_gets(&self) -> Vec<(String, u64)> {
+        let log = fs::read_to_string(self.dir.path().join("logs/access.log")).unwrap_or_default();
+        log.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f.len() == 4 && f[0] == "GET" && !f[1].ends_with('/'))
+                    .then(|| (f[1].to_string(), f[3].parse::<u64>().unwrap()))
+            })
+            .collect()
+    }
+
     /// Body bytes nginx sent for GETs of files (not index pages).
     fn file_bytes_sent(&self) -> u64 {
         let log = fs::read_to_string(self.dir.path().join("logs/access.log")).unwrap_or_default();
@@ -328,6 +340,57 @@ fn http_directory_equals_the_local_mount() {
     assert!(
         text.contains("disk cache: ") && text.contains("hit rate"),
         "{text}"
+    );
+}
+
+/// `--layout each` over HTTP: the mount lists the packages from the index page alone
+/// (not one byte of an archive fetched); entering one package fetches that archive's
+/// index and nothing of the others, and its tree equals the local mount's.
+#[test]
+fn layout_each_over_http_fetches_a_package_only_when_it_is_entered() {
+    if !require_tools(&["nginx"]) {
+        return;
+    }
+    let www = www();
+    let local = served_copy("basic", www.path());
+    let nginx = Nginx::start(www.path());
+    let remote = nginx.url("basic/");
+    let each = ["--layout", "each", "--no-index-cache", "--no-disk-cache"];
+    let l = Mount::new(&[&local], &each);
+    let m = Mount::new(&[Path::new(&remote)], &each);
+    let layout = &status_json(&m.path())["layout"];
+    let listed = layout["listed"].as_u64().unwrap();
+    assert!(listed >= 2, "{layout}");
+    assert_eq!(layout["indexed"], 0, "{layout}");
+    let names: Vec<String> = fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len() as u64, listed);
+    for n in &names {
+        assert!(fs::metadata(m.path().join(n)).unwrap().is_dir());
+    }
+    assert_eq!(
+        nginx.file_gets(),
+        Vec::<(String, u64)>::new(),
+        "listing and stat fetch no archive"
+    );
+    let one = &names[0];
+    trees_match(&l.path().join(one), &m.path().join(one), &[]);
+    let gets = nginx.file_gets();
+    assert!(!gets.is_empty());
+    for (uri, _) in &gets {
+        assert!(
+            uri.starts_with(&format!("/basic/{one}.")),
+            "only {one}'s archive is fetched: {gets:?}"
+        );
+    }
+    let layout = &status_json(&m.path())["layout"];
+    assert_eq!(layout["indexed"], 1, "{layout}");
+    trees_match(&l.path(), &m.path(), &[]);
+    assert_eq!(
+        status_json(&m.path())["layout"]["indexed"].as_u64(),
+        Some(listed)
     );
 }
 
