@@ -634,3 +634,67 @@ fn mount_and_umount_through_fstab_as_an_admin_does() {
     run(Command::new("umount").arg(&mp));
     assert!(!mounted(&mp));
 }
+
+/// Live activation with `--layout each`: a package dropped in appears in its own
+/// directory (indexed when entered), a replaced one is a new directory with the new
+/// bytes while a file open in the old one keeps reading its own, a removed one goes.
+#[test]
+fn layout_each_keeps_live_activation() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    install(&pkgs.join("base-1.0.zip"), &[("lib/base", b"base")]);
+    let m = Mount::foreground(&[&pkgs], &["--layout", "each"]);
+    let mp = m.path();
+    assert_eq!(read(&mp.join("base-1.0/lib/base")).unwrap(), b"base");
+
+    let v1: Vec<u8> = (0..2_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    install(
+        &pkgs.join("app.zip"),
+        &[("big.bin", &v1), ("small", b"one")],
+    );
+    within(SECOND, "app appears", || mp.join("app").is_dir());
+    let listed = |mp: &Path| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(mp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listed(&mp), ["app", "base-1.0"]);
+    let app_ino = {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(mp.join("app")).unwrap().ino()
+    };
+    let mut f1 = fs::File::open(mp.join("app/big.bin")).unwrap();
+    let mut head = vec![0u8; 500_000];
+    f1.read_exact(&mut head).unwrap();
+    assert_eq!(head, v1[..500_000]);
+
+    install(&pkgs.join("app.zip"), &[("small", b"two")]);
+    within(SECOND, "app replaced", || {
+        read(&mp.join("app/small")).as_deref() == Some(b"two")
+    });
+    assert!(
+        !mp.join("app/big.bin").exists(),
+        "the new version has no big.bin"
+    );
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert_ne!(fs::metadata(mp.join("app")).unwrap().ino(), app_ino);
+    }
+    let mut rest = Vec::new();
+    f1.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, v1[500_000..], "the open file kept its bytes");
+
+    fs::remove_file(pkgs.join("app.zip")).unwrap();
+    within(SECOND, "app removed", || !mp.join("app").exists());
+    assert_eq!(listed(&mp), ["base-1.0"]);
+    let st = crate::common::status_json(&mp);
+    assert_eq!(st["layout"]["kind"], "each", "{st}");
+    assert_eq!(st["layout"]["listed"], 1, "{st}");
+}
