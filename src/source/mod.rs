@@ -42,24 +42,16 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// Its modification time as listed (0 if unknown).
-    fn mtime(&self) -> i64 {
+    /// The version of its bytes now (None if it is gone), and its modification time.
+    fn stat(&self) -> Option<(Stamp, i64)> {
         match (&self.layer, &self.blob) {
-            (Some(l), _) => l.blob.mtime(),
-            (None, Some(b)) => b.mtime(),
+            (Some(l), _) => Some((l.blob.version().to_string(), l.blob.mtime())),
+            (None, Some(b)) => Some((b.version().to_string(), b.mtime())),
             (None, None) => {
                 use std::os::unix::fs::MetadataExt;
-                std::fs::metadata(&self.path).map_or(0, |m| m.mtime())
+                let m = std::fs::metadata(&self.path).ok()?;
+                Some((crate::io::blob::local_version(&m), m.mtime()))
             }
-        }
-    }
-
-    /// The version of its bytes now (None if it is gone).
-    fn stamp(&self) -> Option<Stamp> {
-        match (&self.layer, &self.blob) {
-            (Some(l), _) => Some(l.blob.version().to_string()),
-            (None, Some(b)) => Some(b.version().to_string()),
-            (None, None) => stamp_of(&self.path),
         }
     }
 
@@ -388,12 +380,6 @@ struct Background {
 /// different stamp.
 pub type Stamp = String;
 
-fn stamp_of(path: &Path) -> Option<Stamp> {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| crate::io::blob::local_version(&m))
-}
-
 fn archive_stamp(a: &Archive) -> Stamp {
     a.blob.version().to_string()
 }
@@ -486,12 +472,16 @@ pub struct Packages {
     listed: HashMap<PathBuf, Listing>,
     /// The grafts of the last scan, by path: kept while their package is unchanged.
     grafts: HashMap<PathBuf, Arc<Graft>>,
+    /// What the layout learnt of each archive of the last scan, by archive key.
+    facts: HashMap<u32, crate::layout::Facts>,
 }
 
 /// What the sources hold now (the first stage of a scan).
 struct Listed {
     candidates: Vec<Candidate>,
     stamps: Vec<Option<Stamp>>,
+    /// Modification times (0 for a candidate gone since it was listed).
+    mtimes: Vec<i64>,
     images: Vec<image::Image>,
 }
 
@@ -600,6 +590,7 @@ impl Packages {
             remote: std::sync::OnceLock::new(),
             listed: HashMap::new(),
             grafts: HashMap::new(),
+            facts: HashMap::new(),
         }
     }
 
@@ -700,7 +691,7 @@ impl Packages {
         }
         let mut fold = Fold::new(&self.opts, std::mem::take(&mut listed.images));
         if layout.by_name() {
-            self.place_by_name(&listed.candidates, &listed.stamps, &mut *layout, &mut fold);
+            self.place_by_name(&listed, &mut *layout, &mut fold);
         } else {
             let (plan, ready) = self.plan(&listed.candidates, &listed.stamps);
             self.index_and_place(&listed, plan, ready, &mut *layout, &mut fold, first)?;
@@ -769,29 +760,35 @@ impl Packages {
             .filter(|c| !busy.contains(&c.path))
             .filter(|c| c.explicit || layout.takes(crate::layout::file_name(&c.path)))
             .collect();
-        let stamps = candidates.iter().map(Candidate::stamp).collect();
+        let (stamps, mtimes) = candidates
+            .iter()
+            .map(|c| match c.stat() {
+                Some((s, t)) => (Some(s), t),
+                None => (None, 0),
+            })
+            .unzip();
         Ok(Listed {
             candidates,
             stamps,
+            mtimes,
             images,
         })
     }
 
     /// Stage 2 (layouts that place by name): a graft for each package, the last scan's
     /// kept where the package is unchanged. Nothing is opened.
-    fn place_by_name(
-        &mut self,
-        candidates: &[Candidate],
-        stamps: &[Option<Stamp>],
-        layout: &mut dyn Layout,
-        fold: &mut Fold,
-    ) {
+    fn place_by_name(&mut self, listed: &Listed, layout: &mut dyn Layout, fold: &mut Fold) {
         let cx = Arc::new(LazyContext {
             owner: self.opts.owner,
             index_cache: self.opts.index_cache.clone(),
         });
         let mut previous = std::mem::take(&mut self.grafts);
-        for (cand, stamp) in candidates.iter().zip(stamps) {
+        for ((cand, stamp), &mtime) in listed
+            .candidates
+            .iter()
+            .zip(&listed.stamps)
+            .zip(&listed.mtimes)
+        {
             let Some(stamp) = stamp else {
                 // Gone since it was listed.
                 continue;
@@ -818,7 +815,7 @@ impl Packages {
                     cx: cx.clone(),
                 }))),
             };
-            if fold.graft(&cand.path, &dir, graft.clone(), cand.mtime()) {
+            if fold.graft(&cand.path, &dir, graft.clone(), mtime) {
                 self.grafts.insert(cand.path.clone(), graft);
             } else {
                 fold.refuse(&cand.path, "its directory is taken");
@@ -920,13 +917,20 @@ impl Packages {
         };
         let streamed = StreamState::new(jobs.len(), INDEX_WINDOW);
         let inspector = layout.inspector();
+        // What the layout learnt of an archive kept from the last scan holds still (npm
+        // hashes every tarball: not again at each rescan).
+        let known = std::mem::take(&mut self.facts);
         let work = |job: &Job| {
             let (archive, entries) = index_job(job, &cx)?;
-            let facts = inspector
-                .inspect(&archive, &entries)
-                .map_err(OpenError::Bad)?;
+            let facts = match known.get(&archive.key) {
+                Some(f) => f.clone(),
+                None => inspector
+                    .inspect(&archive, &entries)
+                    .map_err(OpenError::Bad)?,
+            };
             Ok((archive, entries, facts))
         };
+        let mut learnt = HashMap::new();
         let old: HashMap<PathBuf, Arc<Archive>> = self
             .active
             .iter()
@@ -968,7 +972,15 @@ impl Packages {
                 match result {
                     Ok((archive, mut entries, facts)) => {
                         debug!("{}: {} entries", cand.path.display(), entries.len());
-                        place(layout, fold, &cand.path, archive, &mut entries, &facts);
+                        place(
+                            layout,
+                            fold,
+                            &cand.path,
+                            archive.clone(),
+                            &mut entries,
+                            &facts,
+                        );
+                        learnt.insert(archive.key, facts);
                     }
                     Err(OpenError::Bad(Error::Deferred)) => {
                         deferred.push((cand.clone(), st.clone()));
@@ -1004,6 +1016,7 @@ impl Packages {
         if let Some(e) = failed_layer {
             return Err(e);
         }
+        self.facts = learnt;
         for gone in bad_before.difference(&still_bad) {
             self.bad.remove(gone);
         }
