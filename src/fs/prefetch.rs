@@ -101,8 +101,8 @@ const MAX_DIRS: usize = 4096;
 /// The read-ahead state of one directory.
 #[derive(Debug, Clone)]
 struct Window {
-    /// Generation the local node numbers belong to.
-    generation: u64,
+    /// The generation the local node numbers belong to (the top tree's, or a graft's).
+    view: Arc<View>,
     /// The last miss (local node): a miss from here to `cursor` is sequential.
     start: u64,
     /// The next file to consider (local node).
@@ -248,7 +248,7 @@ impl Prefetcher {
     fn open_window(
         &mut self,
         dir: u64,
-        generation: u64,
+        view: &Arc<View>,
         start: u64,
         cursor: u64,
         end: u64,
@@ -261,7 +261,7 @@ impl Prefetcher {
         self.windows.insert(
             dir,
             Window {
-                generation,
+                view: view.clone(),
                 start,
                 cursor,
                 end,
@@ -279,7 +279,8 @@ impl Prefetcher {
         let Some(bytes) = self.walking() else {
             return;
         };
-        let Ok((view, local)) = self.fs.find(ino) else {
+        // The generation that lists it (a graft's package for a graft directory).
+        let Some((view, local)) = self.fs.dir(ino) else {
             return;
         };
         let Some(dir) = view.tree.node(local) else {
@@ -290,20 +291,13 @@ impl Prefetcher {
             || self
                 .windows
                 .get(&ino)
-                .is_some_and(|w| w.generation == view.generation)
+                .is_some_and(|w| Arc::ptr_eq(&w.view, &view))
         {
             return;
         }
         let bytes = bytes.min(LISTED_WINDOW);
         self.walk_at = Some(ino);
-        self.open_window(
-            ino,
-            view.generation,
-            range.start,
-            range.start,
-            range.end,
-            bytes,
-        );
+        self.open_window(ino, &view, range.start, range.start, range.end, bytes);
     }
 
     /// A read at offset 0 of `ino` missed the kernel's cache (the worker serving it has
@@ -332,7 +326,7 @@ impl Prefetcher {
         let known = self
             .windows
             .get(&dir)
-            .filter(|w| w.generation == view.generation);
+            .filter(|w| Arc::ptr_eq(&w.view, &view));
         let sequential = known.is_some_and(|w| {
             !w.blind
                 && w.start <= local
@@ -375,22 +369,25 @@ impl Prefetcher {
                 initial
             }
         };
-        self.open_window(dir, view.generation, local, local + 1, range.end, bytes);
+        self.open_window(dir, &view, local, local + 1, range.end, bytes);
     }
 
     /// Push the next planned file with `store(inode, offset, data)`. Returns `false` when
     /// there is nothing left to push.
     pub fn step(&mut self, store: &mut Store<'_>) -> bool {
-        let view = self.fs.view();
+        let current = self.fs.view();
         let stats = &self.fs.stats;
         while let Some(&dir) = self.active.front() {
+            // Windows of an older top generation are dropped; a graft's generation
+            // lives as long as its package is unchanged.
             let w = match self.windows.get_mut(&dir) {
-                Some(w) if w.generation == view.generation => w,
+                Some(w) if Arc::ptr_eq(&w.view, &current) || w.view.graft_range().is_some() => w,
                 _ => {
                     self.active.pop_front();
                     continue;
                 }
             };
+            let view = w.view.clone();
             for _ in 0..MAX_SCAN {
                 if w.budget == 0 || w.cursor >= w.end {
                     break;
