@@ -797,3 +797,4 @@ fn stress_many_threads_random_ranges_for_a_bounded_time() {
     assert!(reads > 1000, "only {reads} reads");
     assert!(rss < 200 * 1024, "peak RSS {rss} kB with an 8 MiB cache");
 }
+mod layouts;
