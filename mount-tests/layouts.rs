@@ -245,7 +245,12 @@ fn npm_lockfile_mount_is_what_npm_ci_writes() {
     cmp_trees(
         &fx.join("npm/ci/node_modules"),
         &nm,
-        &["--no-mtime", "--no-owner", "--exclude", ".package-lock.json"],
+        &[
+            "--no-mtime",
+            "--no-owner",
+            "--exclude",
+            ".package-lock.json",
+        ],
     );
     // ee-first's tarball stores 0666; npm writes 0644.
     let tarball = run(Command::new("tar")
@@ -256,7 +261,10 @@ fn npm_lockfile_mount_is_what_npm_ci_writes() {
         "the fixture's ee-first has 0666 files"
     );
     let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
-    assert_eq!(mode(&fx.join("npm/ci/node_modules/ee-first/index.js")), 0o644);
+    assert_eq!(
+        mode(&fx.join("npm/ci/node_modules/ee-first/index.js")),
+        0o644
+    );
     assert_eq!(mode(&nm.join("ee-first/index.js")), 0o644);
 }
 
@@ -611,7 +619,10 @@ fn npm_lockfile_refuses_tampered_missing_and_escaping_packages() {
     args.push("--allow-missing");
     let m = MountAt::new(&[&tarballs], &mp, &args);
     assert!(m.messages().contains("depd-2.0.0.tgz"), "{}", m.messages());
-    assert!(!mp.join("depd").exists(), "a tampered package is not mounted");
+    assert!(
+        !mp.join("depd").exists(),
+        "a tampered package is not mounted"
+    );
     for (path, entry) in &packages {
         if path == "node_modules/depd" {
             continue;
@@ -680,7 +691,7 @@ fn npm_lockfile_refuses_tampered_missing_and_escaping_packages() {
         "the refusal names the lockfile:\n{}",
         m.messages()
     );
-    for (path, _) in &packages {
+    for path in packages.keys() {
         assert!(
             mp.join(path.strip_prefix("node_modules/").unwrap())
                 .is_dir(),
