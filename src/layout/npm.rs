@@ -20,6 +20,9 @@
 //! - Each package's `bin` entries are linked from the `.bin` directory of the
 //!   `node_modules` it sits in (`.bin/NAME` → `../PKG/path`), as npm links them, and their
 //!   targets are made executable (npm sets the execute bits on them).
+//! - Files are shown as npm writes them: modes with npm's umask (022) applied and no
+//!   set-id bits, owned by the mount's owner (npm, as root or not, does not keep the
+//!   owners a tarball records).
 //!
 //! Refused, with a warning naming the tarball, the rest mounted: a `package.json` without
 //! a usable name (`../../etc`, `@scope` without a slash, not a string), a second tarball
@@ -38,6 +41,9 @@ use crate::tree::Place;
 
 /// A `package.json` larger than this is refused.
 const MAX_MANIFEST: u64 = 4 << 20;
+/// The mode bits npm leaves of a tarball's: its default umask (022) applied, and no
+/// set-id or sticky bit.
+const NPM_MODE_MASK: u16 = 0o755;
 /// A lockfile larger than this is refused.
 const MAX_LOCKFILE: u64 = 256 << 20;
 
@@ -76,6 +82,8 @@ struct Plan {
     wanted: HashMap<(String, String), Vec<(Vec<Vec<u8>>, Option<String>)>>,
     /// Packages placed so far, by (name, version): the tarball.
     found: HashMap<(String, String), PathBuf>,
+    /// Packages whose tarball was refused (its integrity): not missing, refused.
+    refused: HashMap<(String, String), PathBuf>,
 }
 
 /// `package.json`, the parts a mount needs.
@@ -166,6 +174,7 @@ fn read_lockfile(path: &Path) -> Result<Plan> {
     Ok(Plan {
         wanted,
         found: HashMap::new(),
+        refused: HashMap::new(),
     })
 }
 
@@ -434,6 +443,7 @@ impl Layout for Npm {
                         None => Ok(()),
                     };
                     if let Err(why) = checked {
+                        plan.refused.insert(id, name.to_path_buf());
                         return Placement::Refused(format!("{pkg}@{version}: {why}"));
                     }
                 }
@@ -442,8 +452,12 @@ impl Layout for Npm {
             }
         };
         let bins = bins(&manifest, &pkg);
-        // npm makes every bin target executable.
         for e in entries.iter_mut() {
+            // As npm writes files: its umask (022) applied, no set-id or sticky bits,
+            // owned by whoever installs (the mount's owner), bin targets executable.
+            e.perm &= NPM_MODE_MASK;
+            e.uid = None;
+            e.gid = None;
             if let Ok(c) = crate::tree::path::components(&e.path)
                 && c.len() > 1
                 && bins.iter().any(|(_, t)| c[1..].join(&b'/') == *t)
@@ -472,7 +486,7 @@ impl Layout for Npm {
             let mut missing: Vec<String> = plan
                 .wanted
                 .iter()
-                .filter(|(id, _)| !plan.found.contains_key(*id))
+                .filter(|(id, _)| !plan.found.contains_key(*id) && !plan.refused.contains_key(*id))
                 .map(|((n, v), at)| {
                     let at: Vec<String> = at
                         .iter()
