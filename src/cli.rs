@@ -76,7 +76,7 @@ enum CliCommand {
     /// Directory sources are watched: packages added, removed or replaced there are
     /// activated in the mounted tree without a remount (see --no-watch). Installed as
     /// /sbin/mount.fuse.pkgfs, the binary is the mount(8) helper for type fuse.pkgfs.
-    Mount(MountArgs),
+    Mount(Box<MountArgs>),
     /// Unmount a pkgfs mount (lazily if it is busy).
     #[command(alias = "unmount")]
     Umount(UmountArgs),
@@ -689,7 +689,7 @@ impl Cli {
     /// Validate the arguments into a [`Command`].
     pub fn into_command(self) -> Result<Command, UsageError> {
         Ok(match self.command {
-            CliCommand::Mount(m) => Command::Mount(mount_config(m)?),
+            CliCommand::Mount(m) => Command::Mount(mount_config(*m)?),
             CliCommand::Umount(u) => Command::Umount {
                 mountpoint: u.mountpoint,
                 lazy: u.lazy,

@@ -136,6 +136,9 @@ pub struct OpStats {
     pub prefetch_idle: AtomicBool,
 }
 
+/// The generation and local node that serve an inode.
+type Served = (Arc<View>, u64);
+
 /// Lookup counts and the inodes of older generations the kernel still holds.
 struct Inodes {
     /// The current generation (the same as `PkgFs::current`, but changed only under this
@@ -396,7 +399,7 @@ impl PkgFs {
         let retired = {
             let mut inodes = lock(&self.inodes);
             // Where each inode the kernel holds is served from before the swap.
-            let before: Vec<(u64, Option<(Arc<View>, u64)>)> = inodes
+            let before: Vec<(u64, Option<Served>)> = inodes
                 .counts
                 .keys()
                 .filter(|ino| !inodes.retired.contains_key(ino))

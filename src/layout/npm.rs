@@ -75,15 +75,22 @@ struct Locked {
     cpu: Vec<String>,
 }
 
+/// A package by name and version.
+type Id = (String, String);
+
+/// Where a lockfile installs a package: the mount path's components, and the integrity
+/// the lockfile gives there.
+type Installed = (Vec<Vec<u8>>, Option<String>);
+
 /// Where a lockfile installs packages.
 #[derive(Debug)]
 struct Plan {
-    /// (name, version) → the places it is installed at: (components, integrity).
-    wanted: HashMap<(String, String), Vec<(Vec<Vec<u8>>, Option<String>)>>,
+    /// The places each package is installed at.
+    wanted: HashMap<Id, Vec<Installed>>,
     /// Packages placed so far, by (name, version): the tarball.
-    found: HashMap<(String, String), PathBuf>,
+    found: HashMap<Id, PathBuf>,
     /// Packages whose tarball was refused (its integrity): not missing, refused.
-    refused: HashMap<(String, String), PathBuf>,
+    refused: HashMap<Id, PathBuf>,
 }
 
 /// `package.json`, the parts a mount needs.
@@ -137,7 +144,7 @@ fn read_lockfile(path: &Path) -> Result<Plan> {
             lock.version
         ))));
     }
-    let mut wanted: HashMap<(String, String), Vec<(Vec<Vec<u8>>, Option<String>)>> = HashMap::new();
+    let mut wanted: HashMap<Id, Vec<Installed>> = HashMap::new();
     for (key, locked) in lock.packages {
         if key.is_empty() || locked.in_bundle {
             // The project itself; bundled packages come inside their parent's tarball.
