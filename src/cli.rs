@@ -967,6 +967,46 @@ mod tests {
     }
 
     #[test]
+    fn layouts_from_flags_and_from_fstab_options() {
+        let mount = |args: &[&str]| {
+            let mut v = vec!["pkgfs", "mount"];
+            v.extend_from_slice(args);
+            v.extend_from_slice(&["/pkgs", "/m"]);
+            match cli(&v) {
+                Ok(Command::Mount(c)) => Ok(c.layout),
+                Ok(_) => panic!("not a mount"),
+                Err(e) => Err(e),
+            }
+        };
+        assert_eq!(mount(&[]).unwrap(), LayoutConfig::default());
+        let c = mount(&["--layout", "each", "--strip-components", "1"]).unwrap();
+        assert_eq!((c.kind, c.strip), (LayoutKind::Each, 1));
+        let c = mount(&[
+            "-o",
+            "ro,layout=npm,lockfile=/p/package-lock.json,allow_missing",
+        ])
+        .unwrap();
+        assert_eq!(c.kind, LayoutKind::Npm);
+        assert_eq!(c.lockfile, Some(PathBuf::from("/p/package-lock.json")));
+        assert!(c.allow_missing);
+        let c = mount(&["-o", "layout=merge,strip_components=2"]).unwrap();
+        assert_eq!((c.kind, c.strip), (LayoutKind::Merge, 2));
+        for bad in [
+            &["--layout", "cargo", "--strip-components", "1"][..],
+            &["--lockfile", "x.json"],
+            &["--layout", "npm", "--allow-missing"],
+            &["-o", "layout=pile"],
+        ] {
+            assert!(mount(bad).is_err(), "{bad:?}");
+        }
+        let Ok(Command::Ls { merge, .. }) = cli(&["pkgfs", "ls", "--layout", "cargo", "/pkgs"])
+        else {
+            panic!("not ls")
+        };
+        assert_eq!(merge.layout.kind, LayoutKind::Cargo);
+    }
+
+    #[test]
     fn mount_options_merge_into_config() {
         let Command::Mount(c) = cli(&[
             "pkgfs",
@@ -1115,7 +1155,9 @@ mod tests {
         );
         let mount = std::fs::read_to_string(dir.path().join("pkgfs-mount.1")).unwrap();
         assert!(
-            mount.contains("platform") && mount.contains("index\\-cache"),
+            mount.contains("platform")
+                && mount.contains("index\\-cache")
+                && mount.contains("lockfile"),
             "{mount}"
         );
         let mut bash = Vec::new();

@@ -1104,6 +1104,42 @@ mod tests {
         }
     }
 
+    #[test]
+    fn places_strip_components_and_put_a_prefix_in_front() {
+        let link = Entry {
+            kind: EntryKind::HardLink,
+            link: b"pkg-1.0/lib/a".to_vec(),
+            ..file("pkg-1.0/lib/b", 0)
+        };
+        let entries = vec![
+            dir("pkg-1.0/", 0o700),
+            file("pkg-1.0/lib/a", 3),
+            link,
+            file("top-level", 4),
+        ];
+        let mut b = TreeBuilder::new(OWNER);
+        let place = Place {
+            strip: 1,
+            prefix: vec![b"x".to_vec(), b"node_modules".to_vec()],
+        };
+        b.add_layer_at(0, 0, &entries, &place);
+        let t = b.finish();
+        assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+        let a = t.resolve(b"x/node_modules/lib/a").unwrap();
+        let hb = t.resolve(b"x/node_modules/lib/b").unwrap();
+        assert_eq!(t.canonical(hb), a, "the hard link's target is placed too");
+        assert!(
+            t.resolve(b"x/node_modules/top-level").is_none(),
+            "no more components than stripped: left out, as tar leaves it"
+        );
+        assert!(t.resolve(b"pkg-1.0").is_none());
+        assert_eq!(
+            t.len(),
+            6,
+            "/, x, node_modules, lib, a, b (a name of a's inode)"
+        );
+    }
+
     fn build(layers: &[Vec<Entry>]) -> Tree {
         let mut b = TreeBuilder::new(OWNER);
         for (i, l) in layers.iter().enumerate() {
