@@ -15,9 +15,10 @@ install PREFIX="/usr/local": build
     install -D -m 0755 target/release/pkgfs {{PREFIX}}/bin/pkgfs
     ln -sf {{PREFIX}}/bin/pkgfs /sbin/mount.fuse.pkgfs
 
-# The whole test suite: unit tests and real FUSE mounts (root and /dev/fuse needed).
-test:
-    cargo test
+# The whole test suite: unit tests and real FUSE mounts (root and /dev/fuse needed),
+# after installing the tools the tests call (mount-tests/run.sh).
+test *ARGS:
+    bash mount-tests/run.sh {{ARGS}}
 
 # Only the mount tests.
 mount-test:

@@ -137,7 +137,7 @@ fn every_copy_of_the_image_equals_the_reference() {
         let path = reference_name.split(':').nth(1).unwrap();
         if !images().join(path).exists() {
             // The stargz-snapshotter copies are optional (PKGFS_IMAGES_ESTARGZ=0).
-            assert!(std::env::var_os("CI").is_none(), "{path} was not built");
+            assert!(!crate::common::strict(), "{path} was not built");
             continue;
         }
         for round in ["first", "cached"] {

@@ -141,8 +141,8 @@ fn the_installed_package_mounts_through_fstab_and_is_removed_cleanly() {
         .is_ok_and(|o| o.status.success());
     if installed {
         assert!(
-            std::env::var_os("CI").is_none(),
-            "pkgfs is installed on the CI machine"
+            !crate::common::strict(),
+            "pkgfs is installed on the machine the tests must run on whole"
         );
         eprintln!("skipping: pkgfs is installed here already");
         return;
