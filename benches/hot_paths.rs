@@ -7,7 +7,8 @@ use std::io::Write;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use pkgfs::format::{Entry, EntryKind, Loc, seekable};
+use pkgfs::format::floor::frames as seekable;
+use pkgfs::format::{Entry, EntryKind, Loc};
 use pkgfs::io::blob::LocalFile;
 use pkgfs::io::cache::{Block, BlockCache};
 use pkgfs::tree::{Ownership, TreeBuilder};

@@ -5,7 +5,7 @@ use libfuzzer_sys::fuzz_target;
 use pkgfs::format::targz;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = targz::gzip_header(data);
+    let _ = pkgfs::format::floor::gzip::gzip_header(data);
     targz::fuzz_decode(data);
     targz::fuzz_pass(data);
 });

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use crate::format::tar::{TarKind, TarWriter, WriteEntry};
+use crate::format::floor::tar::{TarKind, TarWriter, WriteEntry};
 use crate::format::{self, Checked, DigestOf, IndexOrigin, LayerCheck, OpenContext};
 use crate::fs::PkgFs;
 use crate::io::blob::{Blob, Bytes};

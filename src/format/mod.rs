@@ -11,9 +11,9 @@
 //! Adding a format is a module here and a line in [`FORMATS`].
 
 pub mod cache;
+pub mod floor;
 pub mod plaintar;
 pub mod seekable;
-pub mod tar;
 pub mod targz;
 pub mod toc;
 pub mod zip;
@@ -467,7 +467,7 @@ pub enum Foreign {
 impl Foreign {
     /// The format of a file starting with `head` (its first bytes, up to 512).
     pub fn detect(head: &[u8]) -> Option<Foreign> {
-        Some(if seekable::is_plain_zstd(head) {
+        Some(if floor::frames::is_plain_zstd(head) {
             Foreign::Zstd
         } else if head.starts_with(&[0x1f, 0x8b]) {
             Foreign::Gzip

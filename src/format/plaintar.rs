@@ -4,7 +4,7 @@
 //!
 //! A tar archive has no index, but it needs no pass either: its headers are read where
 //! they are, one positional read each, and the data between them is skipped without
-//! being read ([`super::tar::scan_blob`]). An archive of many entries keeps that index
+//! being read ([`super::floor::tar::scan_blob`]). An archive of many entries keeps that index
 //! in the index cache, so a second mount reads one file instead of one header per
 //! entry. A file's bytes are the archive's bytes: reads go straight to the blob, and the
 //! kernel's page cache of the archive does the rest (nothing is copied into pkgfs's
@@ -15,12 +15,12 @@ use std::sync::Arc;
 
 use log::warn;
 
+use super::floor::plain;
 use super::{
     Checked, Entry, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe, Reading,
 };
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
-use crate::io::cache::Block;
 use crate::io::{ReadData, Span};
 
 /// Archives with at least this many entries keep their index in the index cache (fewer
@@ -35,7 +35,7 @@ pub struct Tar;
 fn is_tar(probe: &Probe) -> bool {
     probe.head.len() == 512
         && probe.head.iter().any(|&b| b != 0)
-        && super::tar::is_header(&probe.head)
+        && super::floor::tar::is_header(&probe.head)
 }
 
 impl Format for Tar {
@@ -68,7 +68,7 @@ fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(Vec<Entry>, IndexOrigin)>
     if let Some((c, k)) = &key
         && let Some(bytes) = c.load(k)
     {
-        match super::seekable::decode_index(&bytes, blob.size()) {
+        match super::floor::codec::decode_index(&bytes, blob.size()) {
             Ok(entries) => return Ok((entries, IndexOrigin::Cache)),
             Err(e) => log::debug!("{}: cached index unusable: {e}", k.path().display()),
         }
@@ -77,7 +77,7 @@ fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(Vec<Entry>, IndexOrigin)>
     if let Some((c, k)) = &key
         && entries.len() >= CACHE_FROM
     {
-        let stored = super::seekable::encode_index(&entries, 3)
+        let stored = super::floor::codec::encode_index(&entries, 3)
             .map_err(Error::Io)
             .and_then(|b| c.store(k, &b));
         if let Err(e) = stored {
@@ -94,22 +94,10 @@ fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(Vec<Entry>, IndexOrigin)>
 /// Read the headers. An archive whose headers break off part way is served as far as
 /// they went, with a warning; one whose first header is bad is an error.
 pub fn scan(blob: &dyn Blob) -> Result<Vec<Entry>> {
-    let mut entries = Vec::new();
+    let mut capped = super::floor::Capped::default();
     let mut problem = None;
-    let walked = super::tar::walk_blob(blob, |te| {
-        if entries.len() >= super::targz::MAX_ENTRIES {
-            return Err(super::tar::TarError::Format(format!(
-                "more than {} entries",
-                super::targz::MAX_ENTRIES
-            )));
-        }
-        let e = te
-            .clone()
-            .into_entry(Loc::Stream)
-            .map_err(super::tar::TarError::Format)?;
-        entries.push(e);
-        Ok(())
-    });
+    let walked = super::floor::tar::walk_blob(blob, |te| capped.push(te));
+    let entries = capped.entries;
     if let Err(e) = walked {
         if entries.is_empty() {
             return Err(Error::Format(format!("not a usable tar archive: {e}")));
@@ -136,18 +124,9 @@ pub fn scan(blob: &dyn Blob) -> Result<Vec<Entry>> {
     Ok(entries)
 }
 
-/// The read path: a member's bytes are the blob's.
+/// The read path: a member's bytes are the blob's ([`plain`]).
 #[derive(Debug)]
 pub struct TarPackage;
-
-impl TarPackage {
-    fn start(r: &Reading<'_>) -> Result<u64> {
-        match r.loc {
-            Loc::Stream(o) => Ok(*o),
-            other => Err(Error::Format(format!("not a tar member: {other:?}"))),
-        }
-    }
-}
 
 impl Package for TarPackage {
     fn format(&self) -> &'static str {
@@ -163,30 +142,12 @@ impl Package for TarPackage {
     }
 
     fn read(&self, r: &Reading<'_>, offset: u64, end: u64, _span: Span) -> Result<ReadData> {
-        Self::read_from(&*r.archive.blob, r, offset, end)
+        plain::read_from(&*r.archive.blob, r, offset, end)
     }
 
     fn extent(&self, r: &Reading<'_>) -> Option<(u64, u64)> {
-        let start = Self::start(r).ok()?;
-        Some((start, start.checked_add(r.size)?))
+        plain::extent(r)
     }
 
     fn delivered(&self, _r: &Reading<'_>, _start: u64, _end: u64) {}
-}
-
-impl TarPackage {
-    /// Bytes `[offset, end)` of the member `r` names, from `blob` (the archive's blob, or
-    /// a decompressed copy of it).
-    pub fn read_from(blob: &dyn Blob, r: &Reading<'_>, offset: u64, end: u64) -> Result<ReadData> {
-        let start = Self::start(r)?;
-        let mut buf = vec![0u8; (end - offset) as usize];
-        blob.read_exact_at(&mut buf, start + offset)
-            .map_err(|e| match e {
-                // The archive is shorter than its headers say.
-                Error::Format(m) => Error::Corrupt(m),
-                e => e,
-            })?;
-        r.io.count_read(buf.len());
-        Ok(ReadData::Owned(Block::new(buf)))
-    }
 }

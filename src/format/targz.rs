@@ -34,6 +34,8 @@ use std::sync::Arc;
 
 use log::warn;
 
+use super::floor::Cursor;
+use super::floor::gzip::{MAX_HEADER, gzip_header};
 use super::{
     Archive, DigestOf, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package,
     Probe, Reading,
@@ -54,62 +56,14 @@ pub const WHOLE_MEMBER: u64 = 4 << 20;
 /// Segments up to this many bytes are decoded whole into one cached block; larger ones
 /// in blocks of [`BLOCK_SIZE`].
 pub const WHOLE_SEGMENT: u64 = 8 << 20;
-/// Most entries one archive may have: a few megabytes of gzip can expand to a tar of
-/// millions of headers, and each entry costs memory.
-pub const MAX_ENTRIES: usize = 2_000_000;
 /// Compressed input is read in chunks of this size by the index pass.
 const PASS_CHUNK: usize = 1 << 20;
 /// ... and by reads.
 const READ_CHUNK: usize = 128 * 1024;
 /// Decompressed bytes handed to the tar scanner at a time.
 const PASS_OUTPUT: usize = 256 * 1024;
-/// The longest gzip header accepted (a file name or comment is unbounded in the format).
-const MAX_HEADER: usize = 64 * 1024;
 /// How often the index pass reports its progress, in compressed bytes.
 const REPORT_EVERY: u64 = 8 << 20;
-
-/// Parse the gzip member header at the start of `b`: its length, or `None` if `b` ends
-/// before the header does. An error if it is not a gzip header of a deflate member.
-pub fn gzip_header(b: &[u8]) -> std::result::Result<Option<usize>, String> {
-    if b.len() >= 2 && b[..2] != [0x1f, 0x8b] || b.len() == 1 && b[0] != 0x1f {
-        return Err("not a gzip member".into());
-    }
-    if b.len() < 10 {
-        return Ok(None);
-    }
-    if b[2] != 8 {
-        return Err(format!("gzip compression method {} (only deflate)", b[2]));
-    }
-    let flags = b[3];
-    if flags & 0xe0 != 0 {
-        return Err("reserved gzip header flags set".into());
-    }
-    let mut at = 10usize;
-    if flags & 4 != 0 {
-        let Some(x) = b.get(at..at + 2) else {
-            return Ok(None);
-        };
-        at += 2 + usize::from(u16::from_le_bytes([x[0], x[1]]));
-    }
-    for flag in [8u8, 16] {
-        if flags & flag != 0 {
-            match b.get(at..).and_then(|r| r.iter().position(|&c| c == 0)) {
-                Some(n) => at += n + 1,
-                None if b.len() >= MAX_HEADER => {
-                    return Err("gzip header name or comment too long".into());
-                }
-                None => return Ok(None),
-            }
-        }
-    }
-    if flags & 2 != 0 {
-        at += 2;
-    }
-    if at > MAX_HEADER {
-        return Err("gzip header too long".into());
-    }
-    Ok((b.len() >= at).then_some(at))
-}
 
 /// A gzip member of the archive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,7 +142,7 @@ fn is_gzip_tar(blob: &dyn Blob, probe: &Probe) -> Result<bool> {
             break;
         }
     }
-    Ok(got == 512 && super::tar::is_header(&out))
+    Ok(got == 512 && super::floor::tar::is_header(&out))
 }
 
 impl Format for TarGz {
@@ -284,20 +238,9 @@ fn pass(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
         p.indexing(blob.name(), 0, blob.size());
     }
     let mut ix = Indexer::new(blob, cx);
-    let mut entries = Vec::new();
-    let scanned = super::tar::each(&mut ix, |te, _| {
-        if entries.len() >= MAX_ENTRIES {
-            return Err(super::tar::TarError::Format(format!(
-                "more than {MAX_ENTRIES} entries"
-            )));
-        }
-        let e = te
-            .clone()
-            .into_entry(Loc::Stream)
-            .map_err(super::tar::TarError::Format)?;
-        entries.push(e);
-        Ok(())
-    });
+    let mut capped = super::floor::Capped::default();
+    let scanned = super::floor::tar::each(&mut ix, |te, _| capped.push(te));
+    let entries = capped.entries;
     if let Err(e) = scanned
         && ix.problems.is_empty()
     {
@@ -846,38 +789,12 @@ fn encode(idx: &GzIndex, entries: &[Entry]) -> Result<Vec<u8>> {
     }
     o.extend_from_slice(&(idx.note.len() as u32).to_le_bytes());
     o.extend_from_slice(idx.note.as_bytes());
-    let frame = super::seekable::encode_index(entries, 3)?;
+    let frame = super::floor::codec::encode_index(entries, 3)?;
     o.extend_from_slice(&(frame.len() as u32).to_le_bytes());
     o.extend_from_slice(&frame);
     let crc = crc32fast::hash(&o);
     o.extend_from_slice(&crc.to_le_bytes());
     Ok(o)
-}
-
-/// A reader of the cached form, every read bounds-checked.
-struct Cursor<'a>(&'a [u8]);
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        if self.0.len() < n {
-            return Err(Error::Format("cached tar.gz index is truncated".into()));
-        }
-        let (h, t) = self.0.split_at(n);
-        self.0 = t;
-        Ok(h)
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        let mut x = [0u8; 8];
-        x.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(x))
-    }
 }
 
 /// Decode a cached index of a blob of `blob_size` bytes, checking everything a read
@@ -898,7 +815,7 @@ fn decode(bytes: &[u8], blob_size: u64) -> Result<(GzIndex, Vec<Entry>)> {
     if crc32fast::hash(body) != stored {
         return Err(bad("checksum mismatch"));
     }
-    let mut c = Cursor(body);
+    let mut c = Cursor::new(body, "cached tar.gz index");
     if c.take(8)? != INDEX_MAGIC || c.u32()? != INDEX_VERSION {
         return Err(bad("not an index of this version"));
     }
@@ -959,7 +876,7 @@ fn decode(bytes: &[u8], blob_size: u64) -> Result<(GzIndex, Vec<Entry>)> {
     let note = String::from_utf8_lossy(c.take(nl)?).into_owned();
     let fl = c.u32()? as usize;
     let frame = c.take(fl)?;
-    let entries = super::seekable::decode_index(frame, total.max(1))?;
+    let entries = super::floor::codec::decode_index(frame, total.max(1))?;
     Ok((
         GzIndex {
             total,
@@ -1420,7 +1337,7 @@ mod tests {
     use std::io::Write;
 
     use super::*;
-    use crate::format::tar::{TarKind, TarWriter, WriteEntry};
+    use crate::format::floor::tar::{TarKind, TarWriter, WriteEntry};
     use crate::io::Io;
     use crate::io::blob::Bytes;
 

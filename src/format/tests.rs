@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::format::zip::{CHECKPOINT_EVERY, VERIFY_MAX};
-use crate::format::{self, OpenContext, Probe, seekable};
+use crate::format::{self, OpenContext, Probe, floor, seekable};
 use crate::fs::PkgFs;
 use crate::io::BLOCK_SIZE;
 use crate::tree::{Ownership, TreeBuilder};
@@ -330,11 +330,13 @@ fn extent_of(fs: &PkgFs, ino: u64) -> (u64, u64) {
 }
 
 /// The seek table of the first package of `fs`, with its frames' file bytes counted.
-fn table_of(fs: &PkgFs) -> seekable::SeekTable {
+fn table_of(fs: &PkgFs) -> floor::frames::SeekTable {
     let v = fs.view();
     let a = &v.layers[0].archive;
     let probe = Probe::read(&*a.blob).unwrap();
-    let mut table = seekable::read_table(&*a.blob, &probe).unwrap().unwrap();
+    let mut table = floor::frames::read_table(&*a.blob, &probe)
+        .unwrap()
+        .unwrap();
     table.count_file_bytes(&a.entries(&OpenContext::default()).unwrap());
     table
 }

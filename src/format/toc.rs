@@ -48,7 +48,7 @@ pub const MAX_CHUNK: u64 = 64 << 20;
 /// Largest table of contents accepted, uncompressed.
 pub const MAX_TOC: u64 = 512 << 20;
 /// Most entries a table may list.
-const MAX_TOC_ENTRIES: usize = super::targz::MAX_ENTRIES;
+const MAX_TOC_ENTRIES: usize = super::floor::MAX_ENTRIES;
 /// Compressed input is read in pieces of this size while decoding a chunk.
 const READ_CHUNK: usize = 256 * 1024;
 /// Skippable frame magic of zstd:chunked's footer.
@@ -295,10 +295,11 @@ fn read_toc(
             let tar = gunzip(&raw, MAX_TOC + 64 * 1024)
                 .map_err(|e| Error::Corrupt(format!("{what}: {e}")))?;
             let mut json = None;
-            super::tar::each(&tar[..], |te, data| {
+            super::floor::tar::each(&tar[..], |te, data| {
                 if te.path == b"stargz.index.json" && json.is_none() {
                     let mut v = Vec::new();
-                    std::io::Read::read_to_end(data, &mut v).map_err(super::tar::TarError::Io)?;
+                    std::io::Read::read_to_end(data, &mut v)
+                        .map_err(super::floor::tar::TarError::Io)?;
                     json = Some(v);
                 }
                 Ok(())
@@ -323,7 +324,7 @@ fn gunzip(raw: &[u8], limit: u64) -> std::result::Result<Vec<u8>, String> {
     let mut at = 0usize;
     let mut buf = vec![0u8; 256 * 1024];
     while at < raw.len() {
-        let Some(h) = super::targz::gzip_header(&raw[at..])? else {
+        let Some(h) = super::floor::gzip::gzip_header(&raw[at..])? else {
             return Err("truncated gzip header".into());
         };
         at += h;
@@ -501,7 +502,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
                 })?;
             xattrs.push((k.as_bytes().to_vec(), value));
         }
-        if xattrs.len() > super::tar::MAX_XATTRS {
+        if xattrs.len() > super::floor::tar::MAX_XATTRS {
             return Err(Error::Corrupt(format!(
                 "{:?}: too many extended attributes",
                 e.name
@@ -752,7 +753,7 @@ fn ungzip(blob: &dyn Blob, c: &Chunk) -> Result<Vec<u8>> {
                 }
                 let take = bytes.len().min(64 * 1024 - header.len());
                 header.extend_from_slice(&bytes[..take]);
-                match super::targz::gzip_header(&header).map_err(Error::Corrupt)? {
+                match super::floor::gzip::gzip_header(&header).map_err(Error::Corrupt)? {
                     Some(h) => {
                         // Give back what is past the header.
                         let extra = header.len() - h;

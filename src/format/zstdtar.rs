@@ -29,8 +29,8 @@ use std::sync::Arc;
 use log::{info, warn};
 use zstd::zstd_safe;
 
-use super::plaintar::TarPackage;
-use super::seekable::{Frame, SeekTable, SeekablePackage};
+use super::floor::frames::{Frame, FrameReader, SeekTable};
+use super::floor::plain;
 use super::{
     Checked, DigestOf, Entry, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe,
     Reading,
@@ -62,7 +62,7 @@ pub struct ZstdTar;
 
 /// Whether `blob` is a zstd stream whose output starts with a tar header.
 fn is_zstd_tar(blob: &dyn Blob, probe: &Probe) -> bool {
-    if !super::seekable::is_plain_zstd(&probe.head) {
+    if !super::floor::frames::is_plain_zstd(&probe.head) {
         return false;
     }
     let mut head = vec![0u8; blob.size().min(256 * 1024) as usize];
@@ -81,14 +81,14 @@ fn is_zstd_tar(blob: &dyn Blob, probe: &Probe) -> bool {
             return false;
         }
     }
-    super::tar::is_header(&out)
+    super::floor::tar::is_header(&out)
 }
 
 /// How the archive is served.
 #[derive(Debug)]
 enum Served {
     /// In place, frame by frame.
-    Frames(SeekablePackage),
+    Frames(FrameReader),
     /// From a decompressed copy of the tar stream.
     Copy(Arc<dyn Blob>),
 }
@@ -211,7 +211,7 @@ fn served(ix: Index, entries: &[Entry]) -> Served {
                 file_bytes: Vec::new(),
             };
             table.count_file_bytes(entries);
-            Served::Frames(SeekablePackage { table })
+            Served::Frames(FrameReader { table })
         }
     }
 }
@@ -534,21 +534,9 @@ fn pass(
         p.indexing(blob.name(), 0, blob.size());
     }
     let mut p = Pass::new(blob, cx, copy_to);
-    let mut entries = Vec::new();
-    let scanned = super::tar::each(&mut p, |te, _| {
-        if entries.len() >= super::targz::MAX_ENTRIES {
-            return Err(super::tar::TarError::Format(format!(
-                "more than {} entries",
-                super::targz::MAX_ENTRIES
-            )));
-        }
-        let e = te
-            .clone()
-            .into_entry(Loc::Stream)
-            .map_err(super::tar::TarError::Format)?;
-        entries.push(e);
-        Ok(())
-    });
+    let mut capped = super::floor::Capped::default();
+    let scanned = super::floor::tar::each(&mut p, |te, _| capped.push(te));
+    let entries = capped.entries;
     if let Err(e) = scanned {
         return Err(Error::Corrupt(format!(
             "tar stream unusable after {} entries: {e}",
@@ -613,7 +601,7 @@ fn encode(ix: &Index, entries: &[Entry]) -> Result<Vec<u8>> {
         o.extend_from_slice(&f.doff.to_le_bytes());
         o.extend_from_slice(&f.dsize.to_le_bytes());
     }
-    let frame = super::seekable::encode_index(entries, 3)?;
+    let frame = super::floor::codec::encode_index(entries, 3)?;
     o.extend_from_slice(&frame);
     let crc = crc32fast::hash(&o);
     o.extend_from_slice(&crc.to_le_bytes());
@@ -666,7 +654,7 @@ fn decode(bytes: &[u8], blob_size: u64, copy: &Path) -> Result<(Index, Vec<Entry
         frames.push(f);
     }
     let rest = &body[at..];
-    let entries = super::seekable::decode_index(rest, total)?;
+    let entries = super::floor::codec::decode_index(rest, total)?;
     let copy = if has_copy {
         let blob = LocalFile::open(copy).map_err(|_| bad("the decompressed copy is gone"))?;
         if blob.size() != total {
@@ -703,7 +691,7 @@ impl Package for ZstdTarPackage {
     fn read(&self, r: &Reading<'_>, offset: u64, end: u64, span: Span) -> Result<ReadData> {
         match &self.served {
             Served::Frames(p) => p.read(r, offset, end, span),
-            Served::Copy(copy) => TarPackage::read_from(&**copy, r, offset, end),
+            Served::Copy(copy) => plain::read_from(&**copy, r, offset, end),
         }
     }
 

@@ -326,8 +326,8 @@ impl Store {
                 let file: Arc<dyn Blob> =
                     LocalFile::open(&r.path).map_err(|e| e.with_path(&r.path))?;
                 let mut members = HashMap::new();
-                crate::format::tar::walk_blob(&*file, |te| {
-                    if te.kind == crate::format::tar::TarKind::File {
+                crate::format::floor::tar::walk_blob(&*file, |te| {
+                    if te.kind == crate::format::floor::tar::TarKind::File {
                         let p = crate::tree::path::components(&te.path)
                             .map(|c| c.join(&b'/'))
                             .unwrap_or_default();

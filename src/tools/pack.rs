@@ -33,8 +33,9 @@ use std::sync::mpsc;
 
 use log::warn;
 
-use crate::format::seekable::{encode_index, encode_seek_table};
-use crate::format::tar::{TarError, TarKind, TarWriter, WriteEntry};
+use crate::format::floor::codec::encode_index;
+use crate::format::floor::frames::encode_seek_table;
+use crate::format::floor::tar::{TarError, TarKind, TarWriter, WriteEntry};
 use crate::format::{Entry, EntryKind, Foreign, Loc};
 use crate::tree::path::PathError;
 
@@ -338,7 +339,7 @@ pub fn pack(cfg: &PackConfig) -> Result<PackStats, PackError> {
         tarball(Box::new(f), &shown, Some(&cfg.dir), &cfg.output)?
     };
     write_package(cfg, |put| {
-        crate::format::tar::each(input, |te, data| match tar_entry(te, cfg) {
+        crate::format::floor::tar::each(input, |te, data| match tar_entry(te, cfg) {
             Ok(Some(e)) => put(e, data).map_err(|e| TarError::Format(e.to_string())),
             Ok(None) => Ok(()),
             Err(why) => {
@@ -443,7 +444,10 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// (an unsafe one is refused, as the mount would refuse it), the owner and time options
 /// applied. Devices, FIFOs and sockets are refused. `None` for the root directory
 /// (`./`), which a package does not record.
-fn tar_entry(te: &crate::format::tar::TarEntry, cfg: &PackConfig) -> Result<Option<Entry>, String> {
+fn tar_entry(
+    te: &crate::format::floor::tar::TarEntry,
+    cfg: &PackConfig,
+) -> Result<Option<Entry>, String> {
     if te.kind == TarKind::Dir && crate::tree::path::components(&te.path) == Err(PathError::Empty) {
         return Ok(None);
     }

@@ -62,7 +62,7 @@ pub struct TarEntry {
     /// A device's number (`makedev(devmajor, devminor)`); 0 otherwise.
     pub rdev: u64,
     /// Extended attributes from pax `SCHILY.xattr.NAME` records.
-    pub xattrs: super::Xattrs,
+    pub xattrs: crate::format::Xattrs,
 }
 
 impl TarEntry {
@@ -70,9 +70,9 @@ impl TarEntry {
     /// (its place in the format holding the tar stream).
     pub fn into_entry(
         self,
-        loc: impl FnOnce(u64) -> super::Loc,
-    ) -> std::result::Result<super::Entry, String> {
-        use super::{Entry, EntryKind, Loc};
+        loc: impl FnOnce(u64) -> crate::format::Loc,
+    ) -> std::result::Result<crate::format::Entry, String> {
+        use crate::format::{Entry, EntryKind, Loc};
         let kind = match self.kind {
             TarKind::File => EntryKind::File,
             TarKind::Dir => EntryKind::Dir,
@@ -360,7 +360,7 @@ struct Overrides {
     /// followed by the non-hole parts, not the file's bytes.
     sparse: bool,
     /// `SCHILY.xattr.NAME=VALUE` records.
-    xattrs: super::Xattrs,
+    xattrs: crate::format::Xattrs,
 }
 
 impl Overrides {
