@@ -31,6 +31,7 @@ pub mod layout;
 pub mod progress;
 pub mod source;
 pub mod status;
+pub mod sync;
 pub mod tools;
 pub mod transport;
 pub mod tree;

@@ -52,7 +52,7 @@ impl Default for IndexBars {
 
 impl IndexProgress for IndexBars {
     fn indexing(&self, name: &Path, done: u64, total: u64) {
-        let mut bars = self.bars.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bars = crate::sync::lock(&self.bars);
         let bar = bars.entry(name.to_path_buf()).or_insert_with(|| {
             let style = ProgressStyle::with_template(
                 "indexing {msg}: {bytes} of {total_bytes} ({bytes_per_sec}, {eta} left)",

@@ -755,7 +755,7 @@ pub fn serve(
                     let _ = writeln!(conn, "error: unknown request {:?}", line.trim());
                     continue;
                 };
-                let act = activity.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let act = crate::sync::lock(&activity).clone();
                 let text = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     report(&fs, &info, &act, style)
                 }))

@@ -26,6 +26,7 @@ use log::warn;
 use crate::error::{Error, Result};
 use crate::format::Archive;
 use crate::io::{Io, ReadData, Span};
+use crate::sync::lock;
 use crate::tree::view::{Graft, InoMap, Invalidation, Layer, View};
 use crate::tree::{Kind, Node, Tree};
 
@@ -180,10 +181,6 @@ pub struct PkgFs {
     pub stats: OpStats,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl PkgFs {
     /// Assemble a fixed filesystem from its tree and the archives the tree refers to.
     pub fn new(tree: Tree, archives: Vec<Archive>, cache_bytes: u64) -> Self {
@@ -230,10 +227,7 @@ impl PkgFs {
 
     /// The current generation.
     pub fn view(&self) -> Arc<View> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        crate::sync::read(&self.current).clone()
     }
 
     /// The global inode of a `/`-separated path in the current generation (entering
@@ -284,7 +278,7 @@ impl PkgFs {
         if let Some(l) = top.local(ino) {
             return Some((top.clone(), l));
         }
-        let grafted = self.grafted.read().unwrap_or_else(|e| e.into_inner());
+        let grafted = crate::sync::read(&self.grafted);
         if grafted.is_empty() {
             return None;
         }
@@ -314,7 +308,7 @@ impl PkgFs {
             let Some(range) = made.graft_range().filter(|r| !r.is_empty()) else {
                 return;
             };
-            let mut grafted = self.grafted.write().unwrap_or_else(|e| e.into_inner());
+            let mut grafted = crate::sync::write(&self.grafted);
             grafted.insert(range.start, g.clone());
             // Removed by an activation while it was being indexed: not current.
             if g.retired.load(Relaxed) {
@@ -406,7 +400,7 @@ impl PkgFs {
                 .map(|&ino| (ino, self.locate(&old, ino)))
                 .collect();
             {
-                let mut grafted = self.grafted.write().unwrap_or_else(|e| e.into_inner());
+                let mut grafted = crate::sync::write(&self.grafted);
                 for g in &gone {
                     g.retired.store(true, Relaxed);
                     if let Some(r) = g.indexed().and_then(|v| v.graft_range()) {
@@ -414,7 +408,7 @@ impl PkgFs {
                     }
                 }
             }
-            *self.current.write().unwrap_or_else(|e| e.into_inner()) = view.clone();
+            *crate::sync::write(&self.current) = view.clone();
             inodes.current = view.clone();
             for (ino, was) in before {
                 if self.locate(&view, ino).is_none()

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use lru::LruCache;
 
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// Positional reads of one version of an immutable object.
 pub trait Blob: Send + Sync + std::fmt::Debug {
@@ -119,10 +120,6 @@ fn descriptors() -> &'static Descriptors {
         lru: Mutex::new(LruCache::unbounded()),
         limit: descriptor_budget(),
     })
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A local file, opened once and checked on every read.

@@ -82,7 +82,7 @@ fn slot(class: usize) -> usize {
 static POOL: Mutex<[Vec<Vec<u8>>; CLASSES]> = Mutex::new([const { Vec::new() }; CLASSES]);
 
 fn pool() -> MutexGuard<'static, [Vec<Vec<u8>>; CLASSES]> {
-    POOL.lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(&POOL)
 }
 
 /// A buffer with room for `len` bytes: a pooled one of its size class, or a new one of
@@ -247,7 +247,7 @@ impl<K: Hash + Eq> BlockCache<K> {
     fn lock(&self) -> MutexGuard<'_, Inner<K>> {
         // A panic while holding the lock cannot leave the LRU half-updated in a way that
         // matters (every operation is a single call), so a poisoned lock is still usable.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// The block for `key`, marking it most recently used.

@@ -191,7 +191,7 @@ impl DiskCache {
     fn wait_counted(&self) -> std::sync::MutexGuard<'_, State> {
         let mut st = self.lock();
         while !st.counted {
-            st = self.counted.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = crate::sync::wait(&self.counted, st);
         }
         st
     }
@@ -207,7 +207,7 @@ impl DiskCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// The parts of `[start, end)` the known ranges of `key` do not hold, in order

@@ -22,13 +22,14 @@ pub mod remote;
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
 use self::cache::{Block, BlockCache};
 use self::inflate::Checkpoint;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// Decompressed bytes per cache block of a stream (formats whose unit is a frame cache
 /// whole frames instead).
@@ -88,10 +89,6 @@ pub struct Io {
     checkpoints: Mutex<(Checkpoints, usize)>,
     /// Activity counters.
     pub stats: ReadStats,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Io {

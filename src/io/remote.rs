@@ -356,13 +356,13 @@ struct Flight {
 
 impl Flight {
     fn finish(&self) {
-        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *crate::sync::lock(&self.done) = true;
         self.cv.notify_all();
     }
 
     /// Wait until it is done, at most `limit`.
     fn wait(&self, limit: Duration) {
-        let g = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        let g = crate::sync::lock(&self.done);
         let _ = self
             .cv
             .wait_timeout_while(g, limit, |done| !*done)
@@ -402,7 +402,7 @@ impl RemoteBlob {
 
     /// Copy `buf.len()` bytes at `offset` out of a kept extent, if one holds them all.
     fn copy_kept(&self, buf: &mut [u8], offset: u64) -> bool {
-        let k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let k = crate::sync::lock(&self.kept);
         let end = offset + buf.len() as u64;
         for (start, bytes) in k.extents.iter().rev() {
             if *start <= offset && end <= start + bytes.len() as u64 {
@@ -431,7 +431,7 @@ impl RemoteBlob {
     /// missing (a central directory read after the tail that holds its end), and
     /// `flight` the fetch registered for others to wait on (the caller finishes it).
     fn plan(&self, offset: u64, end: u64) -> (u64, u64, Option<(u64, bytes::Bytes)>, Arc<Flight>) {
-        let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let mut k = crate::sync::lock(&self.kept);
         let (start, fetch_end, suffix) = Self::plan_in(&mut k, self.size, offset, end);
         let flight = Arc::new(Flight::default());
         k.flights.push((start, fetch_end, flight.clone()));
@@ -539,7 +539,7 @@ impl RemoteBlob {
             {
                 log::warn!("disk cache: keeping a range of {what}: {e}");
             }
-            let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let mut k = crate::sync::lock(&self.kept);
             k.keep(start, bytes.clone());
         }
         Ok(got)
@@ -550,7 +550,7 @@ impl RemoteBlob {
     /// ZIP's directory often overlaps a reader's fetch of one of its members).
     fn prefetch_range(&self, a: u64, b: u64) {
         let started = {
-            let mut k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let mut k = crate::sync::lock(&self.kept);
             let covered = k
                 .extents
                 .iter()
@@ -610,15 +610,13 @@ impl RemoteBlob {
                         }
                     })
                     .await;
-                    kept.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .keep(a, bytes);
+                    crate::sync::lock(&kept).keep(a, bytes);
                 }
                 // A reader that needs these bytes fetches them itself, and reports.
                 Ok(Err(e)) => log::debug!("read-ahead of {name} failed: {e}"),
                 Err(_) => log::debug!("read-ahead of {name}: out of time"),
             }
-            let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
+            let mut k = crate::sync::lock(&kept);
             k.flights.retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
             drop(k);
             flight.finish();
@@ -655,7 +653,7 @@ impl Blob for RemoteBlob {
         }
         // Being fetched in the background: wait for it rather than fetch it twice.
         let flight = {
-            let k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let k = crate::sync::lock(&self.kept);
             k.flights
                 .iter()
                 .find(|(s, e, _)| *s <= offset && end <= *e)
@@ -670,9 +668,7 @@ impl Blob for RemoteBlob {
         let (start, fetch_end, suffix, flight) = self.plan(offset, end);
         let got = self.fetch_all(&[(start, fetch_end)]);
         // Readers and read-ahead that waited on (or kept clear of) this fetch go on.
-        self.kept
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.kept)
             .flights
             .retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
         flight.finish();

@@ -18,6 +18,7 @@ use super::watch::Watcher;
 use super::{LoadReport, Packages};
 use crate::fs::{KernelCache, PkgFs};
 use crate::status::Activity;
+use crate::sync::lock;
 use crate::tree::view::Invalidation;
 
 /// Rescans and activations, without the waiting: one [`Activator::apply`] per batch of
@@ -149,10 +150,6 @@ impl Live {
             }
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Send the invalidations; returns how many the kernel had cached. ENOENT means the

@@ -221,7 +221,7 @@ impl StreamState {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.slots)
     }
 }
 
@@ -266,7 +266,7 @@ impl<'a> IndexStream<'a> {
                         let mut s = shared.lock();
                         while !s.stopped && s.next < jobs.len() && s.next >= s.taken + shared.window
                         {
-                            s = shared.room.wait(s).unwrap_or_else(|e| e.into_inner());
+                            s = crate::sync::wait(&shared.room, s);
                         }
                         if s.stopped || s.next >= jobs.len() {
                             return;
@@ -302,11 +302,7 @@ impl<'a> IndexStream<'a> {
             if let Some(r) = s.results[i].take() {
                 break r;
             }
-            s = self
-                .shared
-                .filled
-                .wait(s)
-                .unwrap_or_else(|e| e.into_inner());
+            s = crate::sync::wait(&self.shared.filled, s);
         };
         s.taken += 1;
         drop(s);
@@ -636,9 +632,7 @@ impl Packages {
                         }
                         Err(_) => Err(Error::Internal("indexing panicked".into())),
                     };
-                    done.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(path, r);
+                    crate::sync::lock(&done).insert(path, r);
                     waker.wake();
                 }
             })
@@ -834,7 +828,7 @@ impl Packages {
         // paths no longer there are dropped).
         let mut ready: HashMap<PathBuf, Indexing> = match &mut self.background {
             Some(b) => {
-                let done = std::mem::take(&mut *b.ready.lock().unwrap_or_else(|e| e.into_inner()));
+                let done = std::mem::take(&mut *crate::sync::lock(&b.ready));
                 for p in done.keys() {
                     b.queued.remove(p);
                 }
