@@ -27,7 +27,7 @@ use log::{info, warn};
 
 use crate::cli::MountConfig;
 use crate::format::IndexCache;
-use crate::fs::prefetch::{HINT_QUEUE, read_ahead};
+use crate::fs::prefetch::{self, HINT_QUEUE};
 use crate::fs::{KernelCache, PkgFs};
 use crate::progress::IndexBars;
 use crate::source::live::{Activator, Live, skipped_list};
@@ -181,13 +181,69 @@ fn spawn(
 }
 
 /// Mount and serve until unmounted or signalled.
+///
+/// The start-up order, each stage a function below, and why it comes where it does:
+/// 1. [`prepare_process`]: SIGINT/SIGTERM/SIGHUP blocked before any thread exists (every
+///    thread inherits the mask, so only the final `sigwait` sees them); the descriptor
+///    limit raised and the allocator tuned before archives are opened.
+/// 2. [`watch_sources`]: the watcher exists before the first scan, so a package
+///    installed while the scan runs is not missed.
+/// 3. [`first_scan`]: the tree, before anything is mounted (a scan that fails leaves no
+///    mount behind).
+/// 4. [`serve`]: the FUSE session (INIT is done when it returns), then the io_uring
+///    queues (only if INIT agreed to them), then the read-ahead threads (they push
+///    through the session's notifier).
+/// 5. The status channel, once the mount exists (it is named by the mount's device).
+/// 6. [`go_live`]: the watcher's thread last, since activations need the notifier and
+///    the activity the status channel shows.
+/// 7. Ready: only now is `pkgfs mount` told (output detached), so a script that uses
+///    the mountpoint at once finds everything up.
+/// 8. [`wait_for_end`]: `sigwait` until a signal or the session's end.
 pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
-    // Before any thread exists, so every thread inherits the mask and only sigwait sees
-    // these signals.
+    let signals = prepare_process();
+    let mut packages = Packages::new(cfg.sources.clone(), load_options(cfg));
+    let watcher = watch_sources(cfg, &packages)?;
+    let (fs, activity) = first_scan(cfg, &mut packages, watcher.is_some())?;
+    let (session, kernel, rings) = serve(cfg, &fs)?;
+    let info = MountInfo {
+        mountpoint: session::mount_path(&cfg.mountpoint),
+        sources: cfg.sources.clone(),
+        watching: watcher.is_some(),
+        whiteouts: cfg.whiteouts,
+        layout: cfg.layout.kind,
+        started: SystemTime::now(),
+        rings,
+        remote: packages.remote_made(),
+    };
+    match session::raise_readahead(&cfg.mountpoint) {
+        Some(dev) => {
+            if let Err(e) = status::serve(dev, fs.clone(), info, activity.clone()) {
+                warn!("no status channel: {e}");
+            }
+        }
+        None => warn!("cannot stat the mountpoint: no status channel"),
+    }
+    if let Some(w) = watcher {
+        go_live(w, packages, fs, kernel, activity)?;
+    }
+    info!("mounted at {}", cfg.mountpoint.display());
+    if std::env::var_os(READY_ENV).is_some() {
+        detach_output(cfg.log_file.as_deref());
+    }
+    wait_for_end(cfg, session, &signals)
+}
+
+/// Stage 1: the signal mask (before any thread), the descriptor limit, the allocator.
+fn prepare_process() -> libc::sigset_t {
     let set = block_signals();
     raise_fd_limit();
     tune_allocator();
-    let opts = LoadOptions {
+    set
+}
+
+/// How a mount's packages are loaded.
+fn load_options(cfg: &MountConfig) -> LoadOptions {
+    LoadOptions {
         threads: std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .max(MIN_INDEX_THREADS),
@@ -199,23 +255,41 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         remote: cfg.remote.clone(),
         progress: Some(Progress(Arc::new(IndexBars::default()))),
         layout: cfg.layout.clone(),
-    };
-    let mut packages = Packages::new(cfg.sources.clone(), opts);
-    let dirs = packages.source_dirs();
-    // Watch before the first scan, so nothing installed during it is missed.
-    let watch_dirs: &[PathBuf] = if cfg.watch { &dirs } else { &[] };
-    let watcher = if !watch_dirs.is_empty() || cfg.poll.is_some() {
-        let w = Watcher::new(watch_dirs).map_err(|source| DaemonError::Start {
-            what: "watching the sources",
-            source,
-        })?;
-        Some(match cfg.poll {
-            Some(every) => w.with_poll(every),
-            None => w,
-        })
+    }
+}
+
+/// Stage 2: the watcher of the source directories (and the poll), if the mount is live.
+fn watch_sources(cfg: &MountConfig, packages: &Packages) -> Result<Option<Watcher>, DaemonError> {
+    let dirs = if cfg.watch {
+        packages.source_dirs()
     } else {
-        None
+        Vec::new()
     };
+    if dirs.is_empty() && cfg.poll.is_none() {
+        return Ok(None);
+    }
+    let w = Watcher::new(&dirs).map_err(|source| DaemonError::Start {
+        what: "watching the sources",
+        source,
+    })?;
+    if !dirs.is_empty() {
+        info!("watching {} for packages", join_paths(&dirs));
+    }
+    Ok(Some(match cfg.poll {
+        Some(every) => {
+            info!("listing the sources again every {every:?}");
+            w.with_poll(every)
+        }
+        None => w,
+    }))
+}
+
+/// Stage 3: the first scan, as a filesystem, and the activity the status shows.
+fn first_scan(
+    cfg: &MountConfig,
+    packages: &mut Packages,
+    live: bool,
+) -> Result<(Arc<PkgFs>, Arc<Mutex<Activity>>), DaemonError> {
     let scan = packages
         .scan(&HashSet::new())?
         .ok_or_else(|| crate::error::Error::Format("no packages".into()))?;
@@ -227,28 +301,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
     );
     let activity = Arc::new(Mutex::new(Activity {
         skipped: skipped_list(&scan.report),
-        images: scan
-            .report
-            .images
-            .iter()
-            .map(|i| ImageSummary {
-                reference: i.reference.to_string(),
-                manifest: i.manifest.as_ref().map(ToString::to_string),
-                config: i.config.as_ref().map(ToString::to_string),
-                platform: i.platform.clone(),
-                layers: i
-                    .layers
-                    .iter()
-                    .map(|l| {
-                        (
-                            l.check.digest.to_string(),
-                            l.media_type.clone(),
-                            l.blob.size(),
-                        )
-                    })
-                    .collect(),
-            })
-            .collect(),
+        images: scan.report.images.iter().map(image_summary).collect(),
         ..Activity::default()
     }));
     let fs = Arc::new(PkgFs::with_grafts(
@@ -256,10 +309,46 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         scan.layers,
         scan.grafts,
         cfg.cache_bytes,
-        watcher.is_some(),
+        live,
     ));
+    Ok((fs, activity))
+}
 
-    // The session: fuser's workers, then the rings if INIT agreed to them.
+/// What the status shows of an image among the sources.
+fn image_summary(i: &crate::source::image::Image) -> ImageSummary {
+    ImageSummary {
+        reference: i.reference.to_string(),
+        manifest: i.manifest.as_ref().map(ToString::to_string),
+        config: i.config.as_ref().map(ToString::to_string),
+        platform: i.platform.clone(),
+        layers: i
+            .layers
+            .iter()
+            .map(|l| {
+                (
+                    l.check.digest.to_string(),
+                    l.media_type.clone(),
+                    l.blob.size(),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Stage 4: the session (fuser's workers; INIT done), the io_uring queues if INIT agreed
+/// to them, the read-ahead threads. Returns the session, the kernel's caches through its
+/// notifier, and the rings' state.
+fn serve(
+    cfg: &MountConfig,
+    fs: &Arc<PkgFs>,
+) -> Result<
+    (
+        fuser::BackgroundSession,
+        Arc<dyn KernelCache>,
+        Arc<RingStats>,
+    ),
+    DaemonError,
+> {
     let (hints_tx, hints) = mpsc::sync_channel(HINT_QUEUE);
     let hints_tx = (cfg.prefetch_bytes > 0).then_some(hints_tx);
     let handler = Arc::new(Handler::new(fs.clone(), hints_tx));
@@ -288,47 +377,41 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
     }
     let kernel: Arc<dyn KernelCache> = Arc::new(KernelNotifier(session.notifier()));
     if cfg.prefetch_bytes > 0 {
-        let (pusher, warm) = read_ahead(fs.clone(), cfg.prefetch_bytes, hints, kernel.clone());
-        spawn("pkgfs-warm", "the read-ahead threads", move || warm.run())?;
-        spawn("pkgfs-prefetch", "the read-ahead threads", move || {
-            pusher.run()
-        })?;
+        prefetch::start(fs.clone(), cfg.prefetch_bytes, hints, kernel.clone()).map_err(
+            |source| DaemonError::Start {
+                what: "the read-ahead threads",
+                source,
+            },
+        )?;
     }
-    let dev = session::raise_readahead(&cfg.mountpoint);
-    let info = MountInfo {
-        mountpoint: session::mount_path(&cfg.mountpoint),
-        sources: cfg.sources.clone(),
-        watching: watcher.is_some(),
-        whiteouts: cfg.whiteouts,
-        layout: cfg.layout.kind,
-        started: SystemTime::now(),
-        rings,
-        remote: packages.remote_made(),
-    };
-    match dev {
-        Some(dev) => {
-            if let Err(e) = status::serve(dev, fs.clone(), info, activity.clone()) {
-                warn!("no status channel: {e}");
-            }
-        }
-        None => warn!("cannot stat the mountpoint: no status channel"),
-    }
-    if let Some(w) = watcher {
-        packages.index_in_background(w.waker())?;
-        let live = Live::new(w, Activator::new(packages, fs, kernel, activity));
-        spawn("pkgfs-watch", "the watcher", move || live.run())?;
-        if !watch_dirs.is_empty() {
-            info!("watching {} for packages", join_paths(watch_dirs));
-        }
-        if let Some(every) = cfg.poll {
-            info!("listing the sources again every {every:?}");
-        }
-    }
-    info!("mounted at {}", cfg.mountpoint.display());
-    if std::env::var_os(READY_ENV).is_some() {
-        detach_output(cfg.log_file.as_deref());
-    }
+    Ok((session, kernel, rings))
+}
 
+/// Stage 6: live activation on the `pkgfs-watch` thread, archives needing a long pass
+/// on `pkgfs-index`.
+fn go_live(
+    watcher: Watcher,
+    mut packages: Packages,
+    fs: Arc<PkgFs>,
+    kernel: Arc<dyn KernelCache>,
+    activity: Arc<Mutex<Activity>>,
+) -> Result<(), DaemonError> {
+    packages.index_in_background(watcher.waker())?;
+    Live::new(watcher, Activator::new(packages, fs, kernel, activity))
+        .spawn()
+        .map_err(|source| DaemonError::Start {
+            what: "the watcher",
+            source,
+        })
+}
+
+/// Stage 8: wait for a signal (then unmount) or for the session to end (an external
+/// unmount).
+fn wait_for_end(
+    cfg: &MountConfig,
+    session: fuser::BackgroundSession,
+    set: &libc::sigset_t,
+) -> Result<(), DaemonError> {
     let (done_tx, done_rx) = mpsc::channel();
     spawn("pkgfs-session", "the session thread", move || {
         let r = session.join();
@@ -339,7 +422,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
     loop {
         let mut sig = 0;
         // SAFETY: `set` is an initialised signal set; `sig` is a valid out pointer.
-        if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+        if unsafe { libc::sigwait(set, &mut sig) } != 0 {
             continue;
         }
         if sig == libc::SIGUSR1 {

@@ -669,6 +669,24 @@ pub fn read_ahead(
     (pusher, warm)
 }
 
+/// Start the read-ahead of a mount ([`read_ahead`]) on its two threads, `pkgfs-prefetch`
+/// (the pusher) and `pkgfs-warm` (the warmer); they end when the hint senders are gone.
+pub fn start(
+    fs: Arc<PkgFs>,
+    max: u64,
+    hints: Receiver<Hint>,
+    kernel: Arc<dyn KernelCache>,
+) -> std::io::Result<()> {
+    let (pusher, warm) = read_ahead(fs, max, hints, kernel);
+    std::thread::Builder::new()
+        .name("pkgfs-warm".into())
+        .spawn(move || warm.run())?;
+    std::thread::Builder::new()
+        .name("pkgfs-prefetch".into())
+        .spawn(move || pusher.run())?;
+    Ok(())
+}
+
 impl Pusher {
     fn take(&mut self, hint: Hint) {
         self.prefetcher.hint(hint);

@@ -133,6 +133,14 @@ impl Live {
         Live { watcher, activator }
     }
 
+    /// Run [`Live::run`] on the `pkgfs-watch` thread.
+    pub fn spawn(self) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name("pkgfs-watch".into())
+            .spawn(move || self.run())
+            .map(drop)
+    }
+
     /// Run until watching fails (the mount then keeps its current packages).
     pub fn run(mut self) {
         loop {

@@ -980,15 +980,8 @@ impl Packages {
                         deferred.push((cand.clone(), st.clone()));
                         // The version this path had stays until the new one is ready.
                         if let Some(a) = old.get(&cand.path) {
-                            let cx = OpenContext {
-                                index_cache: self.opts.index_cache.as_ref(),
-                                ..OpenContext::default()
-                            };
-                            if let Ok(mut entries) = a.entries(&cx)
-                                && let Ok(facts) = inspector.inspect(a, &entries)
-                            {
-                                place(layout, fold, &cand.path, a.clone(), &mut entries, &facts);
-                            }
+                            let cache = self.opts.index_cache.as_ref();
+                            place_again(layout, &*inspector, fold, &cand.path, a, cache);
                         }
                     }
                     Err(OpenError::NotAnArchive)
@@ -1109,6 +1102,26 @@ fn place(
         Placement::Own { .. } => fold.refuse(path, "this layout places packages by name"),
         Placement::Refused(why) => fold.refuse(path, &why),
         Placement::Unused(why) => info!("{}: {why}", path.display()),
+    }
+}
+
+/// Place an archive of the last scan again (its index read again), as it was.
+fn place_again(
+    layout: &mut dyn Layout,
+    inspector: &dyn crate::layout::Inspect,
+    fold: &mut Fold,
+    path: &Path,
+    archive: &Arc<Archive>,
+    index_cache: Option<&IndexCache>,
+) {
+    let cx = OpenContext {
+        index_cache,
+        ..OpenContext::default()
+    };
+    if let Ok(mut entries) = archive.entries(&cx)
+        && let Ok(facts) = inspector.inspect(archive, &entries)
+    {
+        place(layout, fold, path, archive.clone(), &mut entries, &facts);
     }
 }
 
