@@ -335,20 +335,17 @@ fn image_summary(i: &crate::source::image::Image) -> ImageSummary {
     }
 }
 
+/// What serving a mount starts: the session, the kernel's caches through its notifier,
+/// and the rings' state.
+type Serving = (
+    fuser::BackgroundSession,
+    Arc<dyn KernelCache>,
+    Arc<RingStats>,
+);
+
 /// Stage 4: the session (fuser's workers; INIT done), the io_uring queues if INIT agreed
-/// to them, the read-ahead threads. Returns the session, the kernel's caches through its
-/// notifier, and the rings' state.
-fn serve(
-    cfg: &MountConfig,
-    fs: &Arc<PkgFs>,
-) -> Result<
-    (
-        fuser::BackgroundSession,
-        Arc<dyn KernelCache>,
-        Arc<RingStats>,
-    ),
-    DaemonError,
-> {
+/// to them, the read-ahead threads.
+fn serve(cfg: &MountConfig, fs: &Arc<PkgFs>) -> Result<Serving, DaemonError> {
     let (hints_tx, hints) = mpsc::sync_channel(HINT_QUEUE);
     let hints_tx = (cfg.prefetch_bytes > 0).then_some(hints_tx);
     let handler = Arc::new(Handler::new(fs.clone(), hints_tx));

@@ -391,6 +391,105 @@ pub fn rfc3339(s: &str) -> Option<i64> {
     Some(days * 86_400 + h * 3600 + mi * 60 + sec - offset)
 }
 
+/// The end of a file's chunks: they must follow each other and hold its size, else the
+/// file is broken (reads fail, the rest of the layer is served).
+fn close_file(open: &mut Option<(usize, usize, u64)>, files: &mut [File], chunks: &[Chunk]) {
+    let Some((_, fi, size)) = open.take() else {
+        return;
+    };
+    let f = &mut files[fi];
+    let mut at = 0u64;
+    for c in &chunks[f.chunks.start as usize..f.chunks.end as usize] {
+        if c.at != at {
+            f.broken.get_or_insert_with(|| {
+                format!(
+                    "its chunks do not follow each other (one starts at {}, not {at})",
+                    c.at
+                )
+            });
+        }
+        at = c.at.saturating_add(c.len);
+    }
+    if at != size {
+        f.broken
+            .get_or_insert_with(|| format!("its chunks hold {at} bytes, not its size {size}"));
+    }
+}
+
+/// The kind of a table entry.
+fn entry_kind(kind: &str) -> EntryKind {
+    match kind {
+        "reg" => EntryKind::File,
+        "dir" => EntryKind::Dir,
+        "symlink" => EntryKind::Symlink,
+        "hardlink" => EntryKind::HardLink,
+        "char" => EntryKind::CharDev,
+        "block" => EntryKind::BlockDev,
+        "fifo" => EntryKind::Fifo,
+        _ => EntryKind::Special,
+    }
+}
+
+/// The extended attributes of a table entry (values in base64), at most as many as a tar
+/// header may carry.
+fn xattrs_of(e: &TocEntry) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut xattrs = Vec::with_capacity(e.xattrs.len());
+    for (k, v) in &e.xattrs {
+        let value = base64::engine::general_purpose::STANDARD
+            .decode(v)
+            .map_err(|_| {
+                Error::Corrupt(format!(
+                    "table of contents: xattr {k:?} of {:?} is not base64",
+                    e.name
+                ))
+            })?;
+        xattrs.push((k.as_bytes().to_vec(), value));
+    }
+    if xattrs.len() > super::floor::tar::MAX_XATTRS {
+        return Err(Error::Corrupt(format!(
+            "{:?}: too many extended attributes",
+            e.name
+        )));
+    }
+    Ok(xattrs)
+}
+
+/// The [`Entry`] of a table entry, its data at `data`.
+fn entry_of(
+    e: &TocEntry,
+    kind: EntryKind,
+    data: Loc,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+) -> Result<Entry> {
+    Ok(Entry {
+        path: e.name.as_bytes().to_vec(),
+        kind,
+        perm: (e.mode & 0o7777) as u16,
+        mtime: if e.modtime.is_empty() {
+            0
+        } else {
+            rfc3339(&e.modtime).ok_or_else(|| {
+                Error::Corrupt(format!("{:?}: bad modtime {:?}", e.name, e.modtime))
+            })?
+        },
+        uid: Some(e.uid),
+        gid: Some(e.gid),
+        size: match kind {
+            EntryKind::File => e.size,
+            EntryKind::Symlink => e.link_name.len() as u64,
+            _ => 0,
+        },
+        data,
+        link: e.link_name.as_bytes().to_vec(),
+        rdev: if matches!(kind, EntryKind::CharDev | EntryKind::BlockDev) {
+            libc::makedev(e.dev_major, e.dev_minor)
+        } else {
+            0
+        },
+        xattrs,
+    })
+}
+
 /// Entries and read path from the table's JSON.
 fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPackage)> {
     let toc: TocJson = serde_json::from_slice(json)
@@ -426,29 +525,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
     let mut chunks: Vec<Chunk> = Vec::new();
     // The file the next `chunk` entries belong to: its entry, file index and size.
     let mut open: Option<(usize, usize, u64)> = None;
-    let close =
-        |open: &mut Option<(usize, usize, u64)>, files: &mut Vec<File>, chunks: &Vec<Chunk>| {
-            if let Some((_, fi, size)) = open.take() {
-                let f = &mut files[fi];
-                let mut at = 0u64;
-                for c in &chunks[f.chunks.start as usize..f.chunks.end as usize] {
-                    if c.at != at {
-                        f.broken.get_or_insert_with(|| {
-                            format!(
-                                "its chunks do not follow each other (one starts at {}, not {at})",
-                                c.at
-                            )
-                        });
-                    }
-                    at = c.at.saturating_add(c.len);
-                }
-                if at != size {
-                    f.broken.get_or_insert_with(|| {
-                        format!("its chunks hold {at} bytes, not its size {size}")
-                    });
-                }
-            }
-        };
+    let close = close_file;
     for e in &toc.entries {
         if e.kind == "chunk" {
             let Some((ei, fi, _)) = open else {
@@ -480,34 +557,8 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
         if FORMAT_FILES.contains(&name) {
             continue;
         }
-        let kind = match e.kind.as_str() {
-            "reg" => EntryKind::File,
-            "dir" => EntryKind::Dir,
-            "symlink" => EntryKind::Symlink,
-            "hardlink" => EntryKind::HardLink,
-            "char" => EntryKind::CharDev,
-            "block" => EntryKind::BlockDev,
-            "fifo" => EntryKind::Fifo,
-            _ => EntryKind::Special,
-        };
-        let mut xattrs = Vec::with_capacity(e.xattrs.len());
-        for (k, v) in &e.xattrs {
-            let value = base64::engine::general_purpose::STANDARD
-                .decode(v)
-                .map_err(|_| {
-                    Error::Corrupt(format!(
-                        "table of contents: xattr {k:?} of {:?} is not base64",
-                        e.name
-                    ))
-                })?;
-            xattrs.push((k.as_bytes().to_vec(), value));
-        }
-        if xattrs.len() > super::floor::tar::MAX_XATTRS {
-            return Err(Error::Corrupt(format!(
-                "{:?}: too many extended attributes",
-                e.name
-            )));
-        }
+        let kind = entry_kind(&e.kind);
+        let xattrs = xattrs_of(e)?;
         let data = if kind == EntryKind::File && e.size > 0 {
             let fi = files.len();
             let first = chunks.len() as u32;
@@ -539,33 +590,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
         } else {
             Loc::None
         };
-        entries.push(Entry {
-            path: e.name.as_bytes().to_vec(),
-            kind,
-            perm: (e.mode & 0o7777) as u16,
-            mtime: if e.modtime.is_empty() {
-                0
-            } else {
-                rfc3339(&e.modtime).ok_or_else(|| {
-                    Error::Corrupt(format!("{:?}: bad modtime {:?}", e.name, e.modtime))
-                })?
-            },
-            uid: Some(e.uid),
-            gid: Some(e.gid),
-            size: match kind {
-                EntryKind::File => e.size,
-                EntryKind::Symlink => e.link_name.len() as u64,
-                _ => 0,
-            },
-            data,
-            link: e.link_name.as_bytes().to_vec(),
-            rdev: if matches!(kind, EntryKind::CharDev | EntryKind::BlockDev) {
-                libc::makedev(e.dev_major, e.dev_minor)
-            } else {
-                0
-            },
-            xattrs,
-        });
+        entries.push(entry_of(e, kind, data, xattrs)?);
     }
     close(&mut open, &mut files, &chunks);
     for (fi, file) in files.iter().enumerate() {

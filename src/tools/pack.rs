@@ -539,23 +539,7 @@ fn write_package(
             });
         }
         drop(done_tx);
-        let writer = s.spawn(move || -> Result<Vec<(u32, u32)>, PackError> {
-            let mut pending = BTreeMap::new();
-            let mut next = 0u64;
-            let mut sizes = Vec::new();
-            let mut file = std::io::BufWriter::new(out);
-            for (n, r, dsize) in done_rx {
-                let c = r.map_err(|e| ctx("compression", e))?;
-                pending.insert(n, (c, dsize));
-                while let Some((c, d)) = pending.remove(&next) {
-                    file.write_all(&c).map_err(|e| ctx("write", e))?;
-                    sizes.push((c.len() as u32, d));
-                    next += 1;
-                }
-            }
-            file.flush().map_err(|e| ctx("write", e))?;
-            Ok(sizes)
-        });
+        let writer = s.spawn(move || write_in_order(done_rx, out));
 
         let mut sent = 0u64;
         let send_done = |frames: &Rc<RefCell<Frames>>, sent: &mut u64| -> Result<(), PackError> {
@@ -641,8 +625,43 @@ fn write_package(
 
     stats.frames = sizes.len() as u64;
     stats.stream_bytes = sizes.iter().map(|&(_, d)| u64::from(d)).sum();
-    let index = encode_index(&entries, cfg.level.min(19)).map_err(|e| ctx("index", e))?;
-    let table = encode_seek_table(&sizes);
+    stats.output_bytes = finish_package(tmp, cfg, &entries, &sizes)?;
+    Ok(stats)
+}
+
+/// The compressed frames as the workers hand them back (numbered), written to `out` in
+/// order: their (compressed, decompressed) sizes.
+fn write_in_order(
+    done: mpsc::Receiver<(u64, std::io::Result<Vec<u8>>, u32)>,
+    out: &mut std::fs::File,
+) -> Result<Vec<(u32, u32)>, PackError> {
+    let mut pending = BTreeMap::new();
+    let mut next = 0u64;
+    let mut sizes = Vec::new();
+    let mut file = std::io::BufWriter::new(out);
+    for (n, r, dsize) in done {
+        let c = r.map_err(|e| ctx("compression", e))?;
+        pending.insert(n, (c, dsize));
+        while let Some((c, d)) = pending.remove(&next) {
+            file.write_all(&c).map_err(|e| ctx("write", e))?;
+            sizes.push((c.len() as u32, d));
+            next += 1;
+        }
+    }
+    file.flush().map_err(|e| ctx("write", e))?;
+    Ok(sizes)
+}
+
+/// After the frames: the index and the seek table, synced, and the file renamed into
+/// place, readable by all. Its size.
+fn finish_package(
+    mut tmp: tempfile::NamedTempFile,
+    cfg: &PackConfig,
+    entries: &[Entry],
+    sizes: &[(u32, u32)],
+) -> Result<u64, PackError> {
+    let index = encode_index(entries, cfg.level.min(19)).map_err(|e| ctx("index", e))?;
+    let table = encode_seek_table(sizes);
     {
         let f = tmp.as_file_mut();
         f.write_all(&index).map_err(|e| ctx("write", e))?;
@@ -654,8 +673,7 @@ fn write_package(
         .map_err(|e| ctx(&cfg.output.display().to_string(), e.error))?;
     // NamedTempFile is created 0600; a package is meant to be read by others.
     let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
-    stats.output_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    Ok(stats)
+    Ok(file.metadata().map(|m| m.len()).unwrap_or(0))
 }
 
 #[cfg(test)]
