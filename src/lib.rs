@@ -6,16 +6,17 @@
 //! ```text
 //! daemon, cli, tools      wiring, arguments, offline commands
 //! source, status          finding, indexing, watching archives; the status report
+//! layout                  where each package goes (merge, each, npm, cargo)
 //! transport               the operation layer (ops) and its codecs: fuse, uring
 //! fs                      the filesystem operations → Result, directory read-ahead
 //! tree                    the merged tree, its generations, path rules
-//! format                  one module per archive format: its index and read path
-//! io                      byte sources, the block cache, decoders, shared read machinery
-//! error                   errors and the one errno table
+//! format                  one module per archive format, over their shared floor
+//! io                      byte sources (local, remote), caches, decoders, read machinery
+//! error, sync             errors and the one errno table; poison-tolerant locks
 //! ```
 //!
-//! Only [`transport`] knows the FUSE protocol (and only its `fuse` codec the `fuser`
-//! crate); everything else is tested without a mount. `docs/ARCHITECTURE.md` describes
+//! Only [`transport`] knows the FUSE protocol (and only its `fuse` codec and its
+//! `session` module the `fuser` crate); everything else is tested without a mount. `docs/ARCHITECTURE.md` describes
 //! the modules, `docs/SEMANTICS.md` what users see.
 
 #![deny(missing_docs)]
