@@ -50,7 +50,7 @@ demo-stop MNT="/mnt":
 # and plots go to docs/bench/ and docs/img/.
 # All benchmarks on the Linux source: packing, the peer comparison, the scaling run,
 # gzip tarballs; and container images.
-bench: bench-pack bench-peers bench-targz bench-images bench-remote
+bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts
 
 # Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
@@ -85,6 +85,14 @@ bench-remote WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release --bin pkgfs --example delayproxy
     command -v rclone >/dev/null && command -v s3fs >/dev/null || apt-get install -y rclone s3fs
     python3 bench/remote.py {{WORKDIR}} docs/bench/remote.json
+
+# Layouts: 10,000 tarballs with --layout each (mount time and memory, one package entered)
+# against merging them and extracting each; node_modules from a lockfile until express
+# answers, against npm ci and pnpm install (offline, warm caches); a cargo build over a
+# --layout cargo registry against cargo unpacking (about 20 minutes; installs pnpm).
+bench-layouts WORKDIR="/var/tmp/pkgfs-bench":
+    cargo build --release
+    python3 bench/layouts.py {{WORKDIR}}/layouts docs/bench/layouts.json
 
 # Unit tests under AddressSanitizer (nightly), the C decoders (libdeflate, zstd) instrumented too.
 asan:
