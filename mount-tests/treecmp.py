@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Compare two directory trees byte for byte and attribute by attribute.
 
-    treecmp.py EXPECTED ACTUAL [--no-owner] [--no-dir-mtime] [--no-xattrs]
+    treecmp.py EXPECTED ACTUAL [--no-owner] [--no-mtime] [--no-dir-mtime] [--no-xattrs]
+               [--exclude REL]... [--ignore REL]...
 
 Compares the set of paths, file type, permission bits (including setuid/setgid/sticky),
 size, mtime (whole seconds), uid/gid, symlink targets, file content (sha256), device
 numbers, extended attributes (names and values; `--no-xattrs` skips them), and hard
 links: names that share an inode in EXPECTED must share one in ACTUAL, with the same
 link count. Exit 0 if equal; else prints the differences (at most 50) and exits 1.
-Used to check `pkgfs pack` round trips: the source tree against the mounted package and
-against `zstd -dc | tar x`.
+`--no-mtime` skips modification times (npm writes every file at the time of the
+install; pkgfs keeps the tarball's). `--exclude REL` leaves out the path REL of EXPECTED
+and everything under it, and ACTUAL must not have it at all (npm's own bookkeeping file
+`.package-lock.json`); `--ignore REL` leaves REL out of both trees (checked elsewhere).
+Used to check `pkgfs pack` round trips (the source tree against the mounted package and
+against `zstd -dc | tar x`) and layouts against `npm ci`, cargo's unpacking and `tar -x`.
 """
 
 import hashlib
@@ -61,19 +66,38 @@ def link_groups(tree):
     return sorted(sorted(g) for g in groups.values())
 
 
+def under(p, roots):
+    return any(p == r or p.startswith(r + b"/") for r in roots)
+
+
 def main(argv):
-    if len(argv) < 2:
+    flags, paths, excluded, ignored = set(), [], [], []
+    it = iter(argv)
+    for a in it:
+        if a == "--exclude":
+            excluded.append(os.fsencode(next(it)))
+        elif a == "--ignore":
+            ignored.append(os.fsencode(next(it)))
+        elif a.startswith("--"):
+            flags.add(a)
+        else:
+            paths.append(a)
+    if len(paths) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    want, got = scan(argv[0]), scan(argv[1])
-    keys = ["type", "mode", "uid", "gid", "mtime", "size", "digest", "target", "rdev", "xattrs"]
-    if "--no-xattrs" in argv:
-        keys.remove("xattrs")
-    if "--no-owner" in argv:
-        keys.remove("uid")
-        keys.remove("gid")
+    want, got = scan(paths[0]), scan(paths[1])
     problems = []
     show = lambda p: p.decode(errors="replace")
+    for p in sorted(p for p in got if under(p, excluded)):
+        problems.append(f"present but should not be: {show(p)}")
+    want = {p: n for p, n in want.items() if not under(p, excluded + ignored)}
+    got = {p: n for p, n in got.items() if not under(p, excluded + ignored)}
+    keys = ["type", "mode", "uid", "gid", "mtime", "size", "digest", "target", "rdev", "xattrs"]
+    for flag, dropped in [("--no-xattrs", ["xattrs"]), ("--no-owner", ["uid", "gid"]),
+                          ("--no-mtime", ["mtime"])]:
+        if flag in flags:
+            for k in dropped:
+                keys.remove(k)
     for p in sorted(set(want) - set(got)):
         problems.append(f"missing: {show(p)}")
     for p in sorted(set(got) - set(want)):
@@ -81,7 +105,7 @@ def main(argv):
     for p in sorted(set(want) & set(got)):
         w, g = want[p], got[p]
         for k in keys:
-            if k == "mtime" and w["type"] == stat.S_IFDIR and "--no-dir-mtime" in argv:
+            if k == "mtime" and w["type"] == stat.S_IFDIR and "--no-dir-mtime" in flags:
                 continue
             if w.get(k) != g.get(k):
                 problems.append(f"{show(p)}: {k} is {g.get(k)!r}, expected {w.get(k)!r}")
@@ -89,6 +113,8 @@ def main(argv):
         problems.append(f"hard links differ: expected {link_groups(want)}, got {link_groups(got)}")
     for line in problems[:50]:
         print(line)
+    if len(problems) > 50:
+        print(f"... and {len(problems) - 50} more")
     return 1 if problems else 0
 
 

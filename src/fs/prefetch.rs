@@ -54,10 +54,10 @@
 //! stores data into the kernel.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use log::debug;
@@ -102,7 +102,9 @@ const MAX_DIRS: usize = 4096;
 #[derive(Debug, Clone)]
 struct Window {
     /// The generation the local node numbers belong to (the top tree's, or a graft's).
-    view: Arc<View>,
+    /// Weak: a window must not keep an old generation, and its archives' descriptors,
+    /// alive once the kernel has let go of it.
+    view: Weak<View>,
     /// The last miss (local node): a miss from here to `cursor` is sequential.
     start: u64,
     /// The next file to consider (local node).
@@ -261,7 +263,7 @@ impl Prefetcher {
         self.windows.insert(
             dir,
             Window {
-                view: view.clone(),
+                view: Arc::downgrade(view),
                 start,
                 cursor,
                 end,
@@ -291,7 +293,7 @@ impl Prefetcher {
             || self
                 .windows
                 .get(&ino)
-                .is_some_and(|w| Arc::ptr_eq(&w.view, &view))
+                .is_some_and(|w| std::ptr::eq(w.view.as_ptr(), Arc::as_ptr(&view)))
         {
             return;
         }
@@ -326,7 +328,7 @@ impl Prefetcher {
         let known = self
             .windows
             .get(&dir)
-            .filter(|w| Arc::ptr_eq(&w.view, &view));
+            .filter(|w| std::ptr::eq(w.view.as_ptr(), Arc::as_ptr(&view)));
         let sequential = known.is_some_and(|w| {
             !w.blind
                 && w.start <= local
@@ -381,13 +383,19 @@ impl Prefetcher {
             // Windows of an older top generation are dropped; a graft's generation
             // lives as long as its package is unchanged.
             let w = match self.windows.get_mut(&dir) {
-                Some(w) if Arc::ptr_eq(&w.view, &current) || w.view.graft_range().is_some() => w,
+                Some(w) => w,
+                None => {
+                    self.active.pop_front();
+                    continue;
+                }
+            };
+            let view = match w.view.upgrade() {
+                Some(v) if Arc::ptr_eq(&v, &current) || v.graft_range().is_some() => v,
                 _ => {
                     self.active.pop_front();
                     continue;
                 }
             };
-            let view = w.view.clone();
             for _ in 0..MAX_SCAN {
                 if w.budget == 0 || w.cursor >= w.end {
                     break;
