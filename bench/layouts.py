@@ -177,18 +177,52 @@ def npm_env(work):
     return env
 
 
-def bench_npm(work, fx):
+# A larger project: the same express app, with the development tools a project of this
+# kind carries (which `npm ci` installs and the app never loads).
+LARGE = {"name": "bench-large", "version": "1.0.0", "private": True,
+         "dependencies": {"express": "4.21.2"},
+         "devDependencies": {"typescript": "5.6.3", "eslint": "9.15.0", "webpack": "5.96.1",
+                             "jest": "29.7.0", "@babel/core": "7.26.0", "prettier": "3.3.3"}}
+
+
+def make_large(work):
+    """The larger project's lockfile (one online `npm install`) and every locked
+    package's tarball (`npm pack NAME@VERSION`, one call), made once."""
+    base = os.path.join(work, "npm-large-src")
+    proj, tarballs = os.path.join(base, "project"), os.path.join(base, "tarballs")
+    if os.path.exists(os.path.join(base, ".complete")):
+        return proj, tarballs
+    shutil.rmtree(base, ignore_errors=True)
+    os.makedirs(proj)
+    os.makedirs(tarballs)
+    with open(os.path.join(proj, "package.json"), "w") as f:
+        json.dump(LARGE, f)
     env = npm_env(work)
     open(env["npm_config_userconfig"], "w").close()
-    tarballs = os.path.join(fx, "npm/tarballs")
-    lock = os.path.join(fx, "npm/project/package-lock.json")
-    base = os.path.join(work, "npm")
+    subprocess.run(["npm", "install", "--ignore-scripts", "--package-lock-only"], cwd=proj,
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(proj, "package-lock.json")) as f:
+        locked = json.load(f)["packages"]
+    specs = sorted({f"{v.get('name') or k.rsplit('node_modules/', 1)[1]}@{v['version']}"
+                    for k, v in locked.items()
+                    if k and not v.get("link") and not v.get("inBundle")})
+    subprocess.run(["npm", "pack", "--silent", *specs], cwd=tarballs, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    open(os.path.join(base, ".complete"), "w").close()
+    return proj, tarballs
+
+
+def bench_npm(work, src_project, tarballs, label):
+    env = npm_env(work)
+    open(env["npm_config_userconfig"], "w").close()
+    lock = os.path.join(src_project, "package-lock.json")
+    base = os.path.join(work, label)
     shutil.rmtree(base, ignore_errors=True)
     projects = {}
     for who in ("pkgfs", "npm", "pnpm"):
         d = os.path.join(base, who)
         os.makedirs(d)
-        shutil.copy(os.path.join(fx, "npm/project/package.json"), d)
+        shutil.copy(os.path.join(src_project, "package.json"), d)
         shutil.copy(lock, d)
         with open(os.path.join(d, "server.js"), "w") as f:
             f.write(SERVER)
@@ -248,10 +282,12 @@ def bench_npm(work, fx):
                 runs[who].append(time.monotonic() - t)
     with open(lock) as f:
         packages = sum(1 for k in json.load(f)["packages"] if k)
-    out = {"packages": packages, "pkgfs_mount_s": summary(mount_only)}
+    files = int(subprocess.run(["bash", "-c", f'find "{projects["npm"]}/node_modules" -type f '
+                                "| wc -l"], capture_output=True, text=True).stdout)
+    out = {"packages": packages, "files": files, "pkgfs_mount_s": summary(mount_only)}
     for who, xs in runs.items():
         out[who] = summary(xs)
-        log(f"npm, {who}: first answer after {statistics.median(xs):.3f} s")
+        log(f"{label}, {who}: first answer after {statistics.median(xs):.3f} s")
     out["ratio_npm_ci_over_pkgfs"] = (statistics.median(runs["npm ci"])
                                      / statistics.median(runs["pkgfs"]))
     out["ratio_pnpm_over_pkgfs"] = (statistics.median(runs["pnpm"])
@@ -326,11 +362,15 @@ def main():
                     "cargo": subprocess.run(["cargo", "--version"], capture_output=True,
                                             text=True).stdout.strip()},
     }
-    only = sys.argv[3:] or ["each", "npm", "cargo"]
+    only = sys.argv[3:] or ["each", "npm", "npm-large", "cargo"]
     if "each" in only:
         results["each"] = bench_each(work)
     if "npm" in only:
-        results["npm"] = bench_npm(work, fx)
+        results["npm"] = bench_npm(work, os.path.join(fx, "npm/project"),
+                                   os.path.join(fx, "npm/tarballs"), "npm")
+    if "npm-large" in only:
+        results["npm_large"] = bench_npm(work, *make_large(work), "npm-large")
+    if "npm" in only or "npm-large" in only:
         results["machine"]["pnpm"] = subprocess.run(["pnpm", "--version"], capture_output=True,
                                                     text=True).stdout.strip()
     if "cargo" in only:
