@@ -1471,6 +1471,25 @@ mod tests {
     }
 
     #[test]
+    fn many_candidates_are_stat_ed_in_parallel_and_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut paths: Vec<PathBuf> = (0..PARALLEL_STAT_FROM + 100)
+            .map(|i| {
+                let p = dir.path().join(format!("f{i:04}"));
+                std::fs::write(&p, vec![0u8; i]).unwrap();
+                p
+            })
+            .collect();
+        paths.insert(7, dir.path().join("gone"));
+        let cands = candidates(&paths);
+        let one = stat_all(&cands, 1);
+        let many = stat_all(&cands, 4);
+        assert_eq!(one, many);
+        assert!(many[7].is_none(), "a file gone since its listing");
+        assert_eq!(many.iter().filter(|s| s.is_some()).count(), paths.len() - 1);
+    }
+
+    #[test]
     fn a_rescan_rereads_kept_packages_and_names_what_changed() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
