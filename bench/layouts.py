@@ -47,8 +47,10 @@ ROUNDS = 5
 
 def timed(cmd, env=None, cwd=None):
     t = time.monotonic()
-    subprocess.run(cmd, check=True, env=env, cwd=cwd,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    r = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if r.returncode:
+        log(r.stderr.decode(errors="replace")[-4000:])
+        r.check_returncode()
     return time.monotonic() - t
 
 
@@ -431,7 +433,7 @@ fn main() -> anyhow::Result<()> {
     }
     log::info!("{} distinct", seen.len());
     let mut buf = itoa::Buffer::new();
-    println!("{} {}", buf.format(hits.len()), serde_json::to_string(&hits.to_vec())?);
+    println!("{} {}", buf.format(hits.len()), serde_json::to_string(&hits[..])?);
     Ok(())
 }
 """
