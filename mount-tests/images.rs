@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use crate::common::{Mount, pkgfs, repo, require_fuse, run, status_json, trees_match};
 
 /// The fixtures, built on first use (about a minute and a half; then cached).
-fn images() -> &'static Path {
+pub fn images() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -58,7 +58,7 @@ fn catalogue_digests(layout: &str) -> Vec<String> {
 }
 
 /// Run `args` in a chroot of `root`; its standard output.
-fn in_chroot(root: &Path, args: &[&str]) -> String {
+pub fn in_chroot(root: &Path, args: &[&str]) -> String {
     let out = run(Command::new("chroot").arg(root).args(args).env_clear().env(
         "PATH",
         "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

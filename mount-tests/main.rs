@@ -10,6 +10,7 @@ mod live;
 mod pack;
 mod packaging;
 mod prefetch;
+mod registry;
 mod remote;
 mod targz;
 

@@ -10,39 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    Mount, fixtures, pkgfs, repo, require_tools, run, status_json, test_python, trees_match,
-    wait_until,
+    Mount, fixtures, free_port, pkgfs, repo, require_tools, run, status_json, terminate,
+    test_python, trees_match, wait_listening, wait_until,
 };
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_listening(port: u16, what: &str) {
-    let addr = format!("127.0.0.1:{port}");
-    wait_until(Duration::from_secs(30), what, || {
-        std::net::TcpStream::connect(&addr).is_ok()
-    });
-}
-
-/// SIGTERM, then wait (SIGKILL after 10 s).
-fn terminate(c: &mut Child) {
-    // SAFETY: signalling a child we spawned and have not reaped.
-    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        if let Ok(Some(_)) = c.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = c.kill();
-    let _ = c.wait();
-}
 
 /// nginx serving `root` on a free loopback port; stopped when dropped.
 struct Nginx {

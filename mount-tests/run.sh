@@ -15,7 +15,8 @@ tools=(
   zip:zip unzip:unzip python3:python3 pigz:pigz bgzip:tabix script:bsdutils
   truncate:coreutils setfattr:attr getfattr:attr runc:runc man:man-db nginx:nginx
   fusermount3:fuse3 zstd:zstd tar:tar gzip:gzip useradd:passwd runuser:util-linux
-  node:nodejs npm:npm
+  node:nodejs npm:npm docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils
+  openssl:openssl
 )
 need=()
 for pair in "${tools[@]}"; do

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::io::registry::RegistryConfig;
 use crate::io::remote::RemoteConfig;
 use crate::source::image::{ImageRef, Platform, Transport};
 use crate::tools::Merge;
@@ -159,8 +160,9 @@ struct PackArgs {
 
 #[derive(Debug, Args)]
 struct MountArgs {
-    /// Archive files, directories of archives, images (oci:DIR[:TAG]…) or remote stores
-    /// (s3://BUCKET/PREFIX/, http(s)://HOST/DIR/, http(s)://HOST/FILE), lowest layer first.
+    /// Archive files, directories of archives, images (oci:DIR[:TAG],
+    /// docker://HOST/REPO[:TAG|@DIGEST]…) or remote stores (s3://BUCKET/PREFIX/,
+    /// http(s)://HOST/DIR/, http(s)://HOST/FILE), lowest layer first.
     #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
     sources: Vec<PathBuf>,
     /// Where to mount.
@@ -193,7 +195,8 @@ struct MountArgs {
     /// suid, dev (both off by default), fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
     /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, disk_cache=DIR,
     /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
-    /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing; options
+    /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, authfile=FILE,
+    /// cert_dir=DIR, tls_verify=BOOL; options
     /// mount(8) passes (ro, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -247,6 +250,8 @@ struct MountArgs {
     poll: Option<String>,
     #[command(flatten)]
     layout: LayoutArgs,
+    #[command(flatten)]
+    registry: RegistryArgs,
 }
 
 #[derive(Debug, Args)]
@@ -283,6 +288,8 @@ struct MergeArgs {
     platform: Option<String>,
     #[command(flatten)]
     layout: LayoutArgs,
+    #[command(flatten)]
+    registry: RegistryArgs,
 }
 
 impl MergeArgs {
@@ -291,6 +298,7 @@ impl MergeArgs {
             whiteouts: self.whiteouts,
             platform: platform(self.platform)?,
             layout: self.layout.into_config()?,
+            registry: self.registry.into_config()?,
         })
     }
 }
@@ -329,6 +337,46 @@ impl LayoutArgs {
             strip: self.strip_components,
             lockfile: self.lockfile,
             allow_missing: self.allow_missing,
+        })
+    }
+}
+
+/// How registries (`docker://` sources) are reached: skopeo's and podman's flags.
+#[derive(Debug, Args)]
+struct RegistryArgs {
+    /// docker:// sources: the user name and password for every registry (otherwise
+    /// they come from --authfile, $REGISTRY_AUTH_FILE, the auth.json podman login
+    /// writes, or ~/.docker/config.json).
+    #[arg(long, value_name = "USER:PASSWORD")]
+    creds: Option<String>,
+    /// docker:// sources: the auth file to read credentials from (podman's auth.json
+    /// or docker's config.json format).
+    #[arg(long, value_name = "FILE")]
+    authfile: Option<PathBuf>,
+    /// docker:// sources: verify registries' certificates and require HTTPS (false:
+    /// unverified TLS, and plain HTTP when HTTPS fails).
+    #[arg(long, value_name = "BOOL", default_value = "true", num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    tls_verify: bool,
+    /// docker:// sources: CA certificates (*.crt) and a client key pair (*.cert,
+    /// *.key) for registries, instead of /etc/containers/certs.d/HOST:PORT/.
+    #[arg(long, value_name = "DIR")]
+    cert_dir: Option<PathBuf>,
+}
+
+impl RegistryArgs {
+    fn into_config(self) -> Result<RegistryConfig, UsageError> {
+        if let Some(c) = &self.creds
+            && crate::io::registry::auth::Credentials::parse(c).is_none()
+        {
+            return Err(UsageError("--creds wants USER:PASSWORD".into()));
+        }
+        Ok(RegistryConfig {
+            creds: self.creds,
+            auth_file: self.authfile,
+            tls_verify: self.tls_verify,
+            cert_dir: self.cert_dir,
         })
     }
 }
@@ -430,6 +478,8 @@ pub struct MountConfig {
     pub io_uring: bool,
     /// Timeouts, retries and disk cache of remote sources.
     pub remote: RemoteConfig,
+    /// Registries: credentials, certificates, TLS.
+    pub registry: RegistryConfig,
     /// List remote sources again this often (None: never).
     pub poll: Option<Duration>,
 }
@@ -646,6 +696,8 @@ fn split_fstab_sources(src: &[u8]) -> Vec<OsString> {
         ]
         .iter()
         .any(|t| t.prefix().as_bytes() == parts[i]);
+        let is_registry =
+            parts[i] == b"docker" && parts.get(i + 1).is_some_and(|p| p.starts_with(b"//"));
         let is_url = matches!(parts[i], b"s3" | b"http" | b"https")
             && parts.get(i + 1).is_some_and(|p| p.starts_with(b"//"));
         if is_url {
@@ -662,7 +714,7 @@ fn split_fstab_sources(src: &[u8]) -> Vec<OsString> {
                 i += 1;
             }
             out.push(std::ffi::OsStr::from_bytes(&word).to_os_string());
-        } else if is_image && i + 1 < parts.len() {
+        } else if (is_image || is_registry) && i + 1 < parts.len() {
             let mut word = [parts[i], parts[i + 1]].join(&b':');
             i += 2;
             while i < parts.len() && !parts[i].starts_with(b"/") {
@@ -840,6 +892,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
             ..RemoteConfig::default()
         },
         poll: m.poll.as_deref().map(parse_duration).transpose()?,
+        registry: m.registry.into_config()?,
     };
     for opt in m
         .options
@@ -923,6 +976,15 @@ fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> {
         "strip_components" => cfg.layout.strip = number()? as usize,
         "lockfile" => cfg.layout.lockfile = Some(PathBuf::from(need()?)),
         "allow_missing" => cfg.layout.allow_missing = true,
+        "authfile" => cfg.registry.auth_file = Some(PathBuf::from(need()?)),
+        "cert_dir" => cfg.registry.cert_dir = Some(PathBuf::from(need()?)),
+        "tls_verify" => {
+            cfg.registry.tls_verify = match value.unwrap_or("true") {
+                "true" | "1" | "yes" => true,
+                "false" | "0" | "no" => false,
+                v => return Err(format!("tls_verify={v}: true or false").into()),
+            }
+        }
         // Always in force, or meaningless for a read-only FUSE mount: accepted so
         // fstab lines and mount(8) helpers work.
         "ro"
@@ -1131,6 +1193,10 @@ mod tests {
             ]
         );
         assert_eq!(split("http://h:80"), ["http://h:80"]);
+        assert_eq!(
+            split("docker://127.0.0.1:5000/a/b:v1:/pkgs"),
+            ["docker://127.0.0.1:5000/a/b:v1", "/pkgs"]
+        );
     }
 
     #[test]

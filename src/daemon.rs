@@ -255,6 +255,7 @@ fn load_options(cfg: &MountConfig) -> LoadOptions {
         remote: cfg.remote.clone(),
         progress: Some(Progress(Arc::new(IndexBars::default()))),
         layout: cfg.layout.clone(),
+        registry: cfg.registry.clone(),
     }
 }
 

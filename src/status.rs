@@ -115,6 +115,9 @@ struct PackageRow {
     wins: usize,
     #[serde(rename = "conflicts_lost")]
     loses: usize,
+    /// Bytes fetched from a server for it (remote sources and registries only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fetched_bytes: Option<u64>,
 }
 
 /// An image among the sources.
@@ -303,6 +306,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             checked: l.archive.checked,
             wins: 0,
             loses: 0,
+            fetched_bytes: l.archive.blob.fetched(),
         })
         .collect();
     for c in &view.tree.conflicts {

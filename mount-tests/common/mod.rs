@@ -497,7 +497,7 @@ pub fn test_python() -> PathBuf {
         let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("venv-tests");
         let py = venv.join("bin/python3");
         let ok = Command::new(&py)
-            .args(["-c", "import pyzstd, moto.server, boto3"])
+            .args(["-c", "import pyzstd, moto.server, boto3, cryptography"])
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
@@ -608,4 +608,35 @@ impl Drop for UmountGuard<'_> {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn wait_listening(port: u16, what: &str) {
+    let addr = format!("127.0.0.1:{port}");
+    wait_until(Duration::from_secs(30), what, || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+}
+
+/// SIGTERM, then wait (SIGKILL after 10 s).
+pub fn terminate(c: &mut Child) {
+    // SAFETY: signalling a child we spawned and have not reaped.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
 }

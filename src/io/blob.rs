@@ -70,6 +70,10 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     /// Keep any resource it holds (an open descriptor) for as long as it lives: it serves
     /// an older generation, and the object may be gone.
     fn pin(&self) {}
+    /// Bytes fetched from a server for it so far (`None`: not a remote object).
+    fn fetched(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Read exactly `buf.len()` bytes of `file` at `offset`, or fail with a clear error if the
@@ -402,6 +406,39 @@ impl Blob for Slice {
 
     fn pin(&self) {
         self.inner.pin();
+    }
+
+    fn round_trips(&self) -> bool {
+        self.inner.round_trips()
+    }
+
+    fn first_tail(&self) -> u64 {
+        self.inner.first_tail()
+    }
+
+    fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<()> {
+        for (buf, offset) in reads.iter() {
+            if offset
+                .checked_add(buf.len() as u64)
+                .is_none_or(|e| e > self.len)
+            {
+                return Err(Error::Format(format!(
+                    "unexpected end of {} at offset {}",
+                    self.name.display(),
+                    self.len
+                )));
+            }
+        }
+        let mut shifted: Vec<(&mut [u8], u64)> = reads
+            .iter_mut()
+            .map(|(buf, offset)| (&mut **buf, *offset + self.offset))
+            .collect();
+        self.inner.read_many(&mut shifted)
+    }
+
+    /// What the blob it is a slice of fetched (a slice of all of one: a renamed blob).
+    fn fetched(&self) -> Option<u64> {
+        self.inner.fetched()
     }
 }
 

@@ -4,6 +4,8 @@
 //! - [`cache`]: the byte-budgeted cache of decoded blocks, shared by every archive of a
 //!   mount and every generation of it;
 //! - [`digest`]: content digests (`sha256:…`) and the hashing that checks them;
+//! - [`remote`] and [`registry`]: objects on S3 and HTTP servers, and blobs of container
+//!   registries, as blobs (ranges fetched, kept, cached on disk);
 //! - [`inflate`]: deflate decoders that can be copied mid-stream, and the one-call one;
 //! - [`Io`] (here): the cache with its fill slots (concurrent misses on one block share
 //!   one decompression, and a decoder parks in its slot between reads), the store of
@@ -18,6 +20,7 @@ pub mod cache;
 pub mod digest;
 pub mod diskcache;
 pub mod inflate;
+pub mod registry;
 pub mod remote;
 
 use std::any::Any;

@@ -287,15 +287,62 @@ pub fn describe(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Where a [`RemoteBlob`]'s bytes come from: an object of a store
+/// ([`ObjectRanges`]), a blob of a container registry (`io::registry`). The blob adds
+/// what every source shares (the bounded wait, read-ahead, kept extents, the disk
+/// cache); a source answers ranges.
+pub trait Ranges: Send + Sync + std::fmt::Debug {
+    /// The bytes `start..end`, exactly (a short answer is an error of the caller's).
+    fn get(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes>>;
+}
+
+/// An object of an `object_store` store, one version of it: every range asked for with
+/// `If-Match: ETAG` (or `If-Unmodified-Since` where the server gives no ETag).
+#[derive(Debug)]
+pub struct ObjectRanges {
+    name: String,
+    store: Arc<dyn ObjectStore>,
+    path: object_store::path::Path,
+    etag: Option<String>,
+    modified: chrono::DateTime<chrono::Utc>,
+}
+
+impl Ranges for ObjectRanges {
+    fn get(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> {
+        let opts = GetOptions {
+            if_match: self.etag.clone(),
+            if_unmodified_since: self.etag.is_none().then_some(self.modified),
+            range: Some(GetRange::Bounded(start..end)),
+            ..GetOptions::default()
+        };
+        let (store, path, what) = (self.store.clone(), self.path.clone(), self.name.clone());
+        Box::pin(async move {
+            let r = store
+                .get_opts(&path, opts)
+                .await
+                .map_err(|e| store_error(&what, e))?;
+            r.bytes().await.map_err(|e| store_error(&what, e))
+        })
+    }
+}
+
 /// One version of an object.
 #[derive(Debug)]
 pub struct RemoteBlob {
     name: PathBuf,
-    store: Arc<dyn ObjectStore>,
-    path: object_store::path::Path,
+    source: Arc<dyn Ranges>,
     size: u64,
-    etag: Option<String>,
-    modified: chrono::DateTime<chrono::Utc>,
+    modified: i64,
+    /// Bytes fetched from the server for this blob (read-ahead included).
+    fetched: Arc<AtomicU64>,
     version: String,
     /// Its key in the disk cache.
     disk_key: String,
@@ -386,13 +433,40 @@ impl RemoteBlob {
             meta.size,
             meta.last_modified.timestamp()
         );
-        RemoteBlob {
-            name: PathBuf::from(name),
+        let source = Arc::new(ObjectRanges {
+            name: name.clone(),
             store,
             path,
-            size: meta.size,
             etag,
             modified: meta.last_modified,
+        });
+        RemoteBlob::of(
+            name,
+            source,
+            meta.size,
+            version,
+            meta.last_modified.timestamp(),
+            remote,
+        )
+    }
+
+    /// A blob of `size` bytes whose ranges `source` answers; `version` names its bytes
+    /// (the disk cache's key: a content digest shares one entry among all that name
+    /// it), `mtime` is what directories it implies show.
+    pub fn of(
+        name: String,
+        source: Arc<dyn Ranges>,
+        size: u64,
+        version: String,
+        mtime: i64,
+        remote: Arc<Remote>,
+    ) -> RemoteBlob {
+        RemoteBlob {
+            name: PathBuf::from(name),
+            source,
+            size,
+            modified: mtime,
+            fetched: Arc::default(),
             disk_key: DiskCache::key(&version),
             version,
             remote,
@@ -480,52 +554,29 @@ impl RemoteBlob {
     }
 
     /// Fetch `[start, end)` of this version (`If-Match`), counted.
+    /// Fetch `start..end` of `source`: exactly that many bytes, or an error.
     async fn fetch(
-        store: Arc<dyn ObjectStore>,
-        path: object_store::path::Path,
-        opts: GetOptions,
+        source: Arc<dyn Ranges>,
+        start: u64,
+        end: u64,
         what: String,
-        len: u64,
     ) -> Result<bytes::Bytes> {
-        let r = store
-            .get_opts(&path, opts)
-            .await
-            .map_err(|e| store_error(&what, e))?;
-        let bytes = r.bytes().await.map_err(|e| store_error(&what, e))?;
-        if bytes.len() as u64 != len {
+        let bytes = source.get(start, end).await?;
+        if bytes.len() as u64 != end - start {
             return Err(Error::Corrupt(format!(
-                "{what}: asked for {len} bytes, got {}",
+                "{what}: asked for {} bytes, got {}",
+                end - start,
                 bytes.len()
             )));
         }
         Ok(bytes)
     }
 
-    /// The request options of a fetch of `[start, end)`: this version and no other (by
-    /// ETag, or on a server without ETags by date).
-    fn options(&self, start: u64, end: u64) -> GetOptions {
-        GetOptions {
-            if_match: self.etag.clone(),
-            if_unmodified_since: self.etag.is_none().then_some(self.modified),
-            range: Some(GetRange::Bounded(start..end)),
-            ..GetOptions::default()
-        }
-    }
-
-    /// Fetch the ranges, all at once, and keep them (memory and disk).
     fn fetch_all(&self, ranges: &[(u64, u64)]) -> Result<Vec<bytes::Bytes>> {
         let what = self.name.display().to_string();
         let jobs: Vec<_> = ranges
             .iter()
-            .map(|&(s, e)| {
-                Self::fetch(
-                    self.store.clone(),
-                    self.path.clone(),
-                    self.options(s, e),
-                    what.clone(),
-                    e - s,
-                )
-            })
+            .map(|&(s, e)| Self::fetch(self.source.clone(), s, e, what.clone()))
             .collect();
         let got = self
             .remote
@@ -534,6 +585,7 @@ impl RemoteBlob {
         for (&(start, _), bytes) in ranges.iter().zip(&got) {
             stats.fetches.fetch_add(1, Relaxed);
             stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
+            self.fetched.fetch_add(bytes.len() as u64, Relaxed);
             if let Some(disk) = &self.remote.disk
                 && let Err(e) = disk.store(&self.disk_key, start, bytes)
             {
@@ -575,17 +627,12 @@ impl RemoteBlob {
     /// cache.
     fn spawn_prefetch(&self, a: u64, b: u64, flight: Arc<Flight>) {
         self.remote.stats.prefetches.fetch_add(1, Relaxed);
-        let job = Self::fetch(
-            self.store.clone(),
-            self.path.clone(),
-            self.options(a, b),
-            self.name.display().to_string(),
-            b - a,
-        );
-        let (remote, kept, key) = (
+        let job = Self::fetch(self.source.clone(), a, b, self.name.display().to_string());
+        let (remote, kept, key, fetched) = (
             self.remote.clone(),
             self.kept.clone(),
             self.disk_key.clone(),
+            self.fetched.clone(),
         );
         let sem = self.remote.prefetch.clone();
         let name = self.name.display().to_string();
@@ -599,6 +646,7 @@ impl RemoteBlob {
                 Ok(Ok(bytes)) => {
                     remote.stats.fetches.fetch_add(1, Relaxed);
                     remote.stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
+                    fetched.fetch_add(bytes.len() as u64, Relaxed);
                     let r2 = remote.clone();
                     let bytes2 = bytes.clone();
                     // Disk writes off the runtime's threads.
@@ -764,7 +812,11 @@ impl Blob for RemoteBlob {
     }
 
     fn mtime(&self) -> i64 {
-        self.modified.timestamp()
+        self.modified
+    }
+
+    fn fetched(&self) -> Option<u64> {
+        Some(self.fetched.load(Relaxed))
     }
 }
 

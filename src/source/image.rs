@@ -5,7 +5,13 @@
 //! - `oci-archive:FILE[:TAG]`: the same layout in a tar archive, read in place;
 //! - `docker-archive:FILE[:REF]`: a `docker save` archive (`manifest.json`, a config
 //!   and one tar per layer), `REF` a repository tag it lists (`name:tag`) or `@N`, the
-//!   N-th image in it.
+//!   N-th image in it;
+//! - `docker://HOST[:PORT]/REPO[:TAG|@DIGEST]`: an image in a registry
+//!   (`crate::io::registry`): the manifest fetched by tag or digest, the config by
+//!   range, each layer a `RemoteBlob` whose ranges are fetched as the formats ask for
+//!   them (a table of contents and then chunks; a pass over a gzip or zstd layer), kept
+//!   in the disk cache under the blob's digest, so a layer two images or tags share is
+//!   fetched once.
 //!
 //! An image resolves to its layers, bottom first: index → manifest (an index of several
 //! platforms picks this machine's, or `--platform`'s) → config → layers. Every JSON
@@ -29,6 +35,8 @@ use crate::error::{Error, Result};
 use crate::format::{DigestOf, LayerCheck};
 use crate::io::blob::{Blob, LocalFile, Slice};
 use crate::io::digest::Digest;
+use crate::io::registry::{Reference, Registries, Registry};
+use crate::io::remote::RemoteBlob;
 
 /// Largest JSON document (index, manifest, config) read.
 pub const MAX_JSON: u64 = 4 << 20;
@@ -46,6 +54,8 @@ pub enum Transport {
     OciArchive,
     /// A `docker save` archive.
     DockerArchive,
+    /// A registry (`docker://`).
+    Docker,
 }
 
 impl Transport {
@@ -55,6 +65,7 @@ impl Transport {
             Transport::Oci => "oci",
             Transport::OciArchive => "oci-archive",
             Transport::DockerArchive => "docker-archive",
+            Transport::Docker => "docker",
         }
     }
 }
@@ -68,6 +79,8 @@ pub struct ImageRef {
     pub path: PathBuf,
     /// Which image of it: a tag (`latest`), a `name:tag`, `@N`.
     pub reference: Option<String>,
+    /// For `docker://`: the registry, repository, tag and digest (`path` is empty).
+    pub registry: Option<Reference>,
 }
 
 impl ImageRef {
@@ -76,6 +89,16 @@ impl ImageRef {
     /// with a colon cannot be named so); the rest is the reference.
     pub fn parse(s: &OsStr) -> Option<ImageRef> {
         let b = s.as_bytes();
+        if let Some(rest) = b.strip_prefix(b"docker://") {
+            // A malformed reference is still one: resolving it says what is wrong.
+            let text = String::from_utf8_lossy(rest).into_owned();
+            return Some(ImageRef {
+                transport: Transport::Docker,
+                path: PathBuf::new(),
+                registry: Reference::parse(&text).ok(),
+                reference: Some(text),
+            });
+        }
         let (transport, rest) = [
             Transport::OciArchive,
             Transport::DockerArchive,
@@ -97,12 +120,19 @@ impl ImageRef {
             reference: reference
                 .filter(|r| !r.is_empty())
                 .map(|r| String::from_utf8_lossy(r).into_owned()),
+            registry: None,
         })
     }
 }
 
 impl std::fmt::Display for ImageRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.transport == Transport::Docker {
+            return match &self.registry {
+                Some(r) => write!(f, "{r}"),
+                None => write!(f, "docker://{}", self.reference.as_deref().unwrap_or("")),
+            };
+        }
         write!(f, "{}:{}", self.transport.prefix(), self.path.display())?;
         if let Some(r) = &self.reference {
             write!(f, ":{r}")?;
@@ -300,7 +330,8 @@ const TOC_BLOB_ANNOTATIONS: &[&str] = &[
 /// Annotation naming an eStargz layer's table digest (of its JSON).
 const TOC_JSON_ANNOTATION: &str = "containerd.io/snapshot/stargz/toc.digest";
 
-/// Where an image's files are: a directory, or members of a tar archive.
+/// Where an image's files are: a directory, members of a tar archive, a repository of
+/// a registry.
 enum Store {
     Dir(PathBuf),
     Archive {
@@ -308,11 +339,33 @@ enum Store {
         /// Regular members: normalised path → (data offset, size).
         members: HashMap<Vec<u8>, (u64, u64)>,
     },
+    Registry {
+        registry: Arc<Registry>,
+        reference: Reference,
+    },
+}
+
+/// A manifest or index, fetched: its bytes, digest and media type (from its descriptor
+/// or the registry's answer; empty if neither says).
+struct Doc {
+    bytes: Vec<u8>,
+    digest: Digest,
+    media_type: String,
 }
 
 impl Store {
-    fn open(r: &ImageRef) -> Result<Store> {
+    fn open(r: &ImageRef, registries: &dyn Fn() -> Result<Arc<Registries>>) -> Result<Store> {
         match r.transport {
+            Transport::Docker => {
+                let reference = match &r.registry {
+                    Some(rr) => rr.clone(),
+                    None => Reference::parse(r.reference.as_deref().unwrap_or(""))?,
+                };
+                Ok(Store::Registry {
+                    registry: registries()?.get(&reference.host)?,
+                    reference,
+                })
+            }
             Transport::Oci => {
                 if !r.path.is_dir() {
                     return Err(Error::Format(format!(
@@ -378,11 +431,30 @@ impl Store {
                     None => Ok(None),
                 }
             }
+            Store::Registry { .. } => Ok(None),
         }
     }
 
     /// The blob a descriptor names: present, of the size it says.
     fn blob(&self, d: &Digest, size: i64, what: &str) -> Result<Arc<dyn Blob>> {
+        if let Store::Registry {
+            registry,
+            reference,
+        } = self
+        {
+            // The descriptor's size is the blob's: nothing is asked of the registry
+            // until a range is read (a wrong size fails that read, or the digest).
+            let size = u64::try_from(size)
+                .map_err(|_| Error::Format(format!("{what} {d}: size {size}")))?;
+            return Ok(Arc::new(RemoteBlob::of(
+                format!("{}/{}@{d}", reference.host, reference.repo),
+                registry.blob(&reference.repo, d),
+                size,
+                format!("oci-blob\0{d}"),
+                0,
+                registry.remote().clone(),
+            )));
+        }
         let blob = self
             .file(&d.blob_path())?
             .ok_or_else(|| Error::Format(format!("{what} {d} is missing from the image")))?;
@@ -393,6 +465,92 @@ impl Store {
             )));
         }
         Ok(blob)
+    }
+
+    /// The manifest or index a descriptor names, checked against its digest and size.
+    fn manifest(&self, desc: &Descriptor) -> Result<Doc> {
+        let digest = descriptor_digest(desc, "a manifest descriptor")?;
+        let what = format!("manifest {digest}");
+        let bytes = match self {
+            Store::Registry {
+                registry,
+                reference,
+            } => {
+                if desc.size > MAX_JSON as i64 {
+                    return Err(Error::Format(format!(
+                        "{what} has {} bytes: more than the {} MiB pkgfs reads",
+                        desc.size,
+                        MAX_JSON >> 20
+                    )));
+                }
+                let m = registry.run(
+                    &what,
+                    registry.manifest(&reference.repo, &digest.to_string(), MAX_JSON as usize),
+                )?;
+                if i64::try_from(m.bytes.len()).ok() != Some(desc.size) {
+                    return Err(Error::Corrupt(format!(
+                        "{what} has {} bytes, its descriptor says {}",
+                        m.bytes.len(),
+                        desc.size
+                    )));
+                }
+                digest.check(&m.bytes, &what)?;
+                m.bytes
+            }
+            _ => {
+                let blob = self.blob(&digest, desc.size, "manifest")?;
+                self.json(&*blob, Some(&digest), &what)?
+            }
+        };
+        Ok(Doc {
+            bytes,
+            digest,
+            media_type: desc.media_type.clone(),
+        })
+    }
+
+    /// The manifest or index a registry reference names (by tag: its digest is computed,
+    /// and must equal the registry's `Docker-Content-Digest`; by digest: checked).
+    fn top(&self) -> Result<Doc> {
+        let Store::Registry {
+            registry,
+            reference,
+        } = self
+        else {
+            return Err(Error::Format("not a registry".into()));
+        };
+        let name = reference.manifest_reference();
+        let what = format!("manifest {name}");
+        let m = registry.run(
+            &what,
+            registry.manifest(&reference.repo, &name, MAX_JSON as usize),
+        )?;
+        let digest = match &reference.digest {
+            Some(d) => {
+                d.check(&m.bytes, &what)?;
+                d.clone()
+            }
+            None => {
+                let mut h = crate::io::digest::Hasher::new(crate::io::digest::Algorithm::Sha256);
+                h.update(&m.bytes);
+                let computed = h.finish();
+                if let Some(said) = m.digest.as_deref().and_then(|d| Digest::parse(d).ok())
+                    && said.algorithm() == computed.algorithm()
+                    && said != computed
+                {
+                    return Err(Error::Corrupt(format!(
+                        "{what}: the registry says its digest is {said}, its bytes hash to \
+                         {computed}"
+                    )));
+                }
+                computed
+            }
+        };
+        Ok(Doc {
+            bytes: m.bytes,
+            digest,
+            media_type: m.media_type,
+        })
     }
 
     /// A JSON document: at most [`MAX_JSON`] bytes, checked against `digest` if given.
@@ -421,12 +579,23 @@ fn descriptor_digest(d: &Descriptor, what: &str) -> Result<Digest> {
     Digest::parse(&d.digest).map_err(|e| Error::Format(format!("{what}: {e}")))
 }
 
-/// Resolve `r` to its layers.
-pub fn resolve(r: &ImageRef, platform: Option<&Platform>) -> Result<Image> {
-    let store = Store::open(r)?;
+/// Resolve `r` to its layers; `registries` gives the registry clients (made on first
+/// use: only `docker://` needs them).
+pub fn resolve(
+    r: &ImageRef,
+    platform: Option<&Platform>,
+    registries: &dyn Fn() -> Result<Arc<Registries>>,
+) -> Result<Image> {
+    let store = Store::open(r, registries).map_err(|e| match e {
+        Error::Format(m) if r.transport == Transport::Docker => Error::Format(m),
+        e => e,
+    })?;
     let image = match r.transport {
         Transport::Oci | Transport::OciArchive => resolve_oci(r, &store, platform),
         Transport::DockerArchive => resolve_docker(r, &store),
+        Transport::Docker => store
+            .top()
+            .and_then(|top| descend(r, &store, top, platform)),
     }
     .map_err(|e| match e {
         Error::Format(m) => Error::Format(format!("{r}: {m}")),
@@ -494,23 +663,31 @@ fn resolve_oci(r: &ImageRef, store: &Store, platform: Option<&Platform>) -> Resu
             return Err(Error::Format(format!("several images are tagged {tag:?}")));
         }
     };
-    // Down through nested indexes to a manifest.
-    let mut desc = desc;
+    let top = store.manifest(&desc)?;
+    descend(r, store, top, platform)
+}
+
+/// Down from `doc` through nested indexes to a manifest, and its image.
+fn descend(
+    r: &ImageRef,
+    store: &Store,
+    mut doc: Doc,
+    platform: Option<&Platform>,
+) -> Result<Image> {
     for depth in 0.. {
         if depth > MAX_NESTING {
             return Err(Error::Format(format!(
                 "image indexes nest more than {MAX_NESTING} deep"
             )));
         }
-        let digest = descriptor_digest(&desc, "a manifest descriptor")?;
+        let digest = doc.digest.clone();
         let what = format!("manifest {digest}");
-        let blob = store.blob(&digest, desc.size, "manifest")?;
-        let bytes = store.json(&*blob, Some(&digest), &what)?;
+        let bytes = std::mem::take(&mut doc.bytes);
         let sniff: Sniff = parse_json(&bytes, &what)?;
-        let media = if desc.media_type.is_empty() {
+        let media = if doc.media_type.is_empty() {
             sniff.media_type.as_str()
         } else {
-            desc.media_type.as_str()
+            doc.media_type.as_str()
         };
         let is_index =
             INDEX_TYPES.contains(&media) || (media.is_empty() && sniff.manifests.is_some());
@@ -520,7 +697,7 @@ fn resolve_oci(r: &ImageRef, store: &Store, platform: Option<&Platform>) -> Resu
             let idx: IndexJson = parse_json(&bytes, &what)?;
             let refs: Vec<&Descriptor> = idx.manifests.iter().collect();
             let want = platform.cloned().unwrap_or_else(Platform::host);
-            desc = match refs.as_slice() {
+            let desc = match refs.as_slice() {
                 [only] if only.platform.is_none() => (*only).clone(),
                 _ => pick_platform(&refs, &want).cloned().ok_or_else(|| {
                     let have: Vec<String> = refs
@@ -538,6 +715,7 @@ fn resolve_oci(r: &ImageRef, store: &Store, platform: Option<&Platform>) -> Resu
                     ))
                 })?,
             };
+            doc = store.manifest(&desc)?;
             continue;
         }
         if !is_manifest {
@@ -781,7 +959,8 @@ mod tests {
             Some(ImageRef {
                 transport: Transport::Oci,
                 path: "/img".into(),
-                reference: Some("latest".into())
+                reference: Some("latest".into()),
+                registry: None,
             })
         );
         assert_eq!(p("oci:img").unwrap().reference, None);
@@ -800,7 +979,12 @@ mod tests {
         );
         assert_eq!(p("/pkgs"), None);
         assert_eq!(p("ocifoo:/x"), None);
-        assert_eq!(p("docker://busybox"), None);
+        let r = p("docker://busybox").unwrap();
+        assert_eq!(r.transport, Transport::Docker);
+        assert_eq!(r.to_string(), "docker://docker.io/library/busybox:latest");
+        let bad = p("docker://UPPER/x").unwrap();
+        assert!(bad.registry.is_none(), "kept, to fail when resolved");
+        assert_eq!(p("docker:/x"), None);
         assert_eq!(d.to_string(), "docker-archive:/x/a.tar:pkgfs/debian:latest");
     }
 

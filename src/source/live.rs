@@ -231,6 +231,7 @@ mod tests {
             whiteouts: false,
             platform: None,
             remote: Default::default(),
+            registry: Default::default(),
             progress: None,
             layout: Default::default(),
         };

@@ -84,6 +84,7 @@ pub fn discover(
     sources: &[PathBuf],
     platform: Option<&image::Platform>,
     list_remote: &mut dyn FnMut(&remote::RemoteRef, &Path) -> Result<Listing>,
+    registries: &dyn Fn() -> Result<Arc<crate::io::registry::Registries>>,
 ) -> Result<(Vec<Candidate>, Vec<image::Image>)> {
     let mut out = Vec::new();
     let mut images = Vec::new();
@@ -100,7 +101,7 @@ pub fn discover(
             continue;
         }
         if let Some(r) = image::ImageRef::parse(src.as_os_str()) {
-            let img = image::resolve(&r, platform)?;
+            let img = image::resolve(&r, platform, registries)?;
             out.extend(img.layers.iter().map(|l| Candidate {
                 path: l.name.clone(),
                 explicit: true,
@@ -338,6 +339,8 @@ pub struct LoadOptions {
     pub platform: Option<image::Platform>,
     /// Timeouts and retries of remote sources.
     pub remote: crate::io::remote::RemoteConfig,
+    /// Credentials, certificates and TLS of registries (`docker://` sources).
+    pub registry: crate::io::registry::RegistryConfig,
     /// Who hears about passes over archives while the first scan indexes them.
     pub progress: Option<Progress>,
     /// Where each package goes.
@@ -464,6 +467,8 @@ pub struct Packages {
     background: Option<Background>,
     /// The runtime of remote sources, made when the first one is listed.
     remote: std::sync::OnceLock<Arc<crate::io::remote::Remote>>,
+    /// The registry clients (made on first use: a source is `docker://`).
+    registries: std::sync::OnceLock<Arc<crate::io::registry::Registries>>,
     /// The last listing of each remote source: kept when listing it again fails.
     listed: HashMap<PathBuf, Listing>,
     /// The grafts of the last scan, by path: kept while their package is unchanged.
@@ -584,6 +589,7 @@ impl Packages {
             scanned: false,
             background: None,
             remote: std::sync::OnceLock::new(),
+            registries: std::sync::OnceLock::new(),
             listed: HashMap::new(),
             grafts: HashMap::new(),
             facts: HashMap::new(),
@@ -602,6 +608,18 @@ impl Packages {
         }
         let r = crate::io::remote::Remote::new(self.opts.remote.clone())?;
         Ok(self.remote.get_or_init(|| r).clone())
+    }
+
+    /// The registry clients (made on first use, on the remote sources' runtime).
+    pub fn registries(&self) -> Result<Arc<crate::io::registry::Registries>> {
+        if let Some(r) = self.registries.get() {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(crate::io::registry::Registries::new(
+            self.remote()?,
+            self.opts.registry.clone(),
+        ));
+        Ok(self.registries.get_or_init(|| r).clone())
     }
 
     /// From now on, rescans leave archives that need a long pass to a background thread
@@ -746,7 +764,13 @@ impl Packages {
                 },
             }
         };
-        let found = discover(&self.sources, self.opts.platform.as_ref(), &mut list_remote);
+        let registries = || self.registries();
+        let found = discover(
+            &self.sources,
+            self.opts.platform.as_ref(),
+            &mut list_remote,
+            &registries,
+        );
         self.listed = listed;
         let (found, images) = found?;
         let candidates: Vec<Candidate> = found
@@ -1505,6 +1529,7 @@ mod tests {
             whiteouts: false,
             platform: None,
             remote: Default::default(),
+            registry: Default::default(),
             progress: None,
             layout: Default::default(),
         };

@@ -55,6 +55,8 @@ pub struct Merge {
     pub platform: Option<crate::source::image::Platform>,
     /// Where each package goes.
     pub layout: crate::layout::Config,
+    /// How registries are reached (`docker://` sources).
+    pub registry: crate::io::registry::RegistryConfig,
 }
 
 fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolError> {
@@ -72,6 +74,7 @@ fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolE
             crate::progress::IndexBars::default(),
         ))),
         layout: merge.layout.clone(),
+        registry: merge.registry.clone(),
     };
     Ok(source::load(sources, &opts)?)
 }

@@ -618,6 +618,7 @@ mod tests {
             whiteouts: false,
             platform: None,
             remote: Default::default(),
+            registry: Default::default(),
             progress: None,
             layout: Default::default(),
         };

@@ -1,0 +1,615 @@
+//! Images straight from a registry (`docker://`): Debian's `docker-registry`
+//! (distribution 2.8) started by each test on loopback, anonymous, with htpasswd over TLS
+//! (a CA and a server certificate made by `openssl`), or behind a bearer token server
+//! (`registry/token_server.py`, as Docker Hub and GHCR work); the image fixtures
+//! (`images.rs`: umoci, skopeo, stargz-snapshotter) pushed to it by `skopeo copy`, each
+//! mount compared with umoci's unpack of the same image. Bytes the registry sent are
+//! counted from its own access log.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{
+    Mount, free_port, pkgfs, repo, require_fuse, require_tools, run, status_json, terminate,
+    test_python, trees_match, wait_listening,
+};
+use crate::images::{images, in_chroot};
+
+/// How a test registry lets clients in.
+enum Auth {
+    Anonymous,
+    /// htpasswd (bcrypt) with this user and password, over TLS.
+    Basic(&'static str, &'static str),
+    /// Tokens from `token_server.py` for this user and password; tokens live this long.
+    Token(&'static str, &'static str, u64),
+}
+
+/// A registry on a free loopback port, with its data, log and certificates in a
+/// temporary directory; stopped (and its token server) when dropped.
+struct Registry {
+    child: Option<Child>,
+    token: Option<Child>,
+    dir: tempfile::TempDir,
+    port: u16,
+    tls: bool,
+}
+
+impl Registry {
+    fn start(auth: Auth) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let port = free_port();
+        let mut extra = String::new();
+        let mut tls = false;
+        let mut token = None;
+        match auth {
+            Auth::Anonymous => {}
+            Auth::Basic(user, pass) => {
+                let out = run(Command::new("htpasswd").args(["-Bbn", user, pass]));
+                fs::write(d.join("htpasswd"), out.stdout).unwrap();
+                make_certificates(d);
+                extra = format!(
+                    "auth:\n  htpasswd:\n    realm: pkgfs-tests\n    path: {}\n",
+                    d.join("htpasswd").display()
+                );
+                tls = true;
+            }
+            Auth::Token(user, pass, life) => {
+                let tport = free_port();
+                run(Command::new("openssl")
+                    .args([
+                        "req",
+                        "-x509",
+                        "-newkey",
+                        "rsa:2048",
+                        "-nodes",
+                        "-days",
+                        "2",
+                        "-subj",
+                        "/CN=pkgfs-token-issuer",
+                        "-keyout",
+                    ])
+                    .arg(d.join("token.key"))
+                    .arg("-out")
+                    .arg(d.join("token.crt")));
+                let log = fs::File::create(d.join("token.log")).unwrap();
+                token = Some(
+                    Command::new(test_python())
+                        .arg(repo().join("mount-tests/registry/token_server.py"))
+                        .arg(tport.to_string())
+                        .arg(d.join("token.key"))
+                        .arg(d.join("token.crt"))
+                        .arg("pkgfs-token-issuer")
+                        .arg(format!("{user}:{pass}"))
+                        .arg(life.to_string())
+                        .stdout(log)
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .unwrap(),
+                );
+                wait_listening(tport, "the token server listens");
+                extra = format!(
+                    "auth:\n  token:\n    realm: http://127.0.0.1:{tport}/token\n    \
+                     service: pkgfs-registry\n    issuer: pkgfs-token-issuer\n    \
+                     rootcertbundle: {}\n",
+                    d.join("token.crt").display()
+                );
+            }
+        }
+        let tls_conf = if tls {
+            format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                d.join("server.crt").display(),
+                d.join("server.key").display()
+            )
+        } else {
+            String::new()
+        };
+        fs::write(
+            d.join("config.yml"),
+            format!(
+                "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n\
+                 storage:\n  filesystem:\n    rootdirectory: {}\n\
+                 http:\n  addr: 127.0.0.1:{port}\n{tls_conf}{extra}",
+                d.join("data").display()
+            ),
+        )
+        .unwrap();
+        let mut r = Registry {
+            child: None,
+            token,
+            dir,
+            port,
+            tls,
+        };
+        r.restart();
+        r
+    }
+
+    fn restart(&mut self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("registry.log"))
+            .unwrap();
+        self.child = Some(
+            Command::new("docker-registry")
+                .arg("serve")
+                .arg(self.dir.path().join("config.yml"))
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+        wait_listening(self.port, "the registry listens");
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&mut c);
+        }
+    }
+
+    fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn reference(&self, name: &str) -> String {
+        format!("docker://{}/{name}", self.host())
+    }
+
+    /// The CA (and client-side certificate directory) of a TLS registry.
+    fn cert_dir(&self) -> PathBuf {
+        self.dir.path().join("certs.d")
+    }
+
+    /// `skopeo copy` of the fixture layout `from` (`oci-gzip:latest`…) to `to`
+    /// (`REPO:TAG`), layers as they are (no recompression).
+    fn push(&self, from: &str, to: &str, creds: Option<&str>) {
+        let mut c = Command::new("skopeo");
+        c.args(["copy", "--quiet", "--preserve-digests"]);
+        if self.tls {
+            c.arg("--dest-cert-dir").arg(self.cert_dir());
+        } else {
+            c.arg("--dest-tls-verify=false");
+        }
+        if let Some(creds) = creds {
+            c.args(["--dest-creds", creds]);
+        }
+        c.arg(format!("oci:{}/{from}", images().display()))
+            .arg(self.reference(to));
+        run(&mut c);
+    }
+
+    /// The registry's access log: (method, path, status, body bytes) per request.
+    fn requests(&self) -> Vec<(String, String, u16, u64)> {
+        let log = fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
+        log.lines()
+            .filter_map(|l| {
+                // 127.0.0.1 - - [date] "GET /v2/... HTTP/1.1" 206 4096 "" "agent"
+                let (_, rest) = l.split_once("\"")?;
+                let (request, rest) = rest.split_once('"')?;
+                let mut r = request.split(' ');
+                let (method, path) = (r.next()?, r.next()?);
+                let mut n = rest.split_whitespace();
+                let status = n.next()?.parse().ok()?;
+                let bytes = n.next()?.parse().unwrap_or(0);
+                Some((method.to_string(), path.to_string(), status, bytes))
+            })
+            .collect()
+    }
+
+    /// Body bytes of blob GETs so far.
+    fn blob_bytes(&self) -> u64 {
+        self.requests()
+            .iter()
+            .filter(|(m, p, ..)| m == "GET" && p.contains("/blobs/"))
+            .map(|r| r.3)
+            .sum()
+    }
+
+    /// The token server's log lines (`TOKEN user scope status`).
+    fn tokens(&self) -> Vec<String> {
+        fs::read_to_string(self.dir.path().join("token.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(mut t) = self.token.take() {
+            terminate(&mut t);
+        }
+    }
+}
+
+/// A CA, and a certificate for 127.0.0.1 signed by it (`server.crt`, `server.key`);
+/// the CA as `certs.d/ca.crt`, as podman's certificate directories hold it.
+fn make_certificates(d: &Path) {
+    let ssl = |args: &[&str]| {
+        run(Command::new("openssl").args(args).current_dir(d));
+    };
+    ssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=pkgfs test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    ssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    fs::write(
+        d.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n\
+         extendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    ssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "server.crt",
+    ]);
+    fs::create_dir(d.join("certs.d")).unwrap();
+    fs::copy(d.join("ca.crt"), d.join("certs.d/ca.crt")).unwrap();
+}
+
+fn tools() -> bool {
+    require_fuse() && require_tools(&["docker-registry", "skopeo", "htpasswd", "openssl"])
+}
+
+/// `pkgfs mount` that is expected to fail: its standard error.
+fn mount_fails(args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let out = pkgfs()
+        .arg("mount")
+        .args(args)
+        .arg(dir.path())
+        .arg("--no-disk-cache")
+        .arg("--no-index-cache")
+        .output()
+        .unwrap();
+    if out.status.success() {
+        let _ = pkgfs().arg("umount").arg(dir.path()).output();
+        panic!("mounted: {args:?}");
+    }
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The digest of the manifest skopeo sees for `reference`.
+fn manifest_digest(r: &Registry, name: &str) -> String {
+    let out = run(Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(r.reference(name)));
+    use sha2::Digest as _;
+    format!("sha256:{:x}", sha2::Sha256::digest(&out.stdout))
+}
+
+/// Every copy of the image pushed to a registry mounts equal to umoci's unpack, each
+/// layer read its own way (a pass for gzip and zstd, the table of contents for
+/// zstd:chunked and eStargz); by tag and by digest; the image runs in a chroot; status
+/// names the manifest skopeo sees and what each layer fetched.
+#[test]
+fn images_in_a_registry_mount_equal_to_the_reference() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    let reference = images().join("reference/rootfs");
+    let copies = [
+        ("oci-gzip:latest", "tar.gz", "digest"),
+        ("oci-zstd:latest", "tar.zst", "digest"),
+        ("oci-zstd-chunked:latest", "zstd:chunked", "toc"),
+        ("oci-estargz:latest", "estargz", "toc"),
+        ("oci-zstd-chunked-ctr:latest", "zstd:chunked", "toc"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (from, format, checked)) in copies.into_iter().enumerate() {
+        let name = format!("pkgfs/debian:v{i}");
+        reg.push(from, &name, None);
+        let cache = dir.path().join(format!("cache{i}"));
+        let m = Mount::new(
+            &[Path::new(&reg.reference(&name))],
+            &[
+                "--tls-verify=false",
+                "--no-index-cache",
+                "--disk-cache",
+                cache.to_str().unwrap(),
+            ],
+        );
+        trees_match(&reference, &m.path(), &[]);
+        let st = status_json(&m.path());
+        let img = &st["images"][0];
+        assert_eq!(img["reference"], reg.reference(&name), "{st}");
+        assert_eq!(img["manifest"], manifest_digest(&reg, &name), "{st}");
+        for p in st["packages"].as_array().unwrap() {
+            assert_eq!(p["format"], format, "{from}: {p}");
+            assert_eq!(p["checked"], checked, "{from}: {p}");
+            assert!(p["fetched_bytes"].as_u64().unwrap() > 0, "{p}");
+        }
+        if from.starts_with("oci-zstd-chunked:") {
+            assert_eq!(
+                in_chroot(&m.path(), &["/usr/local/bin/pkgfs-selftest"]),
+                fs::read_to_string(images().join("reference.selftest")).unwrap()
+            );
+            // The same image pinned by its digest.
+            let digest = manifest_digest(&reg, &name);
+            let pinned = reg.reference(&format!("pkgfs/debian@{digest}"));
+            let m2 = Mount::new(
+                &[Path::new(&pinned)],
+                &[
+                    "--tls-verify=false",
+                    "--no-index-cache",
+                    "--disk-cache",
+                    cache.to_str().unwrap(),
+                ],
+            );
+            assert_eq!(
+                fs::read(m2.path().join("usr/bin/bash")).unwrap(),
+                fs::read(reference.join("usr/bin/bash")).unwrap()
+            );
+        }
+    }
+    // Missing things are named.
+    let err = mount_fails(&["--tls-verify=false", &reg.reference("pkgfs/nothing:v0")]);
+    assert!(err.contains("no such repository"), "{err}");
+    let err = mount_fails(&["--tls-verify=false", &reg.reference("pkgfs/debian:v99")]);
+    assert!(
+        err.contains("no image tagged v99 (tags: v0, v1, v2, v3, v4)"),
+        "{err}"
+    );
+    let other = format!("sha256:{}", "0".repeat(64));
+    let err = mount_fails(&[
+        "--tls-verify=false",
+        &reg.reference(&format!("pkgfs/debian@{other}")),
+    ]);
+    assert!(err.contains(&format!("no manifest {other}")), "{err}");
+    // Without --tls-verify=false a registry without TLS is refused, and why is said.
+    let err = mount_fails(&[&reg.reference("pkgfs/debian:v0")]);
+    assert!(err.contains("--tls-verify=false"), "{err}");
+}
+
+/// A layer with a table of contents costs its table and the chunks read: one file of
+/// the image fetches a small part of its layers. A layer two tags share is fetched
+/// once: a second mount of another tag with the same disk cache asks the registry for
+/// its manifest only, and reads every file from the cache; with the registry stopped,
+/// cached files still read, others fail with EIO within the bound, and after a restart
+/// they read again.
+#[test]
+fn registry_reads_fetch_what_is_read_once() {
+    if !tools() {
+        return;
+    }
+    let mut reg = Registry::start(Auth::Anonymous);
+    let reference = images().join("reference/rootfs");
+    reg.push("oci-zstd-chunked:latest", "pkgfs/chunked:a", None);
+    reg.push("oci-zstd-chunked:latest", "pkgfs/chunked-too:b", None);
+    reg.push("oci-estargz:latest", "pkgfs/estargz:a", None);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("disk-cache");
+    let opts = |extra: &'static [&'static str]| -> Vec<String> {
+        let mut v: Vec<String> = ["--tls-verify=false", "--no-index-cache", "--prefetch", "0"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(["--disk-cache".to_string(), cache.display().to_string()]);
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    for name in ["pkgfs/chunked:a", "pkgfs/estargz:a"] {
+        let before = reg.blob_bytes();
+        let o = opts(&[]);
+        let o: Vec<&str> = o.iter().map(String::as_str).collect();
+        let m = Mount::new(&[Path::new(&reg.reference(name))], &o);
+        assert_eq!(
+            fs::read(m.path().join("usr/bin/bash")).unwrap(),
+            fs::read(reference.join("usr/bin/bash")).unwrap()
+        );
+        let st = status_json(&m.path());
+        let total: u64 = st["images"][0]["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["size"].as_u64().unwrap())
+            .sum();
+        let sent = reg.blob_bytes() - before;
+        assert!(
+            sent > 0 && sent * 10 < total,
+            "{name}: the registry sent {sent} of {total} bytes of layers for one file"
+        );
+    }
+    // Another tag of the same layers: the manifest is asked for, no blob.
+    let blob_gets = |reg: &Registry| {
+        reg.requests()
+            .iter()
+            .filter(|(m, p, ..)| m == "GET" && p.contains("/blobs/"))
+            .count()
+    };
+    let before = blob_gets(&reg);
+    let o = opts(&["--remote-timeout", "3s"]);
+    let o: Vec<&str> = o.iter().map(String::as_str).collect();
+    let m = Mount::new(&[Path::new(&reg.reference("pkgfs/chunked-too:b"))], &o);
+    assert_eq!(
+        fs::read(m.path().join("usr/bin/bash")).unwrap(),
+        fs::read(reference.join("usr/bin/bash")).unwrap()
+    );
+    assert_eq!(blob_gets(&reg), before, "a shared layer is fetched again");
+    // An outage: what is cached reads, the rest fails in time, then recovers.
+    reg.stop();
+    let _ = fs::write("/proc/sys/vm/drop_caches", "3");
+    assert_eq!(
+        fs::read(m.path().join("usr/bin/bash")).unwrap(),
+        fs::read(reference.join("usr/bin/bash")).unwrap()
+    );
+    let t = Instant::now();
+    let e = fs::read(m.path().join("usr/bin/perl")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    reg.restart();
+    assert_eq!(
+        fs::read(m.path().join("usr/bin/perl")).unwrap(),
+        fs::read(reference.join("usr/bin/perl")).unwrap()
+    );
+    drop(m);
+    // Everything, from the cache filled above plus what is missing.
+    let m = Mount::new(&[Path::new(&reg.reference("pkgfs/chunked-too:b"))], &o);
+    trees_match(&reference, &m.path(), &[]);
+}
+
+/// htpasswd over TLS: the CA from --cert-dir (or trust skipped with
+/// --tls-verify=false), credentials from --creds or an auth file as `podman login`
+/// writes it; a wrong password, no credentials and an unknown CA each fail the mount
+/// saying which.
+#[test]
+fn basic_auth_over_tls_with_the_credentials_users_have() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(Auth::Basic("alice", "s3cret"));
+    reg.push("oci-gzip:latest", "team/debian:1", Some("alice:s3cret"));
+    let reference = images().join("reference/rootfs");
+    let src = reg.reference("team/debian:1");
+    let certs = reg.cert_dir().display().to_string();
+    let m = Mount::new(
+        &[Path::new(&src)],
+        &[
+            "--cert-dir",
+            &certs,
+            "--creds",
+            "alice:s3cret",
+            "--no-disk-cache",
+        ],
+    );
+    trees_match(&reference, &m.path(), &[]);
+    drop(m);
+    // An auth file as podman login writes it, by $REGISTRY_AUTH_FILE.
+    let dir = tempfile::tempdir().unwrap();
+    let auth = dir.path().join("auth.json");
+    use base64::Engine as _;
+    fs::write(
+        &auth,
+        format!(
+            "{{\"auths\": {{\"{}\": {{\"auth\": \"{}\"}}}}}}",
+            reg.host(),
+            base64::engine::general_purpose::STANDARD.encode("alice:s3cret")
+        ),
+    )
+    .unwrap();
+    let m = Mount::with_env(
+        &[Path::new(&src)],
+        &["--cert-dir", &certs, "--no-disk-cache"],
+        &[("REGISTRY_AUTH_FILE", auth.to_str().unwrap())],
+    );
+    assert_eq!(
+        fs::read(m.path().join("etc/os-release")).unwrap(),
+        fs::read(reference.join("etc/os-release")).unwrap()
+    );
+    drop(m);
+    // --tls-verify=false: the certificate is not checked.
+    let m = Mount::new(
+        &[Path::new(&src)],
+        &[
+            "--tls-verify=false",
+            "--authfile",
+            auth.to_str().unwrap(),
+            "--no-disk-cache",
+        ],
+    );
+    assert!(m.path().join("usr/bin/bash").exists());
+    drop(m);
+    let err = mount_fails(&["--cert-dir", &certs, "--creds", "alice:wrong", &src]);
+    assert!(err.contains("wrong user name or password"), "{err}");
+    let err = mount_fails(&["--cert-dir", &certs, "--authfile", "/nonexistent", &src]);
+    assert!(err.contains("asks for a user name and password"), "{err}");
+    let err = mount_fails(&["--creds", "alice:s3cret", &src]);
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+}
+
+/// Behind a bearer token server: a token for the repository's pull scope is asked for
+/// with the credentials, kept while it lives (not one per request), and renewed when
+/// it expires; a wrong password is the token server's refusal, named.
+#[test]
+fn bearer_tokens_as_docker_hub_hands_them_out() {
+    if !tools() {
+        return;
+    }
+    // Tokens live 15 s (renewed 10 s early): a read after 6 s needs a new one.
+    let reg = Registry::start(Auth::Token("bob", "hunter2", 15));
+    reg.push("oci-estargz:latest", "bob/debian:1", Some("bob:hunter2"));
+    let reference = images().join("reference/rootfs");
+    let src = reg.reference("bob/debian:1");
+    let pushed = reg.tokens().len();
+    let m = Mount::new(
+        &[Path::new(&src)],
+        &[
+            "--tls-verify=false",
+            "--creds",
+            "bob:hunter2",
+            "--no-disk-cache",
+            "--prefetch",
+            "0",
+        ],
+    );
+    assert_eq!(
+        fs::read(m.path().join("usr/bin/bash")).unwrap(),
+        fs::read(reference.join("usr/bin/bash")).unwrap()
+    );
+    let asked: Vec<String> = reg.tokens()[pushed..].to_vec();
+    assert!(
+        !asked.is_empty()
+            && asked.len() <= 2
+            && asked
+                .iter()
+                .all(|l| l == "TOKEN bob repository:bob/debian:pull 200"),
+        "{asked:?}"
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        fs::read(m.path().join("usr/bin/perl")).unwrap(),
+        fs::read(reference.join("usr/bin/perl")).unwrap()
+    );
+    assert!(
+        reg.tokens().len() > pushed + asked.len(),
+        "the token was not renewed"
+    );
+    drop(m);
+    let err = mount_fails(&["--tls-verify=false", "--creds", "bob:nope", &src]);
+    assert!(err.contains("token server refused user \"bob\""), "{err}");
+    let err = mount_fails(&["--tls-verify=false", "--authfile", "/nonexistent", &src]);
+    assert!(err.contains("access denied"), "{err}");
+}
