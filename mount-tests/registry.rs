@@ -16,6 +16,7 @@ use crate::common::{
     test_python, trees_match, wait_listening,
 };
 use crate::images::{images, in_chroot};
+use crate::remote::Moto;
 
 /// How a test registry lets clients in.
 enum Auth {
@@ -38,6 +39,12 @@ struct Registry {
 
 impl Registry {
     fn start(auth: Auth) -> Registry {
+        Registry::start_with(auth, None)
+    }
+
+    /// With `s3`, blobs are kept in a bucket of that moto server, and blob GETs are
+    /// redirected (307) to signed URLs of it, as registries backed by S3 or a CDN do.
+    fn start_with(auth: Auth, s3: Option<&Moto>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let port = free_port();
@@ -107,13 +114,27 @@ impl Registry {
         } else {
             String::new()
         };
+        let storage = match s3 {
+            None => format!(
+                "storage:\n  filesystem:\n    rootdirectory: {}\n",
+                d.join("data").display()
+            ),
+            Some(moto) => {
+                moto.boto("s3.create_bucket(Bucket='registry')");
+                format!(
+                    "storage:\n  s3:\n    accesskey: test\n    secretkey: test\n    \
+                     region: us-east-1\n    regionendpoint: http://127.0.0.1:{}\n    \
+                     bucket: registry\n    secure: false\n    v4auth: true\n  \
+                     redirect:\n    disable: false\n",
+                    moto.port
+                )
+            }
+        };
         fs::write(
             d.join("config.yml"),
             format!(
                 "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n\
-                 storage:\n  filesystem:\n    rootdirectory: {}\n\
-                 http:\n  addr: 127.0.0.1:{port}\n{tls_conf}{extra}",
-                d.join("data").display()
+                 {storage}http:\n  addr: 127.0.0.1:{port}\n{tls_conf}{extra}"
             ),
         )
         .unwrap();
@@ -136,6 +157,9 @@ impl Registry {
             .unwrap();
         self.child = Some(
             Command::new("docker-registry")
+                // The AWS SDK of distribution 2.8 cannot load a CA bundle into its
+                // transport (a panic at start): S3 storage here is plain HTTP anyway.
+                .env_remove("AWS_CA_BUNDLE")
                 .arg("serve")
                 .arg(self.dir.path().join("config.yml"))
                 .stdout(log.try_clone().unwrap())
@@ -300,7 +324,7 @@ fn mount_fails(args: &[&str]) -> String {
         .arg("mount")
         .args(args)
         .arg(dir.path())
-        .arg("--no-disk-cache")
+        .args((!args.contains(&"--disk-cache")).then_some("--no-disk-cache"))
         .arg("--no-index-cache")
         .output()
         .unwrap();
@@ -612,4 +636,153 @@ fn bearer_tokens_as_docker_hub_hands_them_out() {
     assert!(err.contains("token server refused user \"bob\""), "{err}");
     let err = mount_fails(&["--tls-verify=false", "--authfile", "/nonexistent", &src]);
     assert!(err.contains("access denied"), "{err}");
+}
+
+/// A registry that keeps its blobs in S3 (moto) answers blob GETs with a 307 to a signed
+/// URL: the redirect is followed without the registry's credentials, remembered per
+/// blob (later ranges go straight to the storage), and the image equals the reference.
+#[test]
+fn blobs_redirected_to_storage_are_fetched_there() {
+    if !tools() {
+        return;
+    }
+    let moto = Moto::start();
+    let reg = Registry::start_with(Auth::Anonymous, Some(&moto));
+    reg.push("oci-zstd-chunked:latest", "pkgfs/s3:1", None);
+    let reference = images().join("reference/rootfs");
+    let before = reg.requests().len();
+    let m = Mount::new(
+        &[Path::new(&reg.reference("pkgfs/s3:1"))],
+        &["--tls-verify=false", "--no-disk-cache", "--no-index-cache"],
+    );
+    trees_match(&reference, &m.path(), &[]);
+    let st = status_json(&m.path());
+    let asked = &reg.requests()[before..];
+    let redirected: Vec<&String> = asked
+        .iter()
+        .filter(|(m, p, s, _)| m == "GET" && p.contains("/blobs/") && *s == 307)
+        .map(|r| &r.1)
+        .collect();
+    let served = asked
+        .iter()
+        .filter(|(m, p, s, _)| m == "GET" && p.contains("/blobs/") && *s / 100 == 2)
+        .count();
+    assert_eq!(
+        served, 0,
+        "the registry served blob bytes itself: {asked:?}"
+    );
+    let mut blobs = redirected.clone();
+    blobs.sort();
+    blobs.dedup();
+    // One redirect per blob (config and three layers), give or take concurrent first
+    // reads; every other range went to the storage directly.
+    let fetches = st["remote"]["fetches"].as_u64().unwrap();
+    assert!(
+        blobs.len() == 4
+            && redirected.len() <= blobs.len() + 4
+            && fetches > 2 * redirected.len() as u64,
+        "{} redirects for {} blobs, {fetches} fetches",
+        redirected.len(),
+        blobs.len()
+    );
+}
+
+/// A registry that lies, stalls or floods: each fault fails the mount in bounded time
+/// with a message that says what was wrong; 429 with `Retry-After` is waited out; a
+/// layer whose bytes are not its digest's is never served and not kept in the disk
+/// cache, so the right bytes from elsewhere are not shadowed by them.
+#[test]
+fn hostile_registries_are_refused_in_bounded_time() {
+    if !tools() {
+        return;
+    }
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let log = fs::File::create(dir.path().join("hostile.log")).unwrap();
+    let mut server = Command::new(test_python())
+        .arg(repo().join("mount-tests/registry/hostile_registry.py"))
+        .arg(port.to_string())
+        .arg(images().join("oci-gzip"))
+        .stdout(log)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Stop<'a>(&'a mut Child);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _stop = Stop(&mut server);
+    wait_listening(port, "the hostile registry listens");
+    let src = |fault: &str| format!("docker://127.0.0.1:{port}/{fault}/img:latest");
+    let cache = dir.path().join("disk-cache");
+    let cache = cache.to_str().unwrap();
+    let attempt = |fault: &str, extra: &[&str]| -> (String, Duration) {
+        let t = Instant::now();
+        let mut args = vec!["--tls-verify=false", "--remote-timeout", "4s"];
+        args.extend_from_slice(extra);
+        let s = src(fault);
+        args.push(&s);
+        let err = mount_fails(&args);
+        (err, t.elapsed())
+    };
+    let digest = {
+        use sha2::Digest as _;
+        let index: serde_json::Value =
+            serde_json::from_slice(&fs::read(images().join("oci-gzip/index.json")).unwrap())
+                .unwrap();
+        let d = index["manifests"][0]["digest"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let hex = d.strip_prefix("sha256:").unwrap().to_string();
+        let bytes = fs::read(images().join("oci-gzip/blobs/sha256").join(hex)).unwrap();
+        assert_eq!(format!("sha256:{:x}", sha2::Sha256::digest(&bytes)), d);
+        d
+    };
+    for (fault, want) in [
+        ("liar", "the registry says its digest is sha256:1111"),
+        ("huge", "more than the 4 MiB pkgfs reads"),
+        ("endless", "more than 4194304 bytes"),
+        ("silent", "no answer within 4 s"),
+        ("loop", "more than 5 redirects"),
+        ("tokenless", "no answer within 4 s"),
+        ("closed", "asks to wait 3600 s"),
+        ("tampered", "digest"),
+    ] {
+        let (err, took) = attempt(fault, &["--disk-cache", cache]);
+        assert!(err.contains(want), "{fault}: {err}");
+        assert!(took < Duration::from_secs(15), "{fault}: {took:?}");
+    }
+    // Pinned by digest, other bytes: refused.
+    let pinned = format!("docker://127.0.0.1:{port}/swapped/img@{digest}");
+    let err = mount_fails(&["--tls-verify=false", &pinned]);
+    assert!(err.contains("digest"), "{err}");
+    // The tampered layer again: refused again (its bytes were dropped from the disk
+    // cache, fetched again, checked again).
+    let (err, _) = attempt("tampered", &["--disk-cache", cache]);
+    assert!(err.contains("digest"), "{err}");
+    // 429 twice with Retry-After: 1, then the image: mounted, equal to the reference.
+    let m = Mount::new(
+        &[Path::new(&src("busy"))],
+        &["--tls-verify=false", "--no-disk-cache", "--no-index-cache"],
+    );
+    trees_match(&images().join("reference/rootfs"), &m.path(), &[]);
+    let st = status_json(&m.path());
+    assert!(st["remote"]["retries"].as_u64().unwrap() >= 2, "{st}");
+    // And the good one, after all that, from the same server and the same disk cache,
+    // where the tampered bytes of its last layer (same digest) would be had they been
+    // kept.
+    let m = Mount::new(
+        &[Path::new(&src("good"))],
+        &[
+            "--tls-verify=false",
+            "--disk-cache",
+            cache,
+            "--no-index-cache",
+        ],
+    );
+    trees_match(&images().join("reference/rootfs"), &m.path(), &[]);
 }

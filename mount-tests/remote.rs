@@ -625,13 +625,13 @@ fn one_archive_by_url() {
 }
 
 /// moto's S3 server on a free port; stopped when dropped.
-struct Moto {
+pub struct Moto {
     child: Child,
-    port: u16,
+    pub port: u16,
 }
 
 impl Moto {
-    fn start() -> Moto {
+    pub fn start() -> Moto {
         let port = free_port();
         let bin = test_python().with_file_name("moto_server");
         let child = Command::new(bin)
@@ -645,7 +645,7 @@ impl Moto {
         Moto { child, port }
     }
 
-    fn env(&self) -> Vec<(&'static str, String)> {
+    pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             (
                 "AWS_ENDPOINT_URL",
@@ -658,7 +658,7 @@ impl Moto {
     }
 
     /// Run boto3 `code` (with `s3` a client of this server).
-    fn boto(&self, code: &str) {
+    pub fn boto(&self, code: &str) {
         let mut c = Command::new(test_python());
         c.arg("-c")
             .arg(format!(

@@ -558,7 +558,21 @@ pub fn open_layer(
         layer: Some(check),
         ..*cx
     };
-    let indexed = open(blob, &cx)?;
+    let r = open_checked(blob.clone(), check, &cx);
+    if let Err(OpenError::Bad(Error::Corrupt(_))) = &r {
+        // Bytes that fail their digest (or do not decode) are never kept for another
+        // try: a source that serves the right bytes later is asked again.
+        blob.forget();
+    }
+    r
+}
+
+fn open_checked(
+    blob: Arc<dyn Blob>,
+    check: &LayerCheck,
+    cx: &OpenContext,
+) -> std::result::Result<Indexed, OpenError> {
+    let indexed = open(blob, cx)?;
     if indexed.archive.checked != Checked::Nothing {
         return Ok(indexed);
     }
@@ -568,7 +582,7 @@ pub fn open_layer(
             indexed.archive.format()
         ))));
     }
-    check_whole(&*indexed.archive.blob, &check.digest, &cx).map_err(OpenError::Bad)?;
+    check_whole(&*indexed.archive.blob, &check.digest, cx).map_err(OpenError::Bad)?;
     let mut indexed = indexed;
     indexed.archive.checked = Checked::Digest;
     Ok(indexed)

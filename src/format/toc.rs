@@ -681,7 +681,11 @@ impl TocPackage {
                 Flavour::ZstdChunked => unzstd(&*r.archive.blob, c)?,
                 Flavour::Estargz => ungzip(&*r.archive.blob, c)?,
             };
-            digest.check(&data, &format!("chunk at {} of the layer", c.coff))?;
+            if let Err(e) = digest.check(&data, &format!("chunk at {} of the layer", c.coff)) {
+                // Not kept for the next read: it may come right from the source.
+                r.archive.blob.forget();
+                return Err(e);
+            }
             r.io.count_read((c.cend - c.coff) as usize);
             r.io.count_decoded(data.len());
             let block = Arc::new(Block::new(data));

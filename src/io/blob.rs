@@ -70,6 +70,10 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     /// Keep any resource it holds (an open descriptor) for as long as it lives: it serves
     /// an older generation, and the object may be gone.
     fn pin(&self) {}
+    /// Its bytes proved wrong (they fail the digest they are named by): drop every copy
+    /// kept of them (memory, disk cache), so that nothing serves them again and a later
+    /// read asks the source afresh.
+    fn forget(&self) {}
     /// Bytes fetched from a server for it so far (`None`: not a remote object).
     fn fetched(&self) -> Option<u64> {
         None
@@ -434,6 +438,10 @@ impl Blob for Slice {
             .map(|(buf, offset)| (&mut **buf, *offset + self.offset))
             .collect();
         self.inner.read_many(&mut shifted)
+    }
+
+    fn forget(&self) {
+        self.inner.forget();
     }
 
     /// What the blob it is a slice of fetched (a slice of all of one: a renamed blob).

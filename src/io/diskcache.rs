@@ -396,6 +396,28 @@ impl DiskCache {
         Ok(())
     }
 
+    /// Drop every range of `key`: its bytes proved wrong (a layer that fails its digest),
+    /// so no later read, in this process or another, may find them.
+    pub fn forget(&self, key: &str) {
+        let dir = self.object_dir(key);
+        let mut freed = 0;
+        for e in list_object(&dir) {
+            let f = dir.join(format!("{}-{}", e.start, e.len));
+            if let Ok(m) = fs::metadata(&f)
+                && fs::remove_file(&f).is_ok()
+            {
+                freed += m.len();
+            }
+        }
+        let _ = fs::remove_dir(&dir);
+        let mut st = self.lock();
+        st.objects.remove(key);
+        st.total = st.total.saturating_sub(freed);
+        if let Some(o) = st.open.as_mut() {
+            o.clear();
+        }
+    }
+
     /// Remove the least recently used files until 90% of the budget is left.
     pub fn evict(&self) {
         let mut files = walk(&self.root);

@@ -818,6 +818,13 @@ impl Blob for RemoteBlob {
     fn fetched(&self) -> Option<u64> {
         Some(self.fetched.load(Relaxed))
     }
+
+    fn forget(&self) {
+        crate::sync::lock(&self.kept).extents.clear();
+        if let Some(d) = &self.remote.disk {
+            d.forget(&self.disk_key);
+        }
+    }
 }
 
 #[cfg(test)]

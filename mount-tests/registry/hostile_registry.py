@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""A registry that misbehaves on purpose, for the hostile-registry tests.
+
+    hostile_registry.py PORT OCI_LAYOUT
+
+Serves the image of OCI_LAYOUT (its first manifest, its blobs) under several repository
+names, each with one fault (the repository's first component names it):
+
+  good/img         the image as it is
+  liar/img         a tag whose Docker-Content-Digest is not the hash of the bytes sent
+  swapped/img      asked by digest, answers other bytes
+  huge/img         a manifest that says it has 64 MiB
+  endless/img      a manifest that never ends (chunked, no length)
+  silent/img       never answers the manifest request
+  loop/img         blobs redirect to themselves, forever
+  tokenless/img    /v2/ wants a bearer token from a realm that never answers
+  busy/img         429 with Retry-After: 1 on the first two manifest requests
+  closed/img       503 with Retry-After: 3600
+  tampered/img     the last layer's blob with one byte flipped
+
+Every request is logged on stdout as `METHOD PATH STATUS`.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT = int(sys.argv[1])
+LAYOUT = sys.argv[2]
+INDEX = json.load(open(os.path.join(LAYOUT, "index.json")))
+TOP = INDEX["manifests"][0]
+
+
+def blob(digest):
+    alg, hexd = digest.split(":", 1)
+    with open(os.path.join(LAYOUT, "blobs", alg, hexd), "rb") as f:
+        return f.read()
+
+
+MANIFEST = blob(TOP["digest"])
+MANIFEST_TYPE = TOP.get("mediaType", "application/vnd.oci.image.manifest.v1+json")
+LAST_LAYER = json.loads(MANIFEST)["layers"][-1]["digest"]
+busy_count = {"n": 0}
+lock = threading.Lock()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def log(self, status):
+        print(f"{self.command} {self.path} {status}", flush=True)
+
+    def send(self, status, body=b"", headers=()):
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self.log(status)
+
+    def do_HEAD(self):
+        self.do_GET()
+
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        if path == "/v2/":
+            return self.send(200, b"{}")
+        if path == "/token-hang":
+            self.log("hang")
+            time.sleep(3600)
+            return
+        parts = path.split("/")
+        # /v2/FAULT/img/manifests/REF or /v2/FAULT/img/blobs/DIGEST
+        if len(parts) < 6 or parts[1] != "v2":
+            return self.send(404)
+        fault, kind, ref = parts[2], parts[4], parts[5]
+        if fault == "tokenless" and not self.headers.get("Authorization"):
+            return self.send(401, b"", [("WWW-Authenticate",
+                f'Bearer realm="http://127.0.0.1:{PORT}/token-hang",service="hostile"')])
+        if kind == "manifests":
+            return self.manifest(fault, ref)
+        if kind == "blobs":
+            return self.blob(fault, ref)
+        return self.send(404)
+
+    def manifest(self, fault, ref):
+        body = MANIFEST
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        headers = [("Content-Type", MANIFEST_TYPE), ("Docker-Content-Digest", digest)]
+        if fault == "liar":
+            headers[1] = ("Docker-Content-Digest", "sha256:" + "1" * 64)
+        elif fault == "swapped" and ref.startswith("sha256:"):
+            body = body.replace(b"{", b"{ ", 1)
+        elif fault == "huge":
+            self.send_response(200)
+            self.send_header("Content-Type", MANIFEST_TYPE)
+            self.send_header("Content-Length", str(64 << 20))
+            self.end_headers()
+            self.log("huge")
+            try:
+                while True:
+                    self.wfile.write(b" " * 65536)
+            except OSError:
+                return
+        elif fault == "endless":
+            self.send_response(200)
+            self.send_header("Content-Type", MANIFEST_TYPE)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.log("endless")
+            chunk = b" " * 65536
+            try:
+                while True:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:
+                return
+        elif fault == "silent":
+            self.log("silent")
+            time.sleep(3600)
+            return
+        elif fault == "busy":
+            with lock:
+                busy_count["n"] += 1
+                n = busy_count["n"]
+            if n <= 2:
+                return self.send(429, b"", [("Retry-After", "1")])
+        elif fault == "closed":
+            return self.send(503, b"", [("Retry-After", "3600")])
+        self.send(200, body, headers)
+
+    def blob(self, fault, digest):
+        if fault == "loop":
+            return self.send(307, b"", [("Location", self.path)])
+        try:
+            data = blob(digest)
+        except (OSError, ValueError):
+            return self.send(404)
+        if fault == "tampered" and digest == LAST_LAYER:
+            data = bytearray(data)
+            data[len(data) // 2] ^= 0x55
+            data = bytes(data)
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes="):
+            a, b = rng[6:].split("-")
+            a, b = int(a), min(int(b), len(data) - 1)
+            return self.send(206, data[a:b + 1],
+                             [("Content-Range", f"bytes {a}-{b}/{len(data)}")])
+        self.send(200, data)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+Server(("127.0.0.1", PORT), Handler).serve_forever()
