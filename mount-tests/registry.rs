@@ -786,3 +786,115 @@ fn hostile_registries_are_refused_in_bounded_time() {
     );
     trees_match(&images().join("reference/rootfs"), &m.path(), &[]);
 }
+
+/// A multi-platform index pushed with `skopeo copy --all`: this machine's image by
+/// default, another with `--platform`, a missing one named with those there are; the
+/// offline tools (`ls`, `cat`) take `docker://` with the same options.
+#[test]
+fn a_multi_platform_index_in_a_registry() {
+    if !tools() {
+        return;
+    }
+    let host = match std::env::consts::ARCH {
+        "x86_64" => "linux/amd64",
+        "aarch64" => "linux/arm64/v8",
+        _ => return,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("multi");
+    run(Command::new("python3")
+        .arg(repo().join("mount-tests/images/multiarch.py"))
+        .arg(&layout));
+    let reg = Registry::start(Auth::Anonymous);
+    run(Command::new("skopeo")
+        .args(["copy", "--quiet", "--all", "--dest-tls-verify=false"])
+        .arg(format!("oci:{}:latest", layout.display()))
+        .arg(reg.reference("multi/img:latest")));
+    let src = reg.reference("multi/img:latest");
+    let m = Mount::new(
+        &[Path::new(&src)],
+        &["--tls-verify=false", "--no-disk-cache"],
+    );
+    assert_eq!(
+        fs::read_to_string(m.path().join("platform")).unwrap(),
+        format!("{host}\n")
+    );
+    drop(m);
+    let m = Mount::new(
+        &[Path::new(&src)],
+        &[
+            "--tls-verify=false",
+            "--no-disk-cache",
+            "--platform",
+            "linux/s390x",
+        ],
+    );
+    assert_eq!(
+        fs::read_to_string(m.path().join("platform")).unwrap(),
+        "linux/s390x\n"
+    );
+    drop(m);
+    let out = pkgfs()
+        .args([
+            "ls",
+            "--tls-verify=false",
+            "--platform",
+            "linux/riscv64",
+            &src,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no image for linux/riscv64") && err.contains("linux/arm64"),
+        "{err}"
+    );
+    let out = run(pkgfs().args(["cat", "--tls-verify=false", &src, "platform"]));
+    assert_eq!(out.stdout, format!("{host}\n").as_bytes());
+}
+
+/// With `--poll`, a tag is looked up again at each poll: a new image pushed to it is
+/// activated as one change (its manifest in status, its layers mounted), and a poll
+/// while the registry is down keeps the image mounted.
+#[test]
+fn a_polled_tag_follows_pushes() {
+    if !tools() {
+        return;
+    }
+    let mut reg = Registry::start(Auth::Anonymous);
+    reg.push("oci-gzip:latest", "pkgfs/moving:stable", None);
+    let first = manifest_digest(&reg, "pkgfs/moving:stable");
+    let src = reg.reference("pkgfs/moving:stable");
+    let m = Mount::new(
+        &[Path::new(&src)],
+        &[
+            "--tls-verify=false",
+            "--no-disk-cache",
+            "--poll",
+            "1s",
+            "--remote-timeout",
+            "3s",
+        ],
+    );
+    assert_eq!(status_json(&m.path())["images"][0]["manifest"], first);
+    reg.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        m.path().join("usr/bin/bash").exists(),
+        "an outage unmounted the image"
+    );
+    assert_eq!(status_json(&m.path())["images"][0]["manifest"], first);
+    reg.restart();
+    reg.push("oci-zstd-chunked:latest", "pkgfs/moving:stable", None);
+    let second = manifest_digest(&reg, "pkgfs/moving:stable");
+    assert_ne!(first, second);
+    crate::common::wait_until(Duration::from_secs(20), "the new image is active", || {
+        status_json(&m.path())["images"][0]["manifest"] == second.as_str()
+    });
+    let st = status_json(&m.path());
+    for p in st["packages"].as_array().unwrap() {
+        assert_eq!(p["format"], "zstd:chunked", "{p}");
+    }
+    trees_match(&images().join("reference/rootfs"), &m.path(), &[]);
+}

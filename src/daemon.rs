@@ -33,7 +33,7 @@ use crate::progress::IndexBars;
 use crate::source::live::{Activator, Live, skipped_list};
 use crate::source::watch::Watcher;
 use crate::source::{LoadOptions, Packages, Progress};
-use crate::status::{self, Activity, ImageSummary, MountInfo};
+use crate::status::{self, Activity, MountInfo};
 use crate::transport::fuse::{Fuse, KernelNotifier};
 use crate::transport::ops::{AccessRule, Handler};
 use crate::transport::session::{self, MountOptions, SessionError};
@@ -302,7 +302,7 @@ fn first_scan(
     );
     let activity = Arc::new(Mutex::new(Activity {
         skipped: skipped_list(&scan.report),
-        images: scan.report.images.iter().map(image_summary).collect(),
+        images: scan.report.images.iter().map(|i| i.summary()).collect(),
         ..Activity::default()
     }));
     let fs = Arc::new(PkgFs::with_grafts(
@@ -316,26 +316,6 @@ fn first_scan(
 }
 
 /// What the status shows of an image among the sources.
-fn image_summary(i: &crate::source::image::Image) -> ImageSummary {
-    ImageSummary {
-        reference: i.reference.to_string(),
-        manifest: i.manifest.as_ref().map(ToString::to_string),
-        config: i.config.as_ref().map(ToString::to_string),
-        platform: i.platform.clone(),
-        layers: i
-            .layers
-            .iter()
-            .map(|l| {
-                (
-                    l.check.digest.to_string(),
-                    l.media_type.clone(),
-                    l.blob.size(),
-                )
-            })
-            .collect(),
-    }
-}
-
 /// What serving a mount starts: the session, the kernel's caches through its notifier,
 /// and the rings' state.
 type Serving = (

@@ -220,6 +220,29 @@ pub struct Image {
     pub layers: Vec<ImageLayer>,
 }
 
+impl Image {
+    /// What `pkgfs status` says of it.
+    pub fn summary(&self) -> crate::status::ImageSummary {
+        crate::status::ImageSummary {
+            reference: self.reference.to_string(),
+            manifest: self.manifest.as_ref().map(ToString::to_string),
+            config: self.config.as_ref().map(ToString::to_string),
+            platform: self.platform.clone(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| {
+                    (
+                        l.check.digest.to_string(),
+                        l.media_type.clone(),
+                        l.blob.size(),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
 /// One layer of a resolved image.
 #[derive(Debug, Clone)]
 pub struct ImageLayer {

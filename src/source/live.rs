@@ -113,6 +113,8 @@ impl Activator {
         a.activations += 1;
         a.last = Some((SystemTime::now(), summary));
         a.skipped = skipped;
+        // A polled tag may name another image now.
+        a.images = scan.report.images.iter().map(|i| i.summary()).collect();
         Applied::Activated {
             generation: act.generation,
             invalidated,
