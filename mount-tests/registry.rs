@@ -898,3 +898,118 @@ fn a_polled_tag_follows_pushes() {
     }
     trees_match(&images().join("reference/rootfs"), &m.path(), &[]);
 }
+
+/// The SOCI fixtures (`registry/make_soci.sh`: AWS's `soci` built from the Go module
+/// proxy, the umoci image converted by `soci convert` to a SOCI-enabled image), built
+/// once under the target directory.
+fn soci_fixtures() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let images = images();
+        let dir = images.with_file_name("soci-fixtures");
+        run(Command::new("bash")
+            .arg(repo().join("mount-tests/registry/make_soci.sh"))
+            .arg(&dir)
+            .arg(images));
+        dir
+    })
+}
+
+/// A SOCI-enabled image (SOCI index manifest v2, made by AWS's `soci convert`) pushed
+/// with skopeo: its gzip layers are indexed from their zTOCs, no pass: the mount
+/// fetches the zTOCs and little else, one file costs the spans it lies in, and the
+/// whole tree equals umoci's unpack; status says `ztoc` for each layer. From a
+/// registry that tampers with a layer, the files of the span it touched read `EIO`
+/// (the span fails its zTOC digest), the rest reads.
+#[test]
+fn soci_indexes_spare_gzip_layers_their_pass() {
+    if !tools() {
+        return;
+    }
+    let layout = soci_fixtures().join("oci-gzip-soci");
+    let reg = Registry::start(Auth::Anonymous);
+    run(Command::new("skopeo")
+        .args(["copy", "--quiet", "--all", "--dest-tls-verify=false"])
+        .arg(format!("oci:{}", layout.display()))
+        .arg(reg.reference("pkgfs/soci:v2")));
+    let reference = images().join("reference/rootfs");
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("disk-cache");
+    let m = Mount::new(
+        &[Path::new(&reg.reference("pkgfs/soci:v2"))],
+        &[
+            "--tls-verify=false",
+            "--no-index-cache",
+            "--prefetch",
+            "0",
+            "--disk-cache",
+            cache.to_str().unwrap(),
+        ],
+    );
+    let st = status_json(&m.path());
+    let layers: Vec<u64> = st["images"][0]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["size"].as_u64().unwrap())
+        .collect();
+    let total: u64 = layers.iter().sum();
+    for p in st["packages"].as_array().unwrap() {
+        assert_eq!(
+            (&p["format"], &p["index"], &p["checked"]),
+            (&"tar.gz".into(), &"ztoc".into(), &"ztoc".into()),
+            "{p}"
+        );
+    }
+    let first = &st["packages"][0];
+    assert!(
+        first["fetched_bytes"].as_u64().unwrap() * 10 < layers[0],
+        "layer 1 fetched at mount: {first}"
+    );
+    let at_mount = reg.blob_bytes();
+    assert!(
+        at_mount * 5 < total,
+        "{at_mount} bytes sent at mount of {total} bytes of layers"
+    );
+    assert_eq!(
+        fs::read(m.path().join("usr/bin/bash")).unwrap(),
+        fs::read(reference.join("usr/bin/bash")).unwrap()
+    );
+    let one = reg.blob_bytes() - at_mount;
+    assert!(one * 10 < total, "{one} bytes sent for bash");
+    trees_match(&reference, &m.path(), &[]);
+    drop(m);
+
+    // A registry that flips a byte of the last layer (its only span).
+    let port = free_port();
+    let mut server = Command::new(test_python())
+        .arg(repo().join("mount-tests/registry/hostile_registry.py"))
+        .arg(port.to_string())
+        .arg(&layout)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Stop<'a>(&'a mut Child);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _stop = Stop(&mut server);
+    wait_listening(port, "the hostile registry listens");
+    let m = Mount::new(
+        &[Path::new(&format!(
+            "docker://127.0.0.1:{port}/tampered/img:latest"
+        ))],
+        &["--tls-verify=false", "--no-index-cache", "--no-disk-cache"],
+    );
+    let e = fs::read(m.path().join("etc/default/pkgfs")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    assert!(m.log_text().contains("span 0"), "{}", m.log_text());
+    assert_eq!(
+        fs::read(m.path().join("usr/bin/bash")).unwrap(),
+        fs::read(reference.join("usr/bin/bash")).unwrap()
+    );
+}

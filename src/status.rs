@@ -637,6 +637,7 @@ fn package_table(o: &mut String, rows: &[PackageRow], skipped: &[SkippedRow], al
             crate::format::Checked::Nothing => "",
             crate::format::Checked::Digest => " (digest checked)",
             crate::format::Checked::Toc => " (table of contents checked)",
+            crate::format::Checked::Ztoc => " (SOCI zTOC checked; spans as read)",
         };
         let _ = writeln!(
             o,

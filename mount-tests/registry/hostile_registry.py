@@ -3,8 +3,9 @@
 
     hostile_registry.py PORT OCI_LAYOUT
 
-Serves the image of OCI_LAYOUT (its first manifest, its blobs) under several repository
-names, each with one fault (the repository's first component names it):
+Serves the image of OCI_LAYOUT (its first manifest or index by tag, manifests by digest,
+its blobs) under several repository names, each with one fault (the repository's first
+component names it):
 
   good/img         the image as it is
   liar/img         a tag whose Docker-Content-Digest is not the hash of the bytes sent
@@ -16,7 +17,7 @@ names, each with one fault (the repository's first component names it):
   tokenless/img    /v2/ wants a bearer token from a realm that never answers
   busy/img         429 with Retry-After: 1 on the first two manifest requests
   closed/img       503 with Retry-After: 3600
-  tampered/img     the last layer's blob with one byte flipped
+  tampered/img     the last layer's blob (of the image) with one byte flipped
 
 Every request is logged on stdout as `METHOD PATH STATUS`.
 """
@@ -43,7 +44,19 @@ def blob(digest):
 
 MANIFEST = blob(TOP["digest"])
 MANIFEST_TYPE = TOP.get("mediaType", "application/vnd.oci.image.manifest.v1+json")
-LAST_LAYER = json.loads(MANIFEST)["layers"][-1]["digest"]
+
+
+def image_manifest(doc):
+    """The image manifest of a manifest or of an index (its first image)."""
+    if "layers" in doc:
+        return doc
+    for d in doc["manifests"]:
+        if "com.amazon.soci.image-manifest-digest" not in d.get("annotations", {}):
+            return image_manifest(json.loads(blob(d["digest"])))
+    raise SystemExit("no image in the layout")
+
+
+LAST_LAYER = image_manifest(json.loads(MANIFEST))["layers"][-1]["digest"]
 busy_count = {"n": 0}
 lock = threading.Lock()
 
@@ -93,6 +106,14 @@ class Handler(BaseHTTPRequestHandler):
         return self.send(404)
 
     def manifest(self, fault, ref):
+        if ref.startswith("sha256:") and fault != "swapped":
+            # A child of an index, by digest, as a registry serves it.
+            try:
+                body = blob(ref)
+            except (OSError, ValueError):
+                return self.send(404)
+            kind = json.loads(body).get("mediaType", "application/vnd.oci.image.manifest.v1+json")
+            return self.send(200, body, [("Content-Type", kind), ("Docker-Content-Digest", ref)])
         body = MANIFEST
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         headers = [("Content-Type", MANIFEST_TYPE), ("Docker-Content-Digest", digest)]

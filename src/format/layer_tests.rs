@@ -38,6 +38,7 @@ fn check(blob: &[u8], toc_blob: Option<Digest>, toc_json: Option<Digest>) -> Lay
         of: DigestOf::Blob,
         toc_blob,
         toc_json,
+        ztoc: None,
     }
 }
 

@@ -159,7 +159,28 @@ pub struct LayerCheck {
     pub toc_blob: Option<Digest>,
     /// The digest of the table's JSON (eStargz's `toc.digest` annotation), likewise.
     pub toc_json: Option<Digest>,
+    /// A SOCI zTOC for the layer (from a SOCI index the image names): a gzip layer is
+    /// then indexed from it instead of by a pass, each span checked against the zTOC's
+    /// digests before it is decoded.
+    pub ztoc: Option<ZtocRef>,
 }
+
+/// A zTOC blob and the digest its SOCI index gives it.
+#[derive(Clone, Debug)]
+pub struct ZtocRef {
+    /// Its bytes.
+    pub blob: Arc<dyn Blob>,
+    /// What they must hash to.
+    pub digest: Digest,
+}
+
+impl PartialEq for ZtocRef {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl Eq for ZtocRef {}
 
 /// What a layer's digest covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +201,8 @@ pub enum Checked {
     Digest,
     /// The digest of its table of contents; chunks are checked as they are read.
     Toc,
+    /// The digest of its SOCI zTOC; spans are checked against the zTOC as they are read.
+    Ztoc,
 }
 
 /// What opening needs besides the blob.
@@ -262,6 +285,8 @@ pub enum IndexOrigin {
     Cache,
     /// A pass over the archive's data (then stored in the cache, if there is one).
     Pass,
+    /// A SOCI zTOC of the layer.
+    Ztoc,
 }
 
 /// What a [`Format`] makes of a blob it recognises.

@@ -111,6 +111,10 @@ struct GzIndex {
     points: Vec<Point>,
     /// Why some bytes cannot be trusted (empty if all can).
     note: String,
+    /// An index from a SOCI zTOC: per point, the compressed bytes `[start, end)` its
+    /// segment decodes from and their sha256, checked before the segment is decoded
+    /// (the points then carry no CRC). Empty for an index made by a pass.
+    spans: Vec<(u64, u64, crate::io::digest::Digest)>,
 }
 
 /// The gzip-tar format.
@@ -161,7 +165,9 @@ impl Format for TarGz {
         }
         let (idx, entries, origin) = index(&**blob, cx)?;
         let package = TarGzPackage::new(idx, &entries);
-        let checked = if cx.layer.is_some() {
+        let checked = if origin == IndexOrigin::Ztoc {
+            super::Checked::Ztoc
+        } else if cx.layer.is_some() {
             super::Checked::Digest
         } else {
             super::Checked::Nothing
@@ -175,8 +181,18 @@ impl Format for TarGz {
     }
 }
 
-/// The index of `blob`: from the cache, else by a pass (stored in the cache after).
+/// The index of `blob`: from the layer's SOCI zTOC when it has one, else from the
+/// cache, else by a pass (stored in the cache after).
 fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>, IndexOrigin)> {
+    if let Some(z) = cx.layer.and_then(|l| l.ztoc.as_ref()) {
+        match from_ztoc(blob, z) {
+            Ok((idx, entries)) => return Ok((idx, entries, IndexOrigin::Ztoc)),
+            Err(e) => warn!(
+                "{}: its zTOC cannot be used ({e}): indexing it by a pass instead",
+                blob.name().display()
+            ),
+        }
+    }
     // An index made by a pass that checked a layer's digest is kept apart from one that
     // did not: a cached index of a layer is a checked one.
     let extra = cx
@@ -228,6 +244,90 @@ fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>, Inde
         }
     }
     Ok((idx, entries, IndexOrigin::Pass))
+}
+
+/// The index a SOCI zTOC gives (its bytes checked against the digest the SOCI index
+/// names): its files as entries, its checkpoints as points, one gzip member, and the
+/// digest of each span's compressed bytes.
+fn from_ztoc(blob: &dyn Blob, z: &super::ZtocRef) -> Result<(GzIndex, Vec<Entry>)> {
+    use super::floor::ztoc;
+    let size = z.blob.size();
+    if size > ztoc::MAX_ZTOC {
+        return Err(Error::Format(format!(
+            "{size} bytes, more than the {} MiB pkgfs reads",
+            ztoc::MAX_ZTOC >> 20
+        )));
+    }
+    let mut bytes = vec![0u8; size as usize];
+    z.blob.read_exact_at(&mut bytes, 0)?;
+    if let Err(e) = z.digest.check(&bytes, "the zTOC") {
+        z.blob.forget();
+        return Err(e);
+    }
+    let t = ztoc::parse(&bytes)?;
+    drop(bytes);
+    if t.algorithm != ztoc::Algorithm::Gzip {
+        return Err(Error::Unsupported("a zTOC of an uncompressed layer".into()));
+    }
+    if t.compressed_size != blob.size() {
+        return Err(Error::Format(format!(
+            "it describes a layer of {} bytes, the layer has {}",
+            t.compressed_size,
+            blob.size()
+        )));
+    }
+    let first = t
+        .checkpoints
+        .first()
+        .ok_or_else(|| Error::Format("no checkpoints".into()))?;
+    let mut points = Vec::with_capacity(t.checkpoints.len());
+    let mut spans = Vec::with_capacity(t.checkpoints.len());
+    for (i, c) in t.checkpoints.iter().enumerate() {
+        let next = t
+            .checkpoints
+            .get(i + 1)
+            .map_or(t.uncompressed_size, |n| n.output);
+        points.push(Point {
+            out: c.output,
+            len: next - c.output,
+            bit: c.bit(),
+            member: 0,
+            window: (i > 0).then(|| (ztoc::WINDOW as u32, compress_window(&c.window))),
+            crc: 0,
+            ok: true,
+        });
+        let (a, b) = t.span_input(i);
+        spans.push((a, b, t.span_digests[i].clone()));
+    }
+    let idx = GzIndex {
+        total: t.uncompressed_size,
+        members: vec![Member {
+            header: 0,
+            data: first.input,
+            end: blob.size(),
+            out: 0,
+            len: t.uncompressed_size,
+            ok: true,
+        }],
+        points,
+        note: String::new(),
+        spans,
+    };
+    let mut entries = Vec::with_capacity(t.files.len());
+    for f in t.files {
+        match f.into_entry(Loc::Stream) {
+            Ok(e) => entries.push(e),
+            Err(why) => warn!("{}: {why}", blob.name().display()),
+        }
+    }
+    log::debug!(
+        "{}: index from its zTOC ({} entries, {} spans of {} KiB)",
+        blob.name().display(),
+        entries.len(),
+        idx.points.len(),
+        t.span_size >> 10
+    );
+    Ok((idx, entries))
 }
 
 /// The index pass: one streaming decode of the whole archive through the tar scanner.
@@ -883,6 +983,7 @@ fn decode(bytes: &[u8], blob_size: u64) -> Result<(GzIndex, Vec<Entry>)> {
             members,
             points,
             note,
+            spans: Vec::new(),
         },
         entries,
     ))
@@ -909,6 +1010,8 @@ pub fn fuzz_pass(bytes: &[u8]) {
 pub struct TarGzPackage {
     idx: GzIndex,
     file_bytes: Vec<u64>,
+    /// Per span of a zTOC index: its compressed bytes matched their digest.
+    verified: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl TarGzPackage {
@@ -929,7 +1032,52 @@ impl TarGzPackage {
                 i += 1;
             }
         }
-        TarGzPackage { idx, file_bytes }
+        let verified = idx.spans.iter().map(|_| Default::default()).collect();
+        TarGzPackage {
+            idx,
+            file_bytes,
+            verified,
+        }
+    }
+
+    /// Before segment `si` of a zTOC index is decoded: its compressed bytes against
+    /// their digest (once; the bytes are kept by the blob's caches for the decode that
+    /// follows). Bytes that fail are dropped from those caches.
+    fn check_span(&self, blob: &dyn Blob, si: usize) -> Result<()> {
+        use std::sync::atomic::Ordering::{Acquire, Release};
+        let (Some((a, b, digest)), Some(done)) = (self.idx.spans.get(si), self.verified.get(si))
+        else {
+            return Ok(());
+        };
+        if done.load(Acquire) {
+            return Ok(());
+        }
+        let mut h = digest.hasher();
+        let mut buf = vec![0u8; READ_CHUNK.min((b - a) as usize)];
+        let mut at = *a;
+        while at < *b {
+            let n = ((b - at) as usize).min(buf.len());
+            blob.read_exact_at(&mut buf[..n], at)?;
+            h.update(&buf[..n]);
+            at += n as u64;
+        }
+        let got = h.finish();
+        if got != *digest {
+            blob.forget();
+            return Err(mismatch(
+                &format!("span {si} (bytes {a}-{b}) of the layer"),
+                digest,
+                &got,
+            ));
+        }
+        done.store(true, Release);
+        Ok(())
+    }
+
+    /// Whether a decoded segment's CRC-32 is right (a zTOC index has none: its spans
+    /// were checked before decoding).
+    fn crc_ok(&self, p: &Point, crc: u32) -> bool {
+        !self.idx.spans.is_empty() || crc == p.crc
     }
 
     /// The segment holding stream offset `pos`.
@@ -950,10 +1098,11 @@ impl TarGzPackage {
         let key = Self::key(r, si, 0);
         r.io.block(key, |_| {
             let p = &self.idx.points[si];
+            self.check_span(&*r.archive.blob, si)?;
             let mut out = Block::empty(p.len as usize);
             let read = self.decode_whole(&*r.archive.blob, si, &mut out)?;
             r.io.count_read(read);
-            if crc32fast::hash(&out) != p.crc {
+            if !self.crc_ok(p, crc32fast::hash(&out)) {
                 return Err(Error::Corrupt(format!(
                     "decoded data at stream offset {} fails its CRC-32 check",
                     p.out
@@ -1022,6 +1171,7 @@ impl TarGzPackage {
                     r.io.stats
                         .streams_started
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.check_span(blob, si)?;
                     (0, Stream::at_point(blob, &self.idx, si)?)
                 }
             };
@@ -1033,7 +1183,7 @@ impl TarGzPackage {
                 let read = s.fill(blob, &self.idx, &mut out, want)?;
                 r.io.count_read(read);
                 r.io.count_decoded(out.len());
-                if start + want as u64 == p.len && s.crc() != p.crc {
+                if start + want as u64 == p.len && !self.crc_ok(p, s.crc()) {
                     return Err(Error::Corrupt(format!(
                         "decoded data at stream offset {} fails its CRC-32 check",
                         p.out
@@ -1292,6 +1442,10 @@ impl Package for TarGzPackage {
                 continue;
             }
             let mut out = Vec::new();
+            if let Err(e) = self.check_span(&*archive.blob, si) {
+                problems.push(format!("segment at stream offset {}: {e}", p.out));
+                continue;
+            }
             let r = if p.len <= WHOLE_SEGMENT {
                 self.decode_whole(&*archive.blob, si, &mut out).map(drop)
             } else {
@@ -1304,7 +1458,7 @@ impl Package for TarGzPackage {
                         left -= n;
                     }
                     out = Vec::new();
-                    if s.crc() != p.crc {
+                    if !self.crc_ok(p, s.crc()) {
                         return Err(Error::Corrupt("CRC-32 mismatch".into()));
                     }
                     Ok(())
@@ -1312,7 +1466,7 @@ impl Package for TarGzPackage {
             };
             let bad = match r {
                 Err(e) => Some(e.to_string()),
-                Ok(()) if p.len <= WHOLE_SEGMENT && crc32fast::hash(&out) != p.crc => {
+                Ok(()) if p.len <= WHOLE_SEGMENT && !self.crc_ok(p, crc32fast::hash(&out)) => {
                     Some("CRC-32 mismatch".into())
                 }
                 Ok(()) => None,

@@ -279,6 +279,9 @@ struct Descriptor {
     annotations: BTreeMap<String, String>,
     #[serde(default)]
     platform: Option<PlatformJson>,
+    /// Set on artifacts that are not images (a SOCI index beside its image).
+    #[serde(default)]
+    artifact_type: Option<String>,
 }
 
 /// An image index (`index.json`, a manifest list).
@@ -294,6 +297,8 @@ struct ManifestJson {
     config: Descriptor,
     #[serde(default)]
     layers: Vec<Descriptor>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
 }
 
 /// What a manifest or index blob is, by media type or (unlabelled) by content.
@@ -532,6 +537,31 @@ impl Store {
         })
     }
 
+    /// A manifest named by digest alone (an annotation gives no size): at most
+    /// [`MAX_JSON`] bytes, checked against the digest.
+    fn manifest_by_digest(&self, digest: &Digest) -> Result<Vec<u8>> {
+        let what = format!("manifest {digest}");
+        match self {
+            Store::Registry {
+                registry,
+                reference,
+            } => {
+                let m = registry.run(
+                    &what,
+                    registry.manifest(&reference.repo, &digest.to_string(), MAX_JSON as usize),
+                )?;
+                digest.check(&m.bytes, &what)?;
+                Ok(m.bytes)
+            }
+            _ => {
+                let blob = self
+                    .file(&digest.blob_path())?
+                    .ok_or_else(|| Error::Format(format!("{what} is missing from the image")))?;
+                self.json(&*blob, Some(digest), &what)
+            }
+        }
+    }
+
     /// The manifest or index a registry reference names (by tag: its digest is computed,
     /// and must equal the registry's `Docker-Content-Digest`; by digest: checked).
     fn top(&self) -> Result<Doc> {
@@ -752,12 +782,75 @@ fn descend(
     unreachable!("the loop returns or fails")
 }
 
-/// The descriptor for `want`, if one matches.
+/// The descriptor for `want`, if one matches (an image's, not an artifact's: a SOCI
+/// index sits beside its image with the same platform).
 fn pick_platform<'a>(descs: &[&'a Descriptor], want: &Platform) -> Option<&'a Descriptor> {
     descs
         .iter()
+        .filter(|d| d.artifact_type.is_none() && !d.annotations.contains_key(SOCI_IMAGE_ANNOTATION))
         .find(|d| d.platform.as_ref().is_some_and(|p| want.matches(p)))
         .copied()
+}
+
+/// A manifest's annotation naming its SOCI index (SOCI index manifest v2).
+const SOCI_INDEX_ANNOTATION: &str = "com.amazon.soci.index-digest";
+/// A SOCI index's annotation naming its image.
+const SOCI_IMAGE_ANNOTATION: &str = "com.amazon.soci.image-manifest-digest";
+/// The config media types of SOCI indexes.
+const SOCI_INDEX_TYPES: &[&str] = &[
+    "application/vnd.amazon.soci.index.v2+json",
+    "application/vnd.amazon.soci.index.v1+json",
+];
+/// A zTOC descriptor's annotation naming the layer it describes.
+const SOCI_LAYER_ANNOTATION: &str = "com.amazon.soci.image-layer-digest";
+
+/// The zTOCs of the SOCI index `manifest` names, by layer digest (none when it names
+/// none; a SOCI index that cannot be read is reported and its image mounts without it:
+/// it only spares passes).
+fn soci_ztocs(
+    r: &ImageRef,
+    store: &Store,
+    manifest: &ManifestJson,
+) -> HashMap<Digest, crate::format::ZtocRef> {
+    let Some(d) = manifest.annotations.get(SOCI_INDEX_ANNOTATION) else {
+        return HashMap::new();
+    };
+    let read = || -> Result<HashMap<Digest, crate::format::ZtocRef>> {
+        let digest = Digest::parse(d)?;
+        let bytes = store.manifest_by_digest(&digest)?;
+        let index: ManifestJson = parse_json(&bytes, "the SOCI index")?;
+        if !SOCI_INDEX_TYPES.contains(&index.config.media_type.as_str()) {
+            return Err(Error::Format(format!(
+                "its config has media type {:?}, not a SOCI index's",
+                index.config.media_type
+            )));
+        }
+        let mut out = HashMap::new();
+        for z in &index.layers {
+            let Some(layer) = z.annotations.get(SOCI_LAYER_ANNOTATION) else {
+                continue;
+            };
+            let zd = descriptor_digest(z, "a zTOC descriptor")?;
+            let blob = store.blob(&zd, z.size, "zTOC")?;
+            out.insert(
+                Digest::parse(layer)?,
+                crate::format::ZtocRef { blob, digest: zd },
+            );
+        }
+        Ok(out)
+    };
+    match read() {
+        Ok(m) => {
+            debug!("{r}: SOCI index {d}: zTOCs for {} layers", m.len());
+            m
+        }
+        Err(e) => {
+            warn!(
+                "{r}: its SOCI index {d} cannot be used ({e}): gzip layers are indexed by a pass"
+            );
+            HashMap::new()
+        }
+    }
 }
 
 fn image_of(
@@ -806,8 +899,10 @@ fn image_of(
     }
     let n = manifest.layers.len();
     let mut layers = Vec::with_capacity(n);
+    let mut ztocs = soci_ztocs(r, store, manifest);
     for (i, d) in manifest.layers.iter().enumerate() {
         let digest = descriptor_digest(d, &format!("layer {}", i + 1))?;
+        let ztoc = ztocs.remove(&digest);
         if d.media_type.contains("+encrypted") {
             return Err(Error::Unsupported(format!(
                 "layer {} ({digest}) is encrypted",
@@ -836,6 +931,7 @@ fn image_of(
                 of: DigestOf::Blob,
                 toc_blob: annotation(TOC_BLOB_ANNOTATIONS)?,
                 toc_json: annotation(&[TOC_JSON_ANNOTATION])?,
+                ztoc,
             },
             media_type: d.media_type.clone(),
         });
@@ -954,6 +1050,7 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
                 of: DigestOf::Tar,
                 toc_blob: None,
                 toc_json: None,
+                ztoc: None,
             },
             media_type: String::new(),
         });

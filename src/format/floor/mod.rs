@@ -17,6 +17,7 @@ pub mod frames;
 pub mod gzip;
 pub mod plain;
 pub mod tar;
+pub mod ztoc;
 
 use crate::error::{Error, Result};
 use crate::format::{Entry, Loc};
