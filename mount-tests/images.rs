@@ -412,24 +412,42 @@ fn a_container_runtime_runs_the_image_from_the_mount() {
         .arg(&source)
         .arg(&rootfs));
     let _guard = crate::common::UmountGuard(&rootfs);
-    run(Command::new("runc").arg("spec").current_dir(&bundle));
-    let spec = bundle.join("config.json");
-    let mut c: serde_json::Value = serde_json::from_slice(&fs::read(&spec).unwrap()).unwrap();
-    c["process"]["terminal"] = false.into();
-    c["process"]["args"] = serde_json::json!(["/usr/local/bin/pkgfs-selftest"]);
-    c["root"] = serde_json::json!({"path": "rootfs", "readonly": true});
-    fs::write(&spec, serde_json::to_vec(&c).unwrap()).unwrap();
-    let name = format!("pkgfs-test-{}", std::process::id());
-    let out = run(Command::new("runc")
-        .args(["run", "--bundle"])
-        .arg(&bundle)
-        .arg(&name));
-    let _ = Command::new("runc")
-        .args(["delete", "--force", &name])
-        .output();
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
+        in_runc(&rootfs, &["/usr/local/bin/pkgfs-selftest"]),
         fs::read_to_string(images().join("reference.selftest")).unwrap()
     );
     run(pkgfs().arg("umount").arg(&rootfs));
+}
+
+/// Run `args` under runc in a bundle whose read-only root is `rootfs`; its output.
+pub fn in_runc(rootfs: &Path, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path();
+    run(Command::new("runc").arg("spec").current_dir(bundle));
+    let spec = bundle.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_slice(&fs::read(&spec).unwrap()).unwrap();
+    c["process"]["terminal"] = false.into();
+    c["process"]["args"] = serde_json::json!(args);
+    c["root"] = serde_json::json!({"path": rootfs, "readonly": true});
+    fs::write(&spec, serde_json::to_vec(&c).unwrap()).unwrap();
+    let name = format!(
+        "pkgfs-test-{}-{}",
+        std::process::id(),
+        rootfs.display().to_string().len() + args.len()
+    );
+    let out = Command::new("runc")
+        .args(["run", "--bundle"])
+        .arg(bundle)
+        .arg(&name)
+        .output()
+        .unwrap();
+    let _ = Command::new("runc")
+        .args(["delete", "--force", &name])
+        .output();
+    assert!(
+        out.status.success(),
+        "runc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }

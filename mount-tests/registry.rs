@@ -15,7 +15,7 @@ use crate::common::{
     Mount, free_port, pkgfs, repo, require_fuse, require_tools, run, status_json, terminate,
     test_python, trees_match, wait_listening,
 };
-use crate::images::{images, in_chroot};
+use crate::images::{images, in_chroot, in_runc};
 use crate::remote::Moto;
 
 /// How a test registry lets clients in.
@@ -314,7 +314,7 @@ fn make_certificates(d: &Path) {
 }
 
 fn tools() -> bool {
-    require_fuse() && require_tools(&["docker-registry", "skopeo", "htpasswd", "openssl"])
+    require_fuse() && require_tools(&["docker-registry", "skopeo", "htpasswd", "openssl", "runc"])
 }
 
 /// `pkgfs mount` that is expected to fail: its standard error.
@@ -387,10 +387,31 @@ fn images_in_a_registry_mount_equal_to_the_reference() {
             assert!(p["fetched_bytes"].as_u64().unwrap() > 0, "{p}");
         }
         if from.starts_with("oci-zstd-chunked:") {
+            // The image's own programs: a script and dpkg in a chroot, the script under
+            // runc (a mount with -o suid,dev, as a runtime wants its root).
             assert_eq!(
                 in_chroot(&m.path(), &["/usr/local/bin/pkgfs-selftest"]),
                 fs::read_to_string(images().join("reference.selftest")).unwrap()
             );
+            assert_eq!(
+                in_chroot(&m.path(), &["dpkg", "-l"]),
+                fs::read_to_string(images().join("reference.dpkg-l")).unwrap()
+            );
+            let root = Mount::new(
+                &[Path::new(&reg.reference(&name))],
+                &[
+                    "--tls-verify=false",
+                    "-o",
+                    "suid,dev",
+                    "--disk-cache",
+                    cache.to_str().unwrap(),
+                ],
+            );
+            assert_eq!(
+                in_runc(&root.path(), &["/usr/local/bin/pkgfs-selftest"]),
+                fs::read_to_string(images().join("reference.selftest")).unwrap()
+            );
+            drop(root);
             // The same image pinned by its digest.
             let digest = manifest_digest(&reg, &name);
             let pinned = reg.reference(&format!("pkgfs/debian@{digest}"));
