@@ -50,7 +50,7 @@ demo-stop MNT="/mnt":
 # and plots go to docs/bench/ and docs/img/.
 # All benchmarks on the Linux source: packing, the peer comparison, the scaling run,
 # gzip tarballs; and container images.
-bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts
+bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry
 
 # Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
@@ -101,3 +101,10 @@ asan:
 # Fuzz one parser for a while: just fuzz zip_index|seekable_index|tar_headers|targz_index|any_archive
 fuzz TARGET SECONDS="300":
     cd fuzz && mkdir -p corpus/{{TARGET}} && cargo +nightly fuzz run -O {{TARGET}} corpus/{{TARGET}} seeds/{{TARGET}} -- -max_total_time={{SECONDS}} -max_len=65536
+
+# Images straight from a registry with 20 ms added each way (examples/delayproxy): time
+# to python3's first output, pkgfs (gzip, zstd:chunked, SOCI; cold, warm) against skopeo
+# copy + umoci unpack and podman pull, and a local layout (builds bench-images' image).
+bench-registry WORKDIR="/var/tmp/pkgfs-bench":
+    cargo build --release --examples
+    python3 bench/registry.py {{WORKDIR}} docs/bench/registry.json

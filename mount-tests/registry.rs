@@ -386,6 +386,13 @@ fn images_in_a_registry_mount_equal_to_the_reference() {
             assert_eq!(p["checked"], checked, "{from}: {p}");
             assert!(p["fetched_bytes"].as_u64().unwrap() > 0, "{p}");
         }
+        // Each layer's first and last bytes in one request: distribution serves
+        // multipart/byteranges.
+        assert!(
+            st["remote"]["multi_range_requests"].as_u64().unwrap() >= 1,
+            "{}",
+            st["remote"]
+        );
         if from.starts_with("oci-zstd-chunked:") {
             // The image's own programs: a script and dpkg in a chroot, the script under
             // runc (a mount with -o suid,dev, as a runtime wants its root).

@@ -181,6 +181,8 @@ struct RemoteReport {
     kept_hits: u64,
     /// Fetches started ahead of readers (read-ahead advice).
     prefetches: u64,
+    /// Requests that fetched several ranges at once.
+    multi_range_requests: u64,
     /// Read bound, seconds.
     timeout_s: u64,
     disk_cache: Option<DiskReport>,
@@ -424,6 +426,7 @@ fn remote_report(r: &crate::io::remote::Remote) -> RemoteReport {
         bytes: s.bytes.load(Relaxed),
         kept_hits: s.kept_hits.load(Relaxed),
         prefetches: s.prefetches.load(Relaxed),
+        multi_range_requests: s.multi_range.load(Relaxed),
         timeout_s: r.config.read_timeout.as_secs(),
         disk_cache: r.disk.as_ref().map(|d| DiskReport {
             dir: d.dir().display().to_string(),

@@ -88,6 +88,8 @@ pub struct RemoteStats {
     pub errors: AtomicU64,
     /// Fetches started ahead of readers, from read-ahead advice.
     pub prefetches: AtomicU64,
+    /// Requests that fetched several ranges at once (`multipart/byteranges`).
+    pub multi_range: AtomicU64,
 }
 
 impl RemoteStats {
@@ -298,6 +300,16 @@ pub trait Ranges: Send + Sync + std::fmt::Debug {
         start: u64,
         end: u64,
     ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes>>;
+
+    /// Several ranges (sorted, apart): by default one request each, concurrently; a
+    /// source whose servers take several ranges in one request may do that instead.
+    fn get_many(
+        &self,
+        ranges: &[(u64, u64)],
+    ) -> futures::future::BoxFuture<'static, Result<Vec<bytes::Bytes>>> {
+        let jobs: Vec<_> = ranges.iter().map(|&(s, e)| self.get(s, e)).collect();
+        Box::pin(futures::future::try_join_all(jobs))
+    }
 }
 
 /// An object of an `object_store` store, one version of it: every range asked for with
@@ -574,13 +586,25 @@ impl RemoteBlob {
 
     fn fetch_all(&self, ranges: &[(u64, u64)]) -> Result<Vec<bytes::Bytes>> {
         let what = self.name.display().to_string();
-        let jobs: Vec<_> = ranges
-            .iter()
-            .map(|&(s, e)| Self::fetch(self.source.clone(), s, e, what.clone()))
-            .collect();
-        let got = self
-            .remote
-            .run(&what, futures::future::try_join_all(jobs))?;
+        let got = if ranges.len() == 1 {
+            let (s, e) = ranges[0];
+            vec![
+                self.remote
+                    .run(&what, Self::fetch(self.source.clone(), s, e, what.clone()))?,
+            ]
+        } else {
+            let got = self.remote.run(&what, self.source.get_many(ranges))?;
+            for (&(s, e), b) in ranges.iter().zip(&got) {
+                if b.len() as u64 != e - s {
+                    return Err(Error::Corrupt(format!(
+                        "{what}: asked for {} bytes, got {}",
+                        e - s,
+                        b.len()
+                    )));
+                }
+            }
+            got
+        };
         let stats = &self.remote.stats;
         for (&(start, _), bytes) in ranges.iter().zip(&got) {
             stats.fetches.fetch_add(1, Relaxed);

@@ -43,6 +43,8 @@ use crate::error::{Error, Result};
 
 /// Most redirects followed for one request.
 pub const MAX_REDIRECTS: usize = 5;
+/// Most ranges asked in one request.
+const MAX_RANGES: usize = 32;
 /// Largest token answer read.
 const MAX_TOKEN_ANSWER: usize = 1 << 20;
 /// Largest error body read (for its message).
@@ -270,6 +272,9 @@ pub struct Registry {
     creds: Option<Credentials>,
     insecure: bool,
     state: Mutex<State>,
+    /// Whether several ranges go in one request: 0 not known yet, 1 yes, 2 no (the
+    /// server answered such a request otherwise than with a 206).
+    multi: std::sync::atomic::AtomicU8,
 }
 
 /// A registry's error body: `{"errors": [{"code", "message"}]}`.
@@ -354,6 +359,7 @@ impl Registry {
             creds,
             insecure: !config.tls_verify,
             state: Mutex::default(),
+            multi: Default::default(),
         })
     }
 
@@ -850,6 +856,160 @@ impl Registry {
         range_body(r, start, end, &what).await
     }
 
+    /// The ranges `ranges` (sorted, apart) of blob `digest`: several in one request
+    /// (`multipart/byteranges`) where the server takes that, else one each.
+    pub async fn blob_ranges(
+        &self,
+        repo: &str,
+        digest: &str,
+        ranges: &[(u64, u64)],
+    ) -> Result<Vec<Bytes>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if ranges.len() < 2 || self.multi.load(Relaxed) == 2 {
+            let jobs = ranges
+                .iter()
+                .map(|&(s, e)| self.blob_range(repo, digest, s, e));
+            return futures::future::try_join_all(jobs).await;
+        }
+        let mut out = Vec::with_capacity(ranges.len());
+        for group in ranges.chunks(MAX_RANGES) {
+            match self.multi_range(repo, digest, group).await {
+                Ok(Some(got)) => {
+                    self.multi.store(1, Relaxed);
+                    self.remote.stats.multi_range.fetch_add(1, Relaxed);
+                    out.extend(got);
+                }
+                // Not answered as asked (or the connection dropped: some servers and
+                // proxies do that to a multi-range request): one by one, which reports
+                // any real failure itself.
+                not => {
+                    log::debug!(
+                        "{}: no multi-range answer ({}); one range per request from now",
+                        self.host,
+                        match not {
+                            Err(e) => e.to_string(),
+                            _ => "another status than 206".into(),
+                        }
+                    );
+                    self.multi.store(2, Relaxed);
+                    let jobs = group
+                        .iter()
+                        .map(|&(s, e)| self.blob_range(repo, digest, s, e));
+                    out.extend(futures::future::try_join_all(jobs).await?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One request for several ranges; `None` if the server does not answer them so.
+    async fn multi_range(
+        &self,
+        repo: &str,
+        digest: &str,
+        ranges: &[(u64, u64)],
+    ) -> Result<Option<Vec<Bytes>>> {
+        let what = format!("{}/{repo} blob {digest}", self.host);
+        let spec = ranges
+            .iter()
+            .map(|(s, e)| format!("{s}-{}", e - 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let value = header::HeaderValue::from_str(&format!("bytes={spec}"))
+            .map_err(|e| Error::Format(format!("{what}: range header: {e}")))?;
+        let mut url = crate::sync::lock(&self.state)
+            .locations
+            .get(digest)
+            .cloned();
+        let mut r = match &url {
+            Some(u) => {
+                self.count();
+                self.client
+                    .get(u.clone())
+                    .header(header::RANGE, value.clone())
+                    .send()
+                    .await
+                    .map_err(|e| io_error(format!("{what}: {}", describe(&e))))?
+            }
+            None => {
+                let mut h = HeaderMap::new();
+                h.insert(header::RANGE, value.clone());
+                self.send(repo, &format!("/v2/{repo}/blobs/{digest}"), h, false)
+                    .await?
+            }
+        };
+        for _ in 0..MAX_REDIRECTS {
+            if !r.status().is_redirection() {
+                break;
+            }
+            let to = location(&r, &what)?;
+            if url.is_none() {
+                crate::sync::lock(&self.state)
+                    .locations
+                    .insert(digest.to_string(), to.clone());
+            }
+            url = Some(to.clone());
+            self.count();
+            r = self
+                .client
+                .get(to)
+                .header(header::RANGE, value.clone())
+                .send()
+                .await
+                .map_err(|e| io_error(format!("{what}: {}", describe(&e))))?;
+        }
+        if r.status() != StatusCode::PARTIAL_CONTENT {
+            // The whole blob (200), a refusal (400, 416), an expired storage URL: not
+            // this way; each range by itself says what is wrong, if anything is.
+            return Ok(None);
+        }
+        let ctype = r
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let want: u64 = ranges.iter().map(|(s, e)| e - s).sum();
+        let boundary = ctype
+            .split(';')
+            .map(str::trim)
+            .find_map(|p| p.strip_prefix("boundary="))
+            .map(|b| b.trim_matches('"').to_string());
+        let parts = match boundary {
+            Some(b) if ctype.starts_with("multipart/byteranges") => {
+                let limit = want as usize + 1024 * (ranges.len() + 1);
+                let body = read_limited(r, limit, &what).await?;
+                byteranges(&body, &b, &what)?
+            }
+            // One part: the server merged the ranges into one.
+            _ => {
+                let cr = r
+                    .headers()
+                    .get(header::CONTENT_RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(content_range)
+                    .ok_or_else(|| Error::Corrupt(format!("{what}: a 206 without a range")))?;
+                let body = read_limited(r, (cr.1 - cr.0) as usize, &what).await?;
+                vec![(cr.0, Bytes::from(body))]
+            }
+        };
+        let mut out = Vec::with_capacity(ranges.len());
+        for &(s, e) in ranges {
+            let part = parts
+                .iter()
+                .find(|(ps, b)| *ps <= s && e <= ps + b.len() as u64)
+                .ok_or_else(|| {
+                    Error::Corrupt(format!(
+                        "{what}: bytes {s}-{} missing from the answer",
+                        e - 1
+                    ))
+                })?;
+            let at = (s - part.0) as usize;
+            out.push(part.1.slice(at..at + (e - s) as usize));
+        }
+        Ok(Some(out))
+    }
+
     /// Bytes `start..end` from blob storage at `url` (no `Authorization`: it is another
     /// host's), following its own redirects.
     async fn fetch_at(
@@ -938,6 +1098,53 @@ enum Refused {
     /// 401/403: the redirect is stale, ask the registry for a new one.
     Again,
     Error(Error),
+}
+
+/// `bytes A-B/TOTAL` as `(A, B + 1)`.
+fn content_range(v: &str) -> Option<(u64, u64)> {
+    let (range, _) = v.strip_prefix("bytes ")?.split_once('/')?;
+    let (a, b) = range.split_once('-')?;
+    let (a, b) = (a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?);
+    (a <= b).then_some((a, b + 1))
+}
+
+/// The parts of a `multipart/byteranges` body: (start, bytes) each, the length of each
+/// part taken from its own `Content-Range` (a part's bytes may look like a boundary).
+fn byteranges(body: &[u8], boundary: &str, what: &str) -> Result<Vec<(u64, Bytes)>> {
+    let bad = |m: &str| Error::Corrupt(format!("{what}: multipart answer: {m}"));
+    let delim = format!("--{boundary}");
+    let find = |hay: &[u8], needle: &[u8], from: usize| -> Option<usize> {
+        hay.get(from..)?
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .map(|i| i + from)
+    };
+    let mut parts = Vec::new();
+    let mut at = find(body, delim.as_bytes(), 0).ok_or_else(|| bad("no boundary"))?;
+    loop {
+        at += delim.len();
+        if body.get(at..at + 2) == Some(b"--") {
+            return Ok(parts);
+        }
+        let head_end = find(body, b"\r\n\r\n", at).ok_or_else(|| bad("a part without headers"))?;
+        let head = std::str::from_utf8(&body[at..head_end]).map_err(|_| bad("headers"))?;
+        let range = head
+            .split("\r\n")
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-range"))
+            .and_then(|(_, v)| content_range(v.trim()))
+            .ok_or_else(|| bad("a part without a Content-Range"))?;
+        let start = head_end + 4;
+        let end = start
+            .checked_add((range.1 - range.0) as usize)
+            .filter(|&e| e <= body.len())
+            .ok_or_else(|| bad("a part shorter than its range"))?;
+        parts.push((range.0, Bytes::copy_from_slice(&body[start..end])));
+        if parts.len() > MAX_RANGES {
+            return Err(bad("more parts than ranges asked"));
+        }
+        at = find(body, delim.as_bytes(), end).ok_or_else(|| bad("no closing boundary"))?;
+    }
 }
 
 fn range_header(start: u64, end: u64) -> header::HeaderValue {
@@ -1057,6 +1264,19 @@ impl Ranges for BlobRanges {
         );
         Box::pin(async move { registry.blob_range(&repo, &digest, start, end).await })
     }
+
+    fn get_many(
+        &self,
+        ranges: &[(u64, u64)],
+    ) -> futures::future::BoxFuture<'static, Result<Vec<Bytes>>> {
+        let (registry, repo, digest) = (
+            self.registry.clone(),
+            self.repo.clone(),
+            self.digest.clone(),
+        );
+        let ranges = ranges.to_vec();
+        Box::pin(async move { registry.blob_ranges(&repo, &digest, &ranges).await })
+    }
 }
 
 #[cfg(test)]
@@ -1108,6 +1328,34 @@ mod tests {
         ] {
             assert!(Reference::parse(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn multipart_byteranges_parse_by_their_own_lengths() {
+        let body = b"\r\n--XyZ\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes 0-3/100\r\n\r\nab\r\n\r\n--XyZ\r\ncontent-range: bytes 50-52/100\r\n\r\n--X\r\n--XyZ--\r\n";
+        let parts = byteranges(body, "XyZ", "t").unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!((parts[0].0, &parts[0].1[..]), (0, &b"ab\r\n"[..]));
+        assert_eq!(
+            (parts[1].0, &parts[1].1[..]),
+            (50, &b"--X"[..]),
+            "a part that looks like a boundary"
+        );
+        for bad in [
+            &b"no boundary at all"[..],
+            b"--XyZ\r\nContent-Range: bytes 0-99/100\r\n\r\nshort",
+            b"--XyZ\r\nContent-Type: x\r\n\r\nab\r\n--XyZ--",
+            b"--XyZ\r\nContent-Range: bytes 0-1/100\r\n\r\nab",
+        ] {
+            assert!(
+                byteranges(bad, "XyZ", "t").is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(content_range("bytes 5-9/10"), Some((5, 10)));
+        assert_eq!(content_range("bytes 9-5/10"), None);
+        assert_eq!(content_range("bytes */10"), None);
     }
 
     #[test]
