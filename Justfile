@@ -106,5 +106,5 @@ fuzz TARGET SECONDS="300":
 # to python3's first output, pkgfs (gzip, zstd:chunked, SOCI; cold, warm) against skopeo
 # copy + umoci unpack and podman pull, and a local layout (builds bench-images' image).
 bench-registry WORKDIR="/var/tmp/pkgfs-bench":
-    cargo build --release --examples
+    cargo build --release --bin pkgfs --example delayproxy
     python3 bench/registry.py {{WORKDIR}} docs/bench/registry.json

@@ -475,10 +475,16 @@ fn registry_reads_fetch_what_is_read_once() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("disk-cache");
     let opts = |extra: &'static [&'static str]| -> Vec<String> {
-        let mut v: Vec<String> = ["--tls-verify=false", "--no-index-cache", "--prefetch", "0"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut v: Vec<String> = [
+            "--tls-verify=false",
+            "--no-index-cache",
+            "--prefetch",
+            "0",
+            "--no-background-fetch",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         v.extend(["--disk-cache".to_string(), cache.display().to_string()]);
         v.extend(extra.iter().map(|s| s.to_string()));
         v
@@ -635,6 +641,7 @@ fn bearer_tokens_as_docker_hub_hands_them_out() {
             "--no-disk-cache",
             "--prefetch",
             "0",
+            "--no-background-fetch",
         ],
     );
     assert_eq!(
@@ -970,6 +977,7 @@ fn soci_indexes_spare_gzip_layers_their_pass() {
             "--no-index-cache",
             "--prefetch",
             "0",
+            "--no-background-fetch",
             "--disk-cache",
             cache.to_str().unwrap(),
         ],
@@ -1040,4 +1048,44 @@ fn soci_indexes_spare_gzip_layers_their_pass() {
         fs::read(m.path().join("usr/bin/bash")).unwrap(),
         fs::read(reference.join("usr/bin/bash")).unwrap()
     );
+}
+
+/// By default a layer read lazily is fetched whole in the background once mounted: the
+/// registry sends every byte of it without anything being read, and with the registry
+/// stopped after that the whole tree still reads, equal to umoci's unpack.
+#[test]
+fn lazily_read_layers_are_fetched_whole_in_the_background() {
+    if !tools() {
+        return;
+    }
+    let mut reg = Registry::start(Auth::Anonymous);
+    reg.push("oci-estargz:latest", "pkgfs/bg:1", None);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("disk-cache");
+    let m = Mount::new(
+        &[Path::new(&reg.reference("pkgfs/bg:1"))],
+        &[
+            "--tls-verify=false",
+            "--no-index-cache",
+            "--disk-cache",
+            cache.to_str().unwrap(),
+        ],
+    );
+    let total: u64 = status_json(&m.path())["images"][0]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["size"].as_u64().unwrap())
+        .sum();
+    crate::common::wait_until(Duration::from_secs(30), "the layers are fetched", || {
+        status_json(&m.path())["remote"]["bytes"].as_u64().unwrap() >= total
+    });
+    let st = status_json(&m.path());
+    assert!(
+        st["remote"]["prefetches"].as_u64().unwrap() > 0,
+        "{}",
+        st["remote"]
+    );
+    reg.stop();
+    trees_match(&images().join("reference/rootfs"), &m.path(), &[]);
 }

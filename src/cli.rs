@@ -196,7 +196,7 @@ struct MountArgs {
     /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, disk_cache=DIR,
     /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
     /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, authfile=FILE,
-    /// cert_dir=DIR, tls_verify=BOOL; options
+    /// cert_dir=DIR, tls_verify=BOOL, no_background_fetch; options
     /// mount(8) passes (ro, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -363,6 +363,11 @@ struct RegistryArgs {
     /// *.key) for registries, instead of /etc/containers/certs.d/HOST:PORT/.
     #[arg(long, value_name = "DIR")]
     cert_dir: Option<PathBuf>,
+    /// docker:// sources: fetch only what is read of layers read lazily (zstd:chunked,
+    /// eStargz, SOCI); by default the rest of each is fetched in the background once
+    /// the image is mounted.
+    #[arg(long)]
+    no_background_fetch: bool,
 }
 
 impl RegistryArgs {
@@ -377,6 +382,7 @@ impl RegistryArgs {
             auth_file: self.authfile,
             tls_verify: self.tls_verify,
             cert_dir: self.cert_dir,
+            background_fetch: !self.no_background_fetch,
         })
     }
 }
@@ -978,6 +984,7 @@ fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> {
         "allow_missing" => cfg.layout.allow_missing = true,
         "authfile" => cfg.registry.auth_file = Some(PathBuf::from(need()?)),
         "cert_dir" => cfg.registry.cert_dir = Some(PathBuf::from(need()?)),
+        "no_background_fetch" => cfg.registry.background_fetch = false,
         "tls_verify" => {
             cfg.registry.tls_verify = match value.unwrap_or("true") {
                 "true" | "1" | "yes" => true,

@@ -254,6 +254,9 @@ pub struct ImageLayer {
     pub check: LayerCheck,
     /// Its media type, as the manifest gives it.
     pub media_type: String,
+    /// Fetch all of it in the background once it is open, if it is read lazily (a
+    /// registry's layers, unless `--no-background-fetch`).
+    pub background_fetch: bool,
 }
 
 /// `platform` of a descriptor.
@@ -934,6 +937,10 @@ fn image_of(
                 ztoc,
             },
             media_type: d.media_type.clone(),
+            background_fetch: match store {
+                Store::Registry { registry, .. } => registry.background_fetch(),
+                _ => false,
+            },
         });
     }
     Ok(Image {
@@ -1053,6 +1060,7 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
                 ztoc: None,
             },
             media_type: String::new(),
+            background_fetch: false,
         });
     }
     let platform =

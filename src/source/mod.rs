@@ -58,7 +58,22 @@ impl Candidate {
     /// Open and index it.
     fn open(&self, cx: &OpenContext) -> std::result::Result<Indexed, OpenError> {
         match (&self.layer, &self.blob) {
-            (Some(l), _) => format::open_layer(l.blob.clone(), &l.check, cx),
+            (Some(l), _) => {
+                let r = format::open_layer(l.blob.clone(), &l.check, cx);
+                // A layer read lazily from a server (a table of contents, a zTOC): the
+                // rest of it in the background, so that a program's reads, one after
+                // another, wait for no round trip once it is in.
+                if let Ok(ix) = &r
+                    && l.background_fetch
+                    && matches!(
+                        ix.archive.checked,
+                        format::Checked::Toc | format::Checked::Ztoc
+                    )
+                {
+                    l.blob.will_need(&[(0, l.blob.size())]);
+                }
+                r
+            }
             (None, Some(b)) => format::open(b.clone(), cx),
             (None, None) => format::open_path(&self.path, cx),
         }

@@ -71,6 +71,9 @@ pub struct RegistryConfig {
     /// `--cert-dir DIR`: CA certificates (`*.crt`) and a client key pair (`*.cert`,
     /// `*.key`) for every registry, instead of `/etc/containers/certs.d/HOST:PORT/`.
     pub cert_dir: Option<PathBuf>,
+    /// Fetch the rest of a lazily read layer (a table of contents, a zTOC) in the
+    /// background once it is mounted (`--no-background-fetch`: only what is read).
+    pub background_fetch: bool,
 }
 
 impl Default for RegistryConfig {
@@ -80,6 +83,7 @@ impl Default for RegistryConfig {
             auth_file: None,
             tls_verify: true,
             cert_dir: None,
+            background_fetch: true,
         }
     }
 }
@@ -271,6 +275,7 @@ pub struct Registry {
     remote: Arc<Remote>,
     creds: Option<Credentials>,
     insecure: bool,
+    background_fetch: bool,
     state: Mutex<State>,
     /// Whether several ranges go in one request: 0 not known yet, 1 yes, 2 no (the
     /// server answered such a request otherwise than with a 206).
@@ -358,9 +363,15 @@ impl Registry {
             remote,
             creds,
             insecure: !config.tls_verify,
+            background_fetch: config.background_fetch,
             state: Mutex::default(),
             multi: Default::default(),
         })
+    }
+
+    /// Whether lazily read layers are fetched whole in the background.
+    pub fn background_fetch(&self) -> bool {
+        self.background_fetch
     }
 
     /// The host as named.
