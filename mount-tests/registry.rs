@@ -461,7 +461,7 @@ fn images_in_a_registry_mount_equal_to_the_reference() {
 /// once: a second mount of another tag with the same disk cache asks the registry for
 /// its manifest only, and reads every file from the cache; with the registry stopped,
 /// cached files still read, others fail with EIO within the bound, and after a restart
-/// they read again.
+/// they read again; pinned by digest, a warm mount sends no request at all.
 #[test]
 fn registry_reads_fetch_what_is_read_once() {
     if !tools() {
@@ -547,6 +547,20 @@ fn registry_reads_fetch_what_is_read_once() {
     // Everything, from the cache filled above plus what is missing.
     let m = Mount::new(&[Path::new(&reg.reference("pkgfs/chunked-too:b"))], &o);
     trees_match(&reference, &m.path(), &[]);
+    drop(m);
+    // Pinned by digest, every manifest and blob in the disk cache: no request at all,
+    // the registry may as well be gone.
+    let digest = manifest_digest(&reg, "pkgfs/chunked-too:b");
+    reg.stop();
+    let m = Mount::new(
+        &[Path::new(
+            &reg.reference(&format!("pkgfs/chunked-too@{digest}")),
+        )],
+        &o,
+    );
+    trees_match(&reference, &m.path(), &[]);
+    let st = status_json(&m.path());
+    assert_eq!(st["remote"]["requests"], 0, "{}", st["remote"]);
 }
 
 /// htpasswd over TLS: the CA from --cert-dir (or trust skipped with

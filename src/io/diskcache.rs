@@ -237,6 +237,19 @@ impl DiskCache {
         out
     }
 
+    /// The length of the range of `key` that starts at 0, if one is kept (a small object
+    /// fetched whole: its size, when nothing else says it).
+    pub fn head_len(&self, key: &str) -> Option<u64> {
+        self.known(key, false);
+        self.lock()
+            .objects
+            .get(key)?
+            .iter()
+            .filter(|e| e.start == 0)
+            .map(|e| e.len)
+            .max()
+    }
+
     /// Fill `buf` from the ranges of `key` at `offset`; false (and `buf` unspecified) if
     /// they do not hold all of it.
     pub fn read(&self, key: &str, buf: &mut [u8], offset: u64) -> bool {

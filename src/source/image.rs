@@ -507,26 +507,17 @@ impl Store {
                 registry,
                 reference,
             } => {
-                if desc.size > MAX_JSON as i64 {
-                    return Err(Error::Format(format!(
-                        "{what} has {} bytes: more than the {} MiB pkgfs reads",
-                        desc.size,
-                        MAX_JSON >> 20
-                    )));
-                }
-                let m = registry.run(
-                    &what,
-                    registry.manifest(&reference.repo, &digest.to_string(), MAX_JSON as usize),
-                )?;
-                if i64::try_from(m.bytes.len()).ok() != Some(desc.size) {
-                    return Err(Error::Corrupt(format!(
-                        "{what} has {} bytes, its descriptor says {}",
-                        m.bytes.len(),
-                        desc.size
-                    )));
-                }
-                digest.check(&m.bytes, &what)?;
-                m.bytes
+                let size = u64::try_from(desc.size)
+                    .ok()
+                    .filter(|&n| n <= MAX_JSON)
+                    .ok_or_else(|| {
+                        Error::Format(format!(
+                            "{what} has {} bytes: more than the {} MiB pkgfs reads",
+                            desc.size,
+                            MAX_JSON >> 20
+                        ))
+                    })?;
+                cached_manifest(registry, &reference.repo, &digest, size, &what)?
             }
             _ => {
                 let blob = self.blob(&digest, desc.size, "manifest")?;
@@ -577,6 +568,17 @@ impl Store {
         };
         let name = reference.manifest_reference();
         let what = format!("manifest {name}");
+        // Pinned by a digest whose manifest the disk cache holds: no request at all.
+        if let Some(d) = &reference.digest
+            && let Some(size) = registry.cached_manifest_size(d)
+            && let Ok(bytes) = cached_manifest(registry, &reference.repo, d, size, &what)
+        {
+            return Ok(Doc {
+                bytes,
+                digest: d.clone(),
+                media_type: String::new(),
+            });
+        }
         let m = registry.run(
             &what,
             registry.manifest(&reference.repo, &name, MAX_JSON as usize),
@@ -602,6 +604,7 @@ impl Store {
                 computed
             }
         };
+        registry.keep_manifest(&digest, &m.bytes);
         Ok(Doc {
             bytes: m.bytes,
             digest,
@@ -625,6 +628,25 @@ impl Store {
         }
         Ok(bytes)
     }
+}
+
+/// Manifest `digest` (of `size` bytes) of a registry repository, through the disk cache,
+/// checked against its digest (bytes that fail are dropped from the cache).
+fn cached_manifest(
+    registry: &Arc<Registry>,
+    repo: &str,
+    digest: &Digest,
+    size: u64,
+    what: &str,
+) -> Result<Vec<u8>> {
+    let blob = registry.manifest_blob(repo, digest, size);
+    let mut bytes = vec![0u8; size as usize];
+    blob.read_exact_at(&mut bytes, 0)?;
+    if let Err(e) = digest.check(&bytes, what) {
+        blob.forget();
+        return Err(e);
+    }
+    Ok(bytes)
 }
 
 fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T> {

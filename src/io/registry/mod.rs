@@ -4,8 +4,9 @@
 //!
 //! - [`Reference`]: `docker://HOST[:PORT]/REPO[:TAG|@DIGEST]` parsed as skopeo does (no
 //!   host: `docker.io`, and `library/` before a one-component name).
-//! - [`Registry`]: one per host. The first request pings `/v2/` to learn the scheme
-//!   (`https`; plain `http` only with `--tls-verify=false`, after HTTPS failed) and the
+//! - [`Registry`]: one per host. The first request (no ping of `/v2/` first: one round
+//!   trip less) learns the scheme (`https`; plain `http` only with
+//!   `--tls-verify=false`, after HTTPS could not be spoken) and, by its 401, the
 //!   challenge. Requests then carry `Basic` credentials or a bearer token for the
 //!   repository's `pull` scope (fetched from the challenge's realm, with the credentials
 //!   if there are any; cached until it expires; renewed once on a 401). Failed requests
@@ -256,7 +257,7 @@ struct Token {
 struct State {
     /// `https://HOST` or `http://HOST`, once pinged.
     base: Option<String>,
-    /// The `/v2/` challenge (`None`: anonymous access).
+    /// The challenge of the last 401 (`None`: anonymous access so far).
     challenge: Option<Challenge>,
     /// Bearer tokens by scope.
     tokens: HashMap<String, Token>,
@@ -382,94 +383,6 @@ impl Registry {
     /// The runtime requests run on.
     pub fn remote(&self) -> &Arc<Remote> {
         &self.remote
-    }
-
-    /// `https://HOST` (or `http://` when allowed and HTTPS failed), and the challenge of
-    /// `/v2/`: learnt by one ping, then kept.
-    async fn base(&self) -> Result<String> {
-        if let Some(b) = crate::sync::lock(&self.state).base.clone() {
-            return Ok(b);
-        }
-        let https = format!("https://{}", self.api_host);
-        let (base, r) = match self.ping(&https).await {
-            Ok(r) => (https, r),
-            Err(e) if self.insecure => {
-                let http = format!("http://{}", self.api_host);
-                match self.ping(&http).await {
-                    Ok(r) => (http, r),
-                    Err(e2) => {
-                        return Err(io_error(format!(
-                            "registry {}: not reachable by HTTPS ({e}) nor HTTP ({e2})",
-                            self.host
-                        )));
-                    }
-                }
-            }
-            Err(e) => {
-                return Err(io_error(format!(
-                    "registry {}: {e}{}",
-                    self.host,
-                    if self.host.contains(':') || self.host == "localhost" {
-                        " (a registry without TLS needs --tls-verify=false)"
-                    } else {
-                        ""
-                    }
-                )));
-            }
-        };
-        let challenge = match r.status() {
-            StatusCode::UNAUTHORIZED => Some(
-                r.headers()
-                    .get(header::WWW_AUTHENTICATE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(Challenge::parse)
-                    .transpose()
-                    .map_err(|e| Error::Format(format!("registry {}: {e}", self.host)))?
-                    .ok_or_else(|| {
-                        Error::Format(format!(
-                            "registry {} answers 401 without a WWW-Authenticate challenge",
-                            self.host
-                        ))
-                    })?,
-            ),
-            s if s.is_success() => None,
-            s => {
-                return Err(io_error(format!(
-                    "{base}/v2/ answers {s}: not a container registry"
-                )));
-            }
-        };
-        let mut st = crate::sync::lock(&self.state);
-        st.base = Some(base.clone());
-        st.challenge = challenge;
-        Ok(base)
-    }
-
-    /// `GET BASE/v2/`, retried on transient failures.
-    async fn ping(&self, base: &str) -> std::result::Result<reqwest::Response, String> {
-        let url = format!("{base}/v2/");
-        let mut backoff = Duration::from_millis(100);
-        for attempt in 0.. {
-            self.count();
-            match self.client.get(&url).send().await {
-                Ok(r) if !r.status().is_server_error() => return Ok(r),
-                Ok(r) if attempt >= self.remote.config.retries => {
-                    return Err(format!("{url} answers {}", r.status()));
-                }
-                // Refused, or no TLS there: the caller tries plain HTTP (if allowed) at
-                // once rather than after the retries' backoff.
-                Err(e) if attempt >= self.remote.config.retries || !e.is_timeout() => {
-                    self.count_failure();
-                    return Err(describe(&e));
-                }
-                _ => {
-                    self.count_failure();
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-        unreachable!("the loop returns")
     }
 
     fn count(&self) {
@@ -618,12 +531,19 @@ impl Registry {
         headers: HeaderMap,
         head: bool,
     ) -> Result<reqwest::Response> {
-        let base = self.base().await?;
-        let url = format!("{base}{path}");
+        // The first request finds the scheme (HTTPS; plain HTTP when allowed and HTTPS
+        // cannot be spoken) and, by its 401, the challenge: no ping of /v2/ first, one
+        // round trip less before a mount.
+        let known = crate::sync::lock(&self.state).base.clone();
+        let (mut base, mut probing) = match known {
+            Some(b) => (b, false),
+            None => (format!("https://{}", self.api_host), true),
+        };
         let mut renewed = false;
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 0;
         loop {
+            let url = format!("{base}{path}");
             let auth = self.authorization(repo).await?;
             let mut req = if head {
                 self.client.head(&url)
@@ -635,7 +555,38 @@ impl Registry {
                 req = req.header(header::AUTHORIZATION, a);
             }
             self.count();
-            let wait = match req.send().await {
+            let sent = req.send().await;
+            if probing {
+                match &sent {
+                    Ok(_) => {
+                        probing = false;
+                        crate::sync::lock(&self.state).base = Some(base.clone());
+                    }
+                    Err(e) if !e.is_timeout() && base.starts_with("https:") && self.insecure => {
+                        self.count_failure();
+                        log::debug!("{}: no HTTPS ({}); plain HTTP", self.host, describe(e));
+                        base = format!("http://{}", self.api_host);
+                        continue;
+                    }
+                    Err(e) if !e.is_timeout() => {
+                        self.count_failure();
+                        return Err(io_error(format!(
+                            "registry {}: {}{}",
+                            self.host,
+                            describe(e),
+                            if base.starts_with("https:")
+                                && (self.host.contains(':') || self.host == "localhost")
+                            {
+                                " (a registry without TLS needs --tls-verify=false)"
+                            } else {
+                                ""
+                            }
+                        )));
+                    }
+                    Err(_) => {}
+                }
+            }
+            let wait = match sent {
                 Ok(r) if r.status() == StatusCode::UNAUTHORIZED && !renewed => {
                     // An expired token, or a scope the first challenge did not name.
                     renewed = true;
@@ -1089,6 +1040,47 @@ impl Registry {
         }
     }
 
+    /// Manifest `digest` of `repo` as a blob of `size` bytes, kept in the disk cache
+    /// like any blob (a manifest named by digest never changes): a warm mount of an
+    /// image needs no request for it. Its bytes are the caller's to check.
+    pub fn manifest_blob(
+        self: &Arc<Self>,
+        repo: &str,
+        digest: &Digest,
+        size: u64,
+    ) -> Arc<dyn super::blob::Blob> {
+        let version = manifest_version(digest);
+        Arc::new(super::remote::RemoteBlob::of(
+            format!("{}/{repo}@{digest} (manifest)", self.host),
+            Arc::new(ManifestRanges {
+                registry: self.clone(),
+                repo: repo.to_string(),
+                digest: digest.to_string(),
+            }),
+            size,
+            version,
+            0,
+            self.remote.clone(),
+        ))
+    }
+
+    /// Keep manifest `digest` (fetched by tag, its bytes checked) in the disk cache, for
+    /// a later mount by digest.
+    pub fn keep_manifest(&self, digest: &Digest, bytes: &[u8]) {
+        if let Some(disk) = &self.remote.disk {
+            let key = super::diskcache::DiskCache::key(&manifest_version(digest));
+            if let Err(e) = disk.store(&key, 0, bytes) {
+                log::warn!("disk cache: keeping manifest {digest}: {e}");
+            }
+        }
+    }
+
+    /// The size of manifest `digest` if the disk cache holds it whole.
+    pub fn cached_manifest_size(&self, digest: &Digest) -> Option<u64> {
+        let disk = self.remote.disk.as_ref()?;
+        disk.head_len(&super::diskcache::DiskCache::key(&manifest_version(digest)))
+    }
+
     /// The layers' ranges source: blob `digest` of `repo`.
     pub fn blob(self: &Arc<Self>, repo: &str, digest: &Digest) -> Arc<dyn Ranges> {
         Arc::new(BlobRanges {
@@ -1257,6 +1249,45 @@ async fn range_body(mut r: reqwest::Response, start: u64, end: u64, what: &str) 
     }
     Ok(Bytes::from(out))
 }
+
+/// The disk cache's name for manifest `digest`.
+fn manifest_version(digest: &Digest) -> String {
+    format!("oci-manifest\0{digest}")
+}
+
+/// A manifest by digest, as a [`Ranges`] source: fetched whole, cut to the range.
+#[derive(Debug)]
+struct ManifestRanges {
+    registry: Arc<Registry>,
+    repo: String,
+    digest: String,
+}
+
+impl Ranges for ManifestRanges {
+    fn get(&self, start: u64, end: u64) -> futures::future::BoxFuture<'static, Result<Bytes>> {
+        let (registry, repo, digest) = (
+            self.registry.clone(),
+            self.repo.clone(),
+            self.digest.clone(),
+        );
+        Box::pin(async move {
+            let m = registry.manifest(&repo, &digest, MANIFEST_LIMIT).await?;
+            let b = Bytes::from(m.bytes);
+            let (s, e) = (start as usize, end as usize);
+            if e > b.len() || s > e {
+                return Err(Error::Corrupt(format!(
+                    "{}/{repo}: manifest {digest} has {} bytes, {end} wanted",
+                    registry.host,
+                    b.len()
+                )));
+            }
+            Ok(b.slice(s..e))
+        })
+    }
+}
+
+/// Largest manifest fetched as a blob.
+const MANIFEST_LIMIT: usize = 4 << 20;
 
 /// A blob of a repository, as a [`Ranges`] source for a `RemoteBlob`.
 #[derive(Debug)]
