@@ -18,7 +18,12 @@ registry sent (counted by the proxy):
                         `podman image mount` and chroot (podman's run fails on this
                         machine setting rlimits without CAP_SYS_RESOURCE)
   pkgfs-FORMAT-cold     `pkgfs mount docker://…` with an empty disk and index cache, chroot
+                        (layers read lazily are fetched whole in the background, the
+                        default)
+  pkgfs-FORMAT-lazy     the same with --no-background-fetch: only what is read is fetched
+                        (zstd-chunked and soci)
   pkgfs-FORMAT-warm     the same after an unmount, on the caches the cold mount filled
+  pkgfs-FORMAT-pinned   warm, the image named by its manifest's digest (no request at all)
   local-FORMAT          `pkgfs mount oci:LAYOUT` of the same image on local disk, its
                         index cache warm (what "within 1.2x of a local layout" compares to)
 
@@ -175,13 +180,21 @@ def main():
     local_cache = os.path.join(SCRATCH, "cache-local")
     layouts = {"gzip": GZ, "zstd-chunked": ZC, "soci": SOCI}
 
-    def pkgfs_remote(fmt, cold):
-        c = caches[fmt]
+    digests = {}
+    for f in caches:
+        raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
+                              f"docker://{direct}/bench/{f}:1"], check=True, capture_output=True).stdout
+        import hashlib
+        digests[f] = "sha256:" + hashlib.sha256(raw).hexdigest()
+
+    def pkgfs_remote(fmt, cold, extra="", pinned=False):
+        c = caches[fmt] + ("-lazy" if extra else "")
         if cold:
             shutil.rmtree(c, ignore_errors=True)
+        ref = f"bench/{fmt}@{digests[fmt]}" if pinned else f"bench/{fmt}:1"
         t0 = time.monotonic()
         sh(f"'{PKGFS}' mount -q --tls-verify=false --io-uring off --disk-cache '{c}/disk' "
-           f"--index-cache '{c}/index' docker://{via}/bench/{fmt}:1 '{MNT}'")
+           f"--index-cache '{c}/index' {extra} docker://{via}/{ref} '{MNT}'")
         run_in(MNT)
         t = time.monotonic() - t0
         unmount()
@@ -227,7 +240,10 @@ def main():
     systems = {"skopeo+umoci": skopeo_umoci, "podman": podman}
     for f in ("gzip", "zstd-chunked", "soci"):
         systems[f"pkgfs-{f}-cold"] = (lambda f=f: pkgfs_remote(f, True))
+        if f != "gzip":
+            systems[f"pkgfs-{f}-lazy"] = (lambda f=f: pkgfs_remote(f, True, "--no-background-fetch"))
         systems[f"pkgfs-{f}-warm"] = (lambda f=f: pkgfs_remote(f, False))
+        systems[f"pkgfs-{f}-pinned"] = (lambda f=f: pkgfs_remote(f, False, pinned=True))
         systems[f"local-{f}"] = (lambda f=f: local(f))
     r = {"rounds": ROUNDS, "delay_ms": DELAY, "measured": time.strftime("%Y-%m-%d %H:%M"),
          "build": subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
@@ -259,8 +275,9 @@ def main():
         print(f"  {k:24} {v:.3f} s ({', '.join(f'{x:.3f}' for x in r['first_output_s'][k])}); "
               f"sent {100 * sent:.1f} % of the layers{vs}")
     for f in layouts:
-        if f"pkgfs-{f}-warm" in m and f"local-{f}" in m:
-            print(f"  warm / local, {f}: {m[f'pkgfs-{f}-warm'] / m[f'local-{f}']:.2f}x")
+        for w in ("warm", "pinned"):
+            if f"pkgfs-{f}-{w}" in m and f"local-{f}" in m:
+                print(f"  {w} / local, {f}: {m[f'pkgfs-{f}-{w}'] / m[f'local-{f}']:.2f}x")
 
 
 if __name__ == "__main__":
