@@ -57,6 +57,19 @@ fn catalogue_digests(layout: &str) -> Vec<String> {
         .collect()
 }
 
+/// The image's own programs run from `root` in a chroot: its self-test script and
+/// `dpkg -l`, each printing what it printed from umoci's unpack.
+pub fn runs_its_programs(root: &Path) {
+    assert_eq!(
+        in_chroot(root, &["/usr/local/bin/pkgfs-selftest"]),
+        fs::read_to_string(images().join("reference.selftest")).unwrap()
+    );
+    assert_eq!(
+        in_chroot(root, &["dpkg", "-l"]),
+        fs::read_to_string(images().join("reference.dpkg-l")).unwrap()
+    );
+}
+
 /// Run `args` in a chroot of `root`; its standard output.
 pub fn in_chroot(root: &Path, args: &[&str]) -> String {
     let out = run(Command::new("chroot").arg(root).args(args).env_clear().env(
@@ -76,14 +89,7 @@ crate::on_both_transports! {
         let m = mount("oci:oci-gzip:latest", dir.path(), &[]);
         let reference = images().join("reference/rootfs");
         trees_match(&reference, &m.path(), &[]);
-        assert_eq!(
-            in_chroot(&m.path(), &["/usr/local/bin/pkgfs-selftest"]),
-            fs::read_to_string(images().join("reference.selftest")).unwrap()
-        );
-        assert_eq!(
-            in_chroot(&m.path(), &["dpkg", "-l"]),
-            fs::read_to_string(images().join("reference.dpkg-l")).unwrap()
-        );
+        runs_its_programs(&m.path());
         let st = status_json(&m.path());
         let img = &st["images"][0];
         assert!(img["reference"].as_str().unwrap().starts_with("oci:"), "{st}");

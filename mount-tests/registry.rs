@@ -15,7 +15,7 @@ use crate::common::{
     Mount, free_port, pkgfs, repo, require_fuse, require_tools, run, status_json, terminate,
     test_python, trees_match, wait_listening,
 };
-use crate::images::{images, in_chroot, in_runc};
+use crate::images::{images, in_runc, runs_its_programs};
 use crate::remote::Moto;
 
 /// How a test registry lets clients in.
@@ -65,22 +65,7 @@ impl Registry {
             }
             Auth::Token(user, pass, life) => {
                 let tport = free_port();
-                run(Command::new("openssl")
-                    .args([
-                        "req",
-                        "-x509",
-                        "-newkey",
-                        "rsa:2048",
-                        "-nodes",
-                        "-days",
-                        "2",
-                        "-subj",
-                        "/CN=pkgfs-token-issuer",
-                        "-keyout",
-                    ])
-                    .arg(d.join("token.key"))
-                    .arg("-out")
-                    .arg(d.join("token.crt")));
+                self_signed(d, "token", "/CN=pkgfs-token-issuer");
                 let log = fs::File::create(d.join("token.log")).unwrap();
                 token = Some(
                     Command::new(test_python())
@@ -253,27 +238,57 @@ impl Drop for Registry {
     }
 }
 
+/// `registry/hostile_registry.py` serving the OCI layout `layout` with its faults, on a
+/// free port; killed when dropped.
+struct Hostile {
+    child: Child,
+    port: u16,
+}
+
+impl Hostile {
+    fn start(layout: &Path) -> Hostile {
+        let port = free_port();
+        let child = Command::new(test_python())
+            .arg(repo().join("mount-tests/registry/hostile_registry.py"))
+            .arg(port.to_string())
+            .arg(layout)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let h = Hostile { child, port };
+        wait_listening(port, "the hostile registry listens");
+        h
+    }
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A key and a self-signed certificate for `subject`, by `openssl`: `dir/NAME.key`,
+/// `dir/NAME.crt`.
+fn self_signed(dir: &Path, name: &str, subject: &str) {
+    run(Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args(["-subj", subject, "-keyout"])
+        .arg(dir.join(format!("{name}.key")))
+        .arg("-out")
+        .arg(dir.join(format!("{name}.crt"))));
+}
+
 /// A CA, and a certificate for 127.0.0.1 signed by it (`server.crt`, `server.key`);
 /// the CA as `certs.d/ca.crt`, as podman's certificate directories hold it.
 fn make_certificates(d: &Path) {
     let ssl = |args: &[&str]| {
         run(Command::new("openssl").args(args).current_dir(d));
     };
-    ssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=pkgfs test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
+    self_signed(d, "ca", "/CN=pkgfs test CA");
     ssl(&[
         "req",
         "-newkey",
@@ -396,14 +411,7 @@ fn images_in_a_registry_mount_equal_to_the_reference() {
         if from.starts_with("oci-zstd-chunked:") {
             // The image's own programs: a script and dpkg in a chroot, the script under
             // runc (a mount with -o suid,dev, as a runtime wants its root).
-            assert_eq!(
-                in_chroot(&m.path(), &["/usr/local/bin/pkgfs-selftest"]),
-                fs::read_to_string(images().join("reference.selftest")).unwrap()
-            );
-            assert_eq!(
-                in_chroot(&m.path(), &["dpkg", "-l"]),
-                fs::read_to_string(images().join("reference.dpkg-l")).unwrap()
-            );
+            runs_its_programs(&m.path());
             let root = Mount::new(
                 &[Path::new(&reg.reference(&name))],
                 &[
@@ -745,26 +753,9 @@ fn hostile_registries_are_refused_in_bounded_time() {
     if !tools() {
         return;
     }
-    let port = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let log = fs::File::create(dir.path().join("hostile.log")).unwrap();
-    let mut server = Command::new(test_python())
-        .arg(repo().join("mount-tests/registry/hostile_registry.py"))
-        .arg(port.to_string())
-        .arg(images().join("oci-gzip"))
-        .stdout(log)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Stop<'a>(&'a mut Child);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _stop = Stop(&mut server);
-    wait_listening(port, "the hostile registry listens");
+    let hostile = Hostile::start(&images().join("oci-gzip"));
+    let port = hostile.port;
     let src = |fault: &str| format!("docker://127.0.0.1:{port}/{fault}/img:latest");
     let cache = dir.path().join("disk-cache");
     let cache = cache.to_str().unwrap();
@@ -1031,24 +1022,8 @@ fn soci_indexes_spare_gzip_layers_their_pass() {
     drop(m);
 
     // A registry that flips a byte of the last layer (its only span).
-    let port = free_port();
-    let mut server = Command::new(test_python())
-        .arg(repo().join("mount-tests/registry/hostile_registry.py"))
-        .arg(port.to_string())
-        .arg(&layout)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Stop<'a>(&'a mut Child);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _stop = Stop(&mut server);
-    wait_listening(port, "the hostile registry listens");
+    let hostile = Hostile::start(&layout);
+    let port = hostile.port;
     let m = Mount::new(
         &[Path::new(&format!(
             "docker://127.0.0.1:{port}/tampered/img:latest"

@@ -369,6 +369,20 @@ impl Slice {
     }
 }
 
+impl Slice {
+    /// `len` bytes at `offset` lie inside the slice.
+    fn check(&self, offset: u64, len: usize) -> Result<()> {
+        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return Err(Error::Format(format!(
+                "unexpected end of {} at offset {}",
+                self.name.display(),
+                self.len
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Blob for Slice {
     fn name(&self) -> &Path {
         &self.name
@@ -379,16 +393,7 @@ impl Blob for Slice {
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_none_or(|e| e > self.len)
-        {
-            return Err(Error::Format(format!(
-                "unexpected end of {} at offset {}",
-                self.name.display(),
-                self.len
-            )));
-        }
+        self.check(offset, buf.len())?;
         self.inner.read_exact_at(buf, self.offset + offset)
     }
 
@@ -422,16 +427,7 @@ impl Blob for Slice {
 
     fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<()> {
         for (buf, offset) in reads.iter() {
-            if offset
-                .checked_add(buf.len() as u64)
-                .is_none_or(|e| e > self.len)
-            {
-                return Err(Error::Format(format!(
-                    "unexpected end of {} at offset {}",
-                    self.name.display(),
-                    self.len
-                )));
-            }
+            self.check(*offset, buf.len())?;
         }
         let mut shifted: Vec<(&mut [u8], u64)> = reads
             .iter_mut()
