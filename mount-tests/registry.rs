@@ -1020,6 +1020,33 @@ fn soci_indexes_spare_gzip_layers_their_pass() {
     assert!(one * 10 < total, "{one} bytes sent for bash");
     trees_match(&reference, &m.path(), &[]);
     drop(m);
+    // With an index cache: the index made from each zTOC is kept, and the next mount
+    // reads it (the spans are still checked against the zTOC's digests).
+    let index = dir.path().join("index-cache");
+    for round in ["first", "second"] {
+        let m = Mount::new(
+            &[Path::new(&reg.reference("pkgfs/soci:v2"))],
+            &[
+                "--tls-verify=false",
+                "--index-cache",
+                index.to_str().unwrap(),
+                "--disk-cache",
+                cache.to_str().unwrap(),
+            ],
+        );
+        for p in status_json(&m.path())["packages"].as_array().unwrap() {
+            let want = if round == "first" { "ztoc" } else { "cache" };
+            assert_eq!(
+                (&p["index"], &p["checked"]),
+                (&want.into(), &"ztoc".into()),
+                "{p}"
+            );
+        }
+        assert_eq!(
+            fs::read(m.path().join("usr/bin/perl")).unwrap(),
+            fs::read(reference.join("usr/bin/perl")).unwrap()
+        );
+    }
 
     // A registry that flips a byte of the last layer (its only span).
     let hostile = Hostile::start(&layout);

@@ -164,8 +164,9 @@ impl Format for TarGz {
             return Ok(None);
         }
         let (idx, entries, origin) = index(&**blob, cx)?;
+        let from_ztoc = !idx.spans.is_empty();
         let package = TarGzPackage::new(idx, &entries);
-        let checked = if origin == IndexOrigin::Ztoc {
+        let checked = if from_ztoc {
             super::Checked::Ztoc
         } else if cx.layer.is_some() {
             super::Checked::Digest
@@ -185,8 +186,30 @@ impl Format for TarGz {
 /// cache, else by a pass (stored in the cache after).
 fn index(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>, IndexOrigin)> {
     if let Some(z) = cx.layer.and_then(|l| l.ztoc.as_ref()) {
+        // Made from a zTOC once (its windows compressed, its entries converted), then
+        // kept in the index cache under the zTOC's digest.
+        let key = cx
+            .index_cache
+            .map(|c| (c, c.key("tar.gz ztoc", blob, &z.digest.to_string())));
+        if let Some((c, k)) = &key
+            && let Some(bytes) = c.load(k)
+            && let Ok((idx, entries)) = decode(&bytes, blob.size())
+            && !idx.spans.is_empty()
+        {
+            return Ok((idx, entries, IndexOrigin::Cache));
+        }
         match from_ztoc(blob, z) {
-            Ok((idx, entries)) => return Ok((idx, entries, IndexOrigin::Ztoc)),
+            Ok((idx, entries)) => {
+                if let Some((c, k)) = &key
+                    && let Err(e) = encode(&idx, &entries).and_then(|b| c.store(k, &b))
+                {
+                    warn!(
+                        "cannot keep the zTOC index of {}: {e}",
+                        blob.name().display()
+                    );
+                }
+                return Ok((idx, entries, IndexOrigin::Ztoc));
+            }
             Err(e) => warn!(
                 "{}: its zTOC cannot be used ({e}): indexing it by a pass instead",
                 blob.name().display()
@@ -857,7 +880,7 @@ fn window_of(p: &Point) -> Result<Vec<u8>> {
 // The cached index: a versioned, checksummed binary form.
 
 const INDEX_MAGIC: &[u8; 8] = b"PKGFSTGZ";
-const INDEX_VERSION: u32 = 1;
+const INDEX_VERSION: u32 = 2;
 
 fn encode(idx: &GzIndex, entries: &[Entry]) -> Result<Vec<u8>> {
     let mut o = Vec::new();
@@ -889,6 +912,14 @@ fn encode(idx: &GzIndex, entries: &[Entry]) -> Result<Vec<u8>> {
     }
     o.extend_from_slice(&(idx.note.len() as u32).to_le_bytes());
     o.extend_from_slice(idx.note.as_bytes());
+    o.extend_from_slice(&(idx.spans.len() as u32).to_le_bytes());
+    for (a, b, d) in &idx.spans {
+        o.extend_from_slice(&a.to_le_bytes());
+        o.extend_from_slice(&b.to_le_bytes());
+        let d = d.to_string();
+        o.extend_from_slice(&(d.len() as u32).to_le_bytes());
+        o.extend_from_slice(d.as_bytes());
+    }
     let frame = super::floor::codec::encode_index(entries, 3)?;
     o.extend_from_slice(&(frame.len() as u32).to_le_bytes());
     o.extend_from_slice(&frame);
@@ -974,6 +1005,20 @@ fn decode(bytes: &[u8], blob_size: u64) -> Result<(GzIndex, Vec<Entry>)> {
     }
     let nl = c.u32()? as usize;
     let note = String::from_utf8_lossy(c.take(nl)?).into_owned();
+    let ns = c.u32()? as usize;
+    if ns != 0 && ns != points.len() {
+        return Err(bad("span count"));
+    }
+    let mut spans = Vec::with_capacity(ns);
+    for _ in 0..ns {
+        let (a, b) = (c.u64()?, c.u64()?);
+        let dl = c.u32()? as usize;
+        let d = std::str::from_utf8(c.take(dl)?).map_err(|_| bad("span digest"))?;
+        if a > b || b > blob_size {
+            return Err(bad("span outside the archive"));
+        }
+        spans.push((a, b, crate::io::digest::Digest::parse(d)?));
+    }
     let fl = c.u32()? as usize;
     let frame = c.take(fl)?;
     let entries = super::floor::codec::decode_index(frame, total.max(1))?;
@@ -983,7 +1028,7 @@ fn decode(bytes: &[u8], blob_size: u64) -> Result<(GzIndex, Vec<Entry>)> {
             members,
             points,
             note,
-            spans: Vec::new(),
+            spans,
         },
         entries,
     ))
@@ -1676,6 +1721,23 @@ mod tests {
         assert!(decode(&flipped, size).is_err());
         // A blob smaller than the index says: refused.
         assert!(decode(&enc, 100).is_err());
+        // An index made from a zTOC keeps its spans and their digests.
+        let mut z = idx.clone();
+        z.spans = z
+            .points
+            .iter()
+            .map(|p| {
+                (
+                    p.bit / 8,
+                    size,
+                    crate::io::digest::Digest::parse(&format!("sha256:{}", "ab".repeat(32)))
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let enc = encode(&z, &entries).unwrap();
+        assert_eq!(decode(&enc, size).unwrap().0, z);
+        assert!(decode(&enc, size - 1).is_err(), "a span past the blob");
     }
 
     #[test]

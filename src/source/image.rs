@@ -540,11 +540,18 @@ impl Store {
                 registry,
                 reference,
             } => {
+                if let Some(size) = registry.cached_manifest_size(digest)
+                    && let Ok(bytes) =
+                        cached_manifest(registry, &reference.repo, digest, size, &what)
+                {
+                    return Ok(bytes);
+                }
                 let m = registry.run(
                     &what,
                     registry.manifest(&reference.repo, &digest.to_string(), MAX_JSON as usize),
                 )?;
                 digest.check(&m.bytes, &what)?;
+                registry.keep_manifest(digest, &m.bytes);
                 Ok(m.bytes)
             }
             _ => {
