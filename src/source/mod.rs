@@ -62,15 +62,20 @@ impl Candidate {
                 let r = format::open_layer(l.blob.clone(), &l.check, cx);
                 // A layer read lazily from a server (a table of contents, a zTOC): the
                 // rest of it in the background, so that a program's reads, one after
-                // another, wait for no round trip once it is in.
+                // another, wait for no round trip once it is in; or, without the
+                // background fetch, little more than what is read.
                 if let Ok(ix) = &r
-                    && l.background_fetch
+                    && l.blob.round_trips()
                     && matches!(
                         ix.archive.checked,
                         format::Checked::Toc | format::Checked::Ztoc
                     )
                 {
-                    l.blob.will_need(&[(0, l.blob.size())]);
+                    if l.background_fetch {
+                        l.blob.will_need(&[(0, l.blob.size())]);
+                    } else {
+                        l.blob.fetch_sparingly();
+                    }
                 }
                 r
             }
