@@ -1105,3 +1105,284 @@ fn lazily_read_layers_are_fetched_whole_in_the_background() {
     reg.stop();
     trees_match(&images().join("reference/rootfs"), &m.path(), &[]);
 }
+
+/// `pkgfs store` at a temporary mountpoint (background daemon), unmounted when dropped.
+struct Store {
+    dir: tempfile::TempDir,
+}
+
+impl Store {
+    fn start(extra: &[&str]) -> Store {
+        let dir = tempfile::tempdir().unwrap();
+        let mp = dir.path().join("store");
+        fs::create_dir(&mp).unwrap();
+        run(pkgfs()
+            .arg("store")
+            .arg(&mp)
+            .arg("--log-file")
+            .arg(dir.path().join("pkgfs.log"))
+            .args(extra));
+        Store { dir }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// The directory of `reference` (as containers/storage names it).
+    fn layer_dir(&self, reference: &str, digest: &str) -> PathBuf {
+        use base64::Engine as _;
+        let enc = base64::engine::general_purpose::STANDARD.encode(reference);
+        self.path().join(enc).join(digest)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = pkgfs().arg("umount").arg(self.path()).output();
+        if crate::common::is_mountpoint(&self.path()) {
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+    }
+}
+
+/// podman with storage of its own in a temporary directory, taking layers from `store`;
+/// its mounts undone and its storage removed when dropped.
+struct Podman {
+    dir: tempfile::TempDir,
+    store: PathBuf,
+}
+
+impl Podman {
+    fn new(store: &Path) -> Podman {
+        Podman {
+            dir: tempfile::tempdir().unwrap(),
+            store: store.to_path_buf(),
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let d = self.dir.path();
+        let mut c = Command::new("podman");
+        c.arg("--root")
+            .arg(d.join("root"))
+            .arg("--runroot")
+            .arg(d.join("run"))
+            .args(["--storage-driver", "overlay", "--events-backend", "none"])
+            .arg("--storage-opt")
+            .arg(format!(
+                "overlay.additionallayerstore={}:ref",
+                self.store.display()
+            ))
+            .env("TMPDIR", d);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = run(self.cmd().args(args));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.cmd().args(["image", "unmount", "--all"]).output();
+        // Whatever podman left mounted under its storage (overlays over the store).
+        let root = self.dir.path().to_str().unwrap().to_string();
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let mut under: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        under.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in under {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+    }
+}
+
+/// The manifest and config skopeo sees for `name`.
+fn manifest_and_config(reg: &Registry, name: &str) -> (serde_json::Value, serde_json::Value) {
+    let get = |extra: &[&str]| -> serde_json::Value {
+        let out = run(Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .args(extra)
+            .arg(reg.reference(name)));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    (get(&[]), get(&["--config"]))
+}
+
+/// podman pulls through `pkgfs store` (containers/storage's additional layer store):
+/// the layers come from the store, not the registry, `podman image mount` shows the
+/// image equal to umoci's unpack (overlayfs over the store's overlay-native diffs:
+/// whiteouts, opaque directories), for a gzip image (indexed by a pass) and a
+/// zstd:chunked one (its table); `use` and `rmdir` are counted; `info` and `blob` say
+/// what containers/storage reads; names that are not references are not there.
+#[test]
+fn podman_pulls_through_the_layer_store() {
+    if !tools() || !require_tools(&["podman", "getfattr"]) {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("disk-cache");
+    let store = Store::start(&[
+        "--tls-verify=false",
+        "--disk-cache",
+        cache.to_str().unwrap(),
+        "--index-cache",
+        tmp.path().join("index").to_str().unwrap(),
+    ]);
+    let reference = images().join("reference/rootfs");
+    for (from, tag) in [("oci-gzip:latest", "gz"), ("oci-zstd-chunked:latest", "zc")] {
+        let name = format!("pkgfs/debian:{tag}");
+        reg.push(from, &name, None);
+        let podman = Podman::new(&store.path());
+        let fetched_before = |st: serde_json::Value| st["remote"]["bytes"].as_u64().unwrap();
+        let before = (reg.blob_bytes(), fetched_before(status_json(&store.path())));
+        let pulled = format!("{}/{name}", reg.host());
+        podman.run(&[
+            "pull",
+            "--quiet",
+            "--tls-verify=false",
+            &format!("docker://{pulled}"),
+        ]);
+        let rootfs = podman.run(&["image", "mount", &pulled]);
+        // Directory mtimes aside: overlayfs shows a directory with the attributes of the
+        // uppermost layer that has it, and a layer that implies a directory without
+        // listing it (layer 3's /etc, /usr) has one of its own there (containers/storage's
+        // own unpacking makes it at the time of the pull; pkgfs gives it mtime 0), where
+        // umoci's single-tree unpack keeps the lower layer's.
+        trees_match(&reference, Path::new(&rootfs), &["--no-dir-mtime"]);
+        // The layers came from the store: of the blob bytes the registry sent, podman
+        // had the config, pkgfs the rest (and the framing of multipart replies, which
+        // the registry's log counts).
+        let st = status_json(&store.path());
+        let fetched = st["remote"]["bytes"].as_u64().unwrap() - before.1;
+        let (manifest, config) = manifest_and_config(&reg, &name);
+        let layers = manifest["layers"].as_array().unwrap();
+        let sent = reg.blob_bytes() - before.0;
+        let config_size = manifest["config"]["size"].as_u64().unwrap();
+        assert!(
+            fetched > 0 && sent <= fetched + config_size + 64 * 1024,
+            "{from}: the registry sent {sent} bytes of blobs, pkgfs fetched {fetched}"
+        );
+        let rows: Vec<&serde_json::Value> = st["store"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["reference"] == pulled.as_str())
+            .collect();
+        assert_eq!(rows.len(), layers.len(), "{st}");
+        for r in &rows {
+            assert!(r["uses"].as_u64().unwrap() >= 1, "{r}");
+            assert_eq!(r["indexed"], true, "{r}");
+        }
+        // What containers/storage reads of each layer.
+        for (i, l) in layers.iter().enumerate() {
+            let digest = l["digest"].as_str().unwrap();
+            let dir = store.layer_dir(&pulled, digest);
+            let info: serde_json::Value =
+                serde_json::from_slice(&fs::read(dir.join("info")).unwrap()).unwrap();
+            assert_eq!(info["compressed-diff-digest"], digest);
+            assert_eq!(info["compressed-size"], l["size"]);
+            assert_eq!(info["diff-digest"], config["rootfs"]["diff_ids"][i]);
+            assert_eq!(
+                info["compression"],
+                if tag == "gz" { 2 } else { 4 },
+                "{info}"
+            );
+        }
+        // The last layer (small) whole through `blob`: the registry's bytes.
+        let last = layers.last().unwrap()["digest"].as_str().unwrap();
+        let bytes = fs::read(store.layer_dir(&pulled, last).join("blob")).unwrap();
+        use sha2::Digest as _;
+        assert_eq!(format!("sha256:{:x}", sha2::Sha256::digest(&bytes)), last);
+        if tag == "gz" {
+            // Directories a layer lists keep their tar mtime in its diff.
+            let first = layers[0]["digest"].as_str().unwrap();
+            let l1 = store.layer_dir(&pulled, first);
+            let blob = images().join("oci-gzip/blobs/sha256").join(&first[7..]);
+            for d in ["usr/bin", "etc", "var/lib"] {
+                let out = run(Command::new("python3")
+                    .arg("-c")
+                    .arg(
+                        "import sys, tarfile\n\
+                     for m in tarfile.open(sys.argv[1]):\n\
+                     \x20   if m.name.strip('./') == sys.argv[2]: print(m.mtime)",
+                    )
+                    .arg(&blob)
+                    .arg(d));
+                let want: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+                use std::os::unix::fs::MetadataExt;
+                assert_eq!(
+                    fs::metadata(l1.join("diff").join(d)).unwrap().mtime(),
+                    want,
+                    "{d}"
+                );
+            }
+            // Overlay-native diffs: layer 2 removes files (whiteouts as 0/0 character
+            // devices), layer 3 makes /etc/default opaque.
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let l2 = store.layer_dir(&pulled, layers[1]["digest"].as_str().unwrap());
+            let whiteouts = walk(&l2.join("diff"))
+                .into_iter()
+                .filter(|(_, m)| m.file_type().is_char_device() && m.rdev() == 0)
+                .count();
+            assert!(whiteouts > 100, "{whiteouts} whiteouts in layer 2");
+            let l3 = store.layer_dir(&pulled, layers[2]["digest"].as_str().unwrap());
+            let out = run(Command::new("getfattr")
+                .args(["--only-values", "-n", "trusted.overlay.opaque"])
+                .arg(l3.join("diff/etc/default")));
+            assert_eq!(out.stdout, b"y");
+            // A `use` file is a signal, never a file.
+            let err = fs::File::create(l3.join("use")).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+        }
+        // Released when podman removes the image.
+        podman.run(&["image", "unmount", &pulled]);
+        podman.run(&["rmi", &pulled]);
+        let st = status_json(&store.path());
+        for r in st["store"].as_array().unwrap() {
+            if r["reference"] == pulled.as_str() {
+                assert!(r["released"].as_u64().unwrap() >= 1, "{r}");
+            }
+        }
+    }
+    // The store's names: what was looked up.
+    let pulled = format!("{}/pkgfs/debian:gz", reg.host());
+    let (manifest, _) = manifest_and_config(&reg, "pkgfs/debian:gz");
+    let first = manifest["layers"][0]["digest"].as_str().unwrap();
+    assert!(store.layer_dir(&pulled, first).join("info").exists());
+    // Names that are not references, and references to nothing, are not there.
+    assert!(!store.path().join("not-base64!").exists());
+    assert!(
+        !store
+            .layer_dir(&format!("{}/pkgfs/nothing:v1", reg.host()), first)
+            .exists()
+    );
+    assert!(
+        !store
+            .layer_dir(&pulled, &format!("sha256:{}", "0".repeat(64)))
+            .exists()
+    );
+}
+
+/// Every path under `dir` with its metadata (symlinks not followed).
+fn walk(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                todo.push(e.path());
+            }
+            out.push((e.path(), m));
+        }
+    }
+    out
+}

@@ -78,6 +78,17 @@ enum CliCommand {
     /// activated in the mounted tree without a remount (see --no-watch). Installed as
     /// /sbin/mount.fuse.pkgfs, the binary is the mount(8) helper for type fuse.pkgfs.
     Mount(Box<MountArgs>),
+    /// Serve an additional layer store for podman, buildah and CRI-O at MOUNTPOINT.
+    ///
+    /// With `additionallayerstores = ["MOUNTPOINT:ref"]` under [storage.options.overlay]
+    /// in storage.conf (or `--storage-opt overlay.additionallayerstore=MOUNTPOINT:ref`),
+    /// `podman pull` of an image from a registry takes each layer from here instead of
+    /// downloading and unpacking it, and containers read it lazily: MOUNTPOINT/
+    /// BASE64(REF)/DIGEST/ holds diff/ (the layer, overlay-native), info and blob, made
+    /// when first looked up. Registries, credentials, TLS and caches as for `pkgfs mount
+    /// docker://…`. Returns once the store answers; the daemon stays in the background
+    /// unless --foreground.
+    Store(Box<StoreArgs>),
     /// Unmount a pkgfs mount (lazily if it is busy).
     #[command(alias = "unmount")]
     Umount(UmountArgs),
@@ -168,20 +179,11 @@ struct MountArgs {
     /// Where to mount.
     #[arg(value_name = "MOUNTPOINT")]
     mountpoint: PathBuf,
-    /// Stay in the foreground; unmount on SIGINT/SIGTERM/SIGHUP.
-    #[arg(short, long)]
-    foreground: bool,
-    /// Byte budget of the decompressed-block cache (K, M, G suffixes).
-    #[arg(long, value_name = "SIZE", default_value = DEFAULT_CACHE)]
-    cache_size: String,
     /// Directory read-ahead: after a file is first read, push the files that follow it
     /// in its directory into the kernel's page cache, in windows growing up to SIZE
     /// while a reader walks the directory (0: off).
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_PREFETCH)]
     prefetch: String,
-    /// Threads serving FUSE requests (default: the number of CPUs, at least 4).
-    #[arg(long, value_name = "N")]
-    threads: Option<usize>,
     /// Show every file as owned by this user id.
     #[arg(long, value_name = "UID")]
     uid: Option<u32>,
@@ -191,6 +193,49 @@ struct MountArgs {
     /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf unless root).
     #[arg(long)]
     allow_other: bool,
+    /// Mount a fixed set of packages: do not watch source directories for packages
+    /// being added, removed or replaced.
+    #[arg(long)]
+    no_watch: bool,
+    /// OCI image layers: a `.wh.NAME` entry hides NAME of the layers below, a
+    /// `.wh..wh..opq` entry everything they put in its directory (whiteouts are not shown).
+    /// Always on when a source is an image.
+    #[arg(long)]
+    whiteouts: bool,
+    /// Remote sources: list them again every DURATION (e.g. 60s, 5m) and activate
+    /// objects added, removed or replaced, as in a watched directory (default: the
+    /// listing at mount is kept).
+    #[arg(long, value_name = "DURATION")]
+    poll: Option<String>,
+    #[command(flatten)]
+    layout: LayoutArgs,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// `pkgfs store`.
+#[derive(Debug, Args)]
+struct StoreArgs {
+    /// Where to mount the store (the path storage.conf names).
+    #[arg(value_name = "MOUNTPOINT")]
+    mountpoint: PathBuf,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// What `pkgfs mount` and `pkgfs store` share: the daemon, its caches, its remote
+/// sources.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Stay in the foreground; unmount on SIGINT/SIGTERM/SIGHUP.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Byte budget of the decompressed-block cache (K, M, G suffixes).
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_CACHE)]
+    cache_size: String,
+    /// Threads serving FUSE requests (default: the number of CPUs, at least 4).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
     /// suid, dev (both off by default), fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
     /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, disk_cache=DIR,
@@ -203,22 +248,14 @@ struct MountArgs {
     /// Where the background daemon writes its log (default: discarded once mounted).
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
-    /// Where to keep indexes of seekable tar.zst archives that have no pkgfs index
-    /// (default: $XDG_CACHE_HOME/pkgfs/index or ~/.cache/pkgfs/index).
+    /// Where to keep indexes that cost a pass over an archive (tarballs, layers, seekable
+    /// tar.zst archives without a pkgfs index) (default: $XDG_CACHE_HOME/pkgfs/index or
+    /// ~/.cache/pkgfs/index).
     #[arg(long, value_name = "DIR", conflicts_with = "no_index_cache")]
     index_cache: Option<PathBuf>,
-    /// Do not cache indexes of foreign seekable archives (rescan them at every mount).
+    /// Do not cache indexes (index such archives again at every mount).
     #[arg(long)]
     no_index_cache: bool,
-    /// Mount a fixed set of packages: do not watch source directories for packages
-    /// being added, removed or replaced.
-    #[arg(long)]
-    no_watch: bool,
-    /// OCI image layers: a `.wh.NAME` entry hides NAME of the layers below, a
-    /// `.wh..wh..opq` entry everything they put in its directory (whiteouts are not shown).
-    /// Always on when a source is an image.
-    #[arg(long)]
-    whiteouts: bool,
     /// The platform to take from a multi-platform image, OS/ARCH[/VARIANT] (default:
     /// this machine's).
     #[arg(long, value_name = "PLATFORM")]
@@ -243,13 +280,6 @@ struct MountArgs {
     /// before it fails with EIO (a duration: 30, 30s, 500ms, 2m).
     #[arg(long, value_name = "DURATION", default_value = DEFAULT_REMOTE_TIMEOUT)]
     remote_timeout: String,
-    /// Remote sources: list them again every DURATION (e.g. 60s, 5m) and activate
-    /// objects added, removed or replaced, as in a watched directory (default: the
-    /// listing at mount is kept).
-    #[arg(long, value_name = "DURATION")]
-    poll: Option<String>,
-    #[command(flatten)]
-    layout: LayoutArgs,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -488,6 +518,9 @@ pub struct MountConfig {
     pub registry: RegistryConfig,
     /// List remote sources again this often (None: never).
     pub poll: Option<Duration>,
+    /// `pkgfs store`: no sources; the tree grows as containers/storage looks up image
+    /// references and layers (`source::store`).
+    pub store: bool,
 }
 
 /// A validated command.
@@ -748,6 +781,7 @@ impl Cli {
     pub fn into_command(self) -> Result<Command, UsageError> {
         Ok(match self.command {
             CliCommand::Mount(m) => Command::Mount(mount_config(*m)?),
+            CliCommand::Store(s) => Command::Mount(store_config(*s)?),
             CliCommand::Umount(u) => Command::Umount {
                 mountpoint: u.mountpoint,
                 lazy: u.lazy,
@@ -842,65 +876,110 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
         .sources
         .iter()
         .any(|s| ImageRef::parse(s.as_os_str()).is_some());
+    let fsname = format!(
+        "pkgfs:{}",
+        m.sources
+            .first()
+            .map_or_else(String::new, |p| p.display().to_string())
+    );
+    let mut cfg = serve_config(m.sources, m.mountpoint, fsname, &m.serve)?;
+    cfg.layout = m.layout.into_config()?;
+    cfg.prefetch_bytes = parse_size(&m.prefetch)?;
+    if let Some(uid) = m.uid {
+        cfg.owner.uid = uid;
+        cfg.owner.force_uid = true;
+    }
+    if let Some(gid) = m.gid {
+        cfg.owner.gid = gid;
+        cfg.owner.force_gid = true;
+    }
+    if m.allow_other {
+        cfg.access = Access::All;
+    }
+    cfg.watch = !m.no_watch;
+    // Always for images: their layers say what they remove so.
+    cfg.whiteouts = m.whiteouts || any_image;
+    cfg.poll = m.poll.as_deref().map(parse_duration).transpose()?;
+    finish_config(cfg, m.serve)
+}
+
+/// `pkgfs store`: a mount with no sources whose tree grows on lookup.
+fn store_config(s: StoreArgs) -> Result<MountConfig, UsageError> {
+    let mut cfg = serve_config(Vec::new(), s.mountpoint, "pkgfs:store".into(), &s.serve)?;
+    cfg.store = true;
+    // Files are read once each by overlayfs on the way up: no directory read-ahead.
+    cfg.prefetch_bytes = 0;
+    let cfg = finish_config(cfg, s.serve)?;
+    if cfg.layout != LayoutConfig::default() || cfg.poll.is_some() || cfg.whiteouts {
+        return Err("pkgfs store takes no layout, poll or whiteouts options".into());
+    }
+    Ok(cfg)
+}
+
+/// The settings `mount` and `store` share, before `-o` options.
+fn serve_config(
+    sources: Vec<PathBuf>,
+    mountpoint: PathBuf,
+    fsname: String,
+    s: &ServeArgs,
+) -> Result<MountConfig, UsageError> {
     // SAFETY: getuid/getgid cannot fail.
     let (my_uid, my_gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let mut cfg = MountConfig {
-        fsname: format!(
-            "pkgfs:{}",
-            m.sources
-                .first()
-                .map_or_else(String::new, |p| p.display().to_string())
-        ),
-        sources: m.sources,
-        layout: m.layout.into_config()?,
-        mountpoint: m.mountpoint,
-        foreground: m.foreground,
-        cache_bytes: parse_size(&m.cache_size)?,
-        prefetch_bytes: parse_size(&m.prefetch)?,
-        threads: m.threads.unwrap_or_else(default_threads),
+    Ok(MountConfig {
+        fsname,
+        sources,
+        layout: LayoutConfig::default(),
+        mountpoint,
+        foreground: s.foreground,
+        cache_bytes: parse_size(&s.cache_size)?,
+        prefetch_bytes: parse_size(DEFAULT_PREFETCH)?,
+        threads: s.threads.unwrap_or_else(default_threads),
         owner: Ownership {
-            uid: m.uid.unwrap_or(my_uid),
-            gid: m.gid.unwrap_or(my_gid),
-            force_uid: m.uid.is_some(),
-            force_gid: m.gid.is_some(),
+            uid: my_uid,
+            gid: my_gid,
+            force_uid: false,
+            force_gid: false,
         },
-        access: if m.allow_other {
-            Access::All
-        } else {
-            Access::Owner
-        },
+        access: Access::Owner,
         noexec: false,
         noatime: false,
         suid: false,
         dev: false,
-        log_file: m.log_file,
-        index_cache: if m.no_index_cache {
+        log_file: s.log_file.clone(),
+        index_cache: if s.no_index_cache {
             None
         } else {
-            m.index_cache
+            s.index_cache
+                .clone()
                 .or_else(crate::format::IndexCache::default_dir)
         },
-        watch: !m.no_watch,
-        // Always for images: their layers say what they remove so.
-        whiteouts: m.whiteouts || any_image,
-        platform: platform(m.platform)?,
-        io_uring: m.io_uring == "auto",
+        watch: false,
+        whiteouts: false,
+        platform: platform(s.platform.clone())?,
+        io_uring: s.io_uring == "auto",
         remote: RemoteConfig {
-            read_timeout: parse_duration(&m.remote_timeout)?,
-            disk_cache: if m.no_disk_cache {
+            read_timeout: parse_duration(&s.remote_timeout)?,
+            disk_cache: if s.no_disk_cache {
                 None
             } else {
-                m.disk_cache
+                s.disk_cache
+                    .clone()
                     .or_else(crate::io::diskcache::DiskCache::default_dir)
-                    .map(|d| parse_size(&m.disk_cache_size).map(|b| (d, b)))
+                    .map(|d| parse_size(&s.disk_cache_size).map(|b| (d, b)))
                     .transpose()?
             },
             ..RemoteConfig::default()
         },
-        poll: m.poll.as_deref().map(parse_duration).transpose()?,
-        registry: m.registry.into_config()?,
-    };
-    for opt in m
+        poll: None,
+        registry: RegistryConfig::default(),
+        store: false,
+    })
+}
+
+/// The registry settings and the `-o` options (last: they override flags), checked.
+fn finish_config(mut cfg: MountConfig, s: ServeArgs) -> Result<MountConfig, UsageError> {
+    cfg.registry = s.registry.into_config()?;
+    for opt in s
         .options
         .iter()
         .flat_map(|o| o.split(','))

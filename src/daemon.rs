@@ -31,6 +31,7 @@ use crate::fs::prefetch::{self, HINT_QUEUE};
 use crate::fs::{KernelCache, PkgFs};
 use crate::progress::IndexBars;
 use crate::source::live::{Activator, Live, skipped_list};
+use crate::source::store::{LayerStore, StoreOptions};
 use crate::source::watch::Watcher;
 use crate::source::{LoadOptions, Packages, Progress};
 use crate::status::{self, Activity, MountInfo};
@@ -203,7 +204,13 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
     let signals = prepare_process();
     let mut packages = Packages::new(cfg.sources.clone(), load_options(cfg));
     let watcher = watch_sources(cfg, &packages)?;
-    let (fs, activity) = first_scan(cfg, &mut packages, watcher.is_some())?;
+    let (fs, activity, store) = if cfg.store {
+        let (fs, store) = open_store(cfg, &packages)?;
+        (fs, Arc::default(), Some(store))
+    } else {
+        let (fs, activity) = first_scan(cfg, &mut packages, watcher.is_some())?;
+        (fs, activity, None)
+    };
     let (session, kernel, rings) = serve(cfg, &fs)?;
     let info = MountInfo {
         mountpoint: session::mount_path(&cfg.mountpoint),
@@ -214,6 +221,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         started: SystemTime::now(),
         rings,
         remote: packages.remote_made(),
+        store,
     };
     match session::raise_readahead(&cfg.mountpoint) {
         Some(dev) => {
@@ -315,7 +323,33 @@ fn first_scan(
     Ok((fs, activity))
 }
 
-/// What the status shows of an image among the sources.
+/// Stage 3 of `pkgfs store`: an empty tree that grows as containers/storage looks up
+/// images and layers (`source::store`), on the registry clients of `packages`.
+fn open_store(cfg: &MountConfig, packages: &Packages) -> Result<StoreServed, DaemonError> {
+    let registries = packages.registries()?;
+    let store = Arc::new(LayerStore::new(
+        StoreOptions {
+            owner: cfg.owner,
+            index_cache: cfg.index_cache.clone().map(IndexCache::new),
+            platform: cfg.platform.clone(),
+        },
+        Box::new(move || Ok(registries.clone())),
+    ));
+    info!(
+        "serving an additional layer store at {}",
+        cfg.mountpoint.display()
+    );
+    let fs = Arc::new(PkgFs::growing(
+        store.empty_tree(),
+        cfg.cache_bytes,
+        store.clone(),
+    ));
+    Ok((fs, store))
+}
+
+/// A store's filesystem and what its status shows.
+type StoreServed = (Arc<PkgFs>, Arc<dyn crate::status::StoreState>);
+
 /// What serving a mount starts: the session, the kernel's caches through its notifier,
 /// and the rings' state.
 type Serving = (
@@ -342,6 +376,7 @@ fn serve(cfg: &MountConfig, fs: &Arc<PkgFs>) -> Result<Serving, DaemonError> {
         suid: cfg.suid,
         dev: cfg.dev,
         threads: cfg.threads,
+        signals: cfg.store,
     };
     let (session, dev_fd) = session::start(fuse, &options)?;
     if rings.agreed.load(std::sync::atomic::Ordering::Acquire) {

@@ -50,6 +50,37 @@ pub struct MountInfo {
     pub rings: Arc<crate::transport::uring::RingStats>,
     /// The client of remote sources, if any source is remote.
     pub remote: Option<Arc<crate::io::remote::Remote>>,
+    /// `pkgfs store`: its images and layers.
+    pub store: Option<Arc<dyn StoreState>>,
+}
+
+/// What `pkgfs store` has resolved, as the report shows it (`source::store` keeps it).
+pub trait StoreState: Send + Sync + std::fmt::Debug {
+    /// The images looked up so far.
+    fn images(&self) -> Vec<ImageSummary>;
+    /// Their layers.
+    fn layers(&self) -> Vec<StoreLayerRow>;
+}
+
+/// One layer of a `pkgfs store`.
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreLayerRow {
+    /// The image reference, as containers/storage names it.
+    pub reference: String,
+    /// The layer's digest.
+    pub digest: String,
+    /// Its media type.
+    pub media_type: String,
+    /// `diff` has been indexed.
+    pub indexed: bool,
+    /// Why its index failed, if it did.
+    pub error: Option<String>,
+    /// Times containers/storage took it into use (`use` created).
+    pub uses: u64,
+    /// Times it was released (`rmdir`).
+    pub released: u64,
+    /// Bytes of it fetched from the registry by this process.
+    pub fetched_bytes: u64,
 }
 
 /// What happened since the mount: kept by the daemon, shown by `status`.
@@ -250,6 +281,7 @@ struct Report {
     io_uring_requests: u64,
     requests: Requests,
     remote: Option<RemoteReport>,
+    store: Option<Vec<StoreLayerRow>>,
 }
 
 /// The forms of the report.
@@ -322,6 +354,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
     let cache = fs.io().cache();
     let rs = &fs.io().stats;
     let ops = &fs.stats;
+    let store_images = info.store.as_ref().map(|s| s.images()).unwrap_or_default();
     Report {
         mountpoint: info.mountpoint.display().to_string(),
         pid: std::process::id(),
@@ -345,6 +378,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         images: activity
             .images
             .iter()
+            .chain(&store_images)
             .map(|i| ImageRow {
                 reference: i.reference.clone(),
                 manifest: i.manifest.clone(),
@@ -413,6 +447,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             read: ops.reads.load(Relaxed),
         },
         remote: info.remote.as_deref().map(remote_report),
+        store: info.store.as_ref().map(|s| s.layers()),
     }
 }
 
@@ -488,6 +523,27 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
                 .as_deref()
                 .map(|p| format!(", {p}"))
                 .unwrap_or_default()
+        );
+    }
+    for l in r.store.iter().flatten() {
+        let _ = writeln!(
+            o,
+            "store layer {} of {}: {}, {} uses, {} releases, {} bytes fetched{}",
+            l.digest,
+            l.reference,
+            match (&l.error, l.indexed) {
+                (Some(e), _) => format!("index failed: {e}"),
+                (None, true) => "indexed".into(),
+                (None, false) => "not looked into".into(),
+            },
+            l.uses,
+            l.released,
+            l.fetched_bytes,
+            if l.media_type.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", l.media_type)
+            }
         );
     }
     let _ = write!(
@@ -877,6 +933,7 @@ mod tests {
             started: SystemTime::now(),
             rings: Default::default(),
             remote: None,
+            store: None,
         }
     }
 
@@ -998,6 +1055,7 @@ mod tests {
             started: SystemTime::now(),
             rings: Default::default(),
             remote: None,
+            store: None,
         };
         serve(dev, fs, info, Arc::new(Mutex::new(Activity::default()))).unwrap();
         std::thread::sleep(Duration::from_millis(200));

@@ -13,6 +13,7 @@
 pub mod cache;
 pub mod floor;
 pub mod plaintar;
+pub mod raw;
 pub mod seekable;
 pub mod targz;
 pub mod toc;

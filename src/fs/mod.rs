@@ -106,6 +106,27 @@ pub trait KernelCache: Send + Sync {
     fn invalidate(&self, inv: &Invalidation) -> std::io::Result<()>;
 }
 
+/// A namespace that grows when looked into: names that are not in the tree until a
+/// lookup asks for them, and signals carried by requests that would otherwise change the
+/// tree (`pkgfs store`: an image reference in the root, a layer digest in an image's
+/// directory; `create` of a layer's `use` file and `rmdir` of a layer directory, the
+/// additional layer store protocol of containers/storage). The tree stays read-only:
+/// what grows is a new generation, activated like a rescan's.
+pub trait Grow: Send + Sync {
+    /// A lookup of `name` in directory `dir` (a `/`-separated path from the root, empty
+    /// for the root) missed. The next generation that holds it, or `None` if there is no
+    /// such name. Calls are serialised, each followed by the activation of what it
+    /// returned.
+    fn grow(&self, dir: &[u8], name: &[u8]) -> Result<Option<Generation>>;
+    /// A `create` (or `mknod`) of `name` in `dir` arrived: a signal, never a file.
+    fn created(&self, dir: &[u8], name: &[u8]);
+    /// An `rmdir` of `name` in `dir` arrived: a signal, nothing is removed.
+    fn removed(&self, dir: &[u8], name: &[u8]);
+}
+
+/// A generation to activate: its tree, archives and grafts.
+pub type Generation = (Tree, Vec<Layer>, Vec<Arc<Graft>>);
+
 /// Counters of filesystem requests.
 #[derive(Debug, Default)]
 pub struct OpStats {
@@ -177,6 +198,9 @@ pub struct PkgFs {
     reported: Mutex<HashSet<u64>>,
     /// Extended attributes are served (see [`PkgFs::xattrs_served`]).
     xattrs: bool,
+    /// What makes names on lookup, if the tree grows ([`PkgFs::growing`]); the lock
+    /// serialises growth and its activation.
+    grow: Option<(Arc<dyn Grow>, Mutex<()>)>,
     /// Request counters.
     pub stats: OpStats,
 }
@@ -221,8 +245,70 @@ impl PkgFs {
             io: Io::new(cache_bytes),
             reported: Mutex::new(HashSet::new()),
             xattrs: view.tree.has_xattrs,
+            grow: None,
             stats: OpStats::default(),
         }
+    }
+
+    /// A filesystem whose tree grows on lookup through `grow` (see [`Grow`]): it starts
+    /// from `tree` (its root, usually empty), counts references as a live mount does, and
+    /// serves extended attributes whatever its first generation holds.
+    pub fn growing(tree: Tree, cache_bytes: u64, grow: Arc<dyn Grow>) -> Self {
+        let mut fs = Self::with_layers(tree, Vec::new(), cache_bytes, true);
+        fs.xattrs = true;
+        fs.grow = Some((grow, Mutex::new(())));
+        fs
+    }
+
+    /// Whether the tree grows on lookup: a missing name is then not final (the kernel
+    /// must not cache it) and `create`/`rmdir` are signals ([`Grow`]).
+    pub fn grows(&self) -> bool {
+        self.grow.is_some()
+    }
+
+    /// `create`/`mknod` of `name` in `parent`: a signal to [`Grow`], if the tree grows.
+    pub fn created(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let (grow, _) = self.grow.as_ref().ok_or(Error::ReadOnly)?;
+        let (v, l) = self.dir(parent).ok_or(Error::NotFound)?;
+        grow.created(&v.tree.path_of(l), name);
+        Ok(())
+    }
+
+    /// `rmdir` of `name` in `parent`: a signal to [`Grow`], if the tree grows.
+    pub fn removed(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let (grow, _) = self.grow.as_ref().ok_or(Error::ReadOnly)?;
+        let (v, l) = self.dir(parent).ok_or(Error::NotFound)?;
+        grow.removed(&v.tree.path_of(l), name);
+        Ok(())
+    }
+
+    /// A lookup of `name` in `parent` missed: grow the tree if it grows and the name
+    /// comes to be. Only directories of the top generation grow (a graft is one
+    /// package's own tree).
+    fn grow_into(&self, parent: u64, name: &[u8]) -> Result<bool> {
+        let Some((grow, serial)) = &self.grow else {
+            return Ok(false);
+        };
+        let _one = lock(serial);
+        // Another lookup may have grown it meanwhile.
+        let v = self.view();
+        let Some(pl) = v.local(parent) else {
+            return Ok(false);
+        };
+        if v.graft_at(pl).is_some() {
+            return Ok(false);
+        }
+        let dir = Self::node(&v, pl)?;
+        if v.tree.lookup(dir, name).is_some() {
+            return Ok(true);
+        }
+        let Some((tree, layers, grafts)) = grow.grow(&v.tree.path_of(pl), name)? else {
+            return Ok(false);
+        };
+        // Only names are added: the kernel has cached no entry of them (a growing tree's
+        // misses are not cached), so there is nothing to invalidate.
+        self.activate_with(tree, layers, grafts);
+        Ok(true)
     }
 
     /// The current generation.
@@ -494,14 +580,19 @@ impl PkgFs {
         let (v, local) = match name {
             b"." => self.find(parent)?,
             b".." => self.find(v.parent_of(pl, dir))?,
-            _ => {
-                let l = v
-                    .tree
-                    .lookup(dir, name)
-                    .map(|i| v.tree.canonical(i))
-                    .ok_or(Error::NotFound)?;
-                (v, l)
-            }
+            _ => match v.tree.lookup(dir, name) {
+                Some(i) => (v.clone(), v.tree.canonical(i)),
+                None if self.grow_into(parent, name)? => {
+                    let v = self.view();
+                    let pl = v.local(parent).ok_or(Error::NotFound)?;
+                    let l = v
+                        .tree
+                        .lookup(Self::node(&v, pl)?, name)
+                        .ok_or(Error::NotFound)?;
+                    (v.clone(), v.tree.canonical(l))
+                }
+                None => return Err(Error::NotFound),
+            },
         };
         let ino = v.global(local);
         let node = Self::node(&v, local)?;

@@ -257,7 +257,16 @@ pub struct ImageLayer {
     /// Fetch all of it in the background once it is open, if it is read lazily (a
     /// registry's layers, unless `--no-background-fetch`).
     pub background_fetch: bool,
+    /// The digest of its uncompressed tar stream, as the config's `rootfs.diff_ids`
+    /// gives it.
+    pub diff_id: Option<Digest>,
+    /// The size of its uncompressed tar stream, where an annotation gives it (eStargz's
+    /// `io.containers.estargz.uncompressed-size`).
+    pub diff_size: Option<u64>,
 }
+
+/// The annotation eStargz writers put on a layer with its uncompressed size.
+const UNCOMPRESSED_SIZE_ANNOTATION: &str = "io.containers.estargz.uncompressed-size";
 
 /// `platform` of a descriptor.
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -930,6 +939,11 @@ fn image_of(
         );
     }
     let n = manifest.layers.len();
+    let diff_ids = config
+        .rootfs
+        .as_ref()
+        .map(|r| &r.diff_ids[..])
+        .unwrap_or(&[]);
     let mut layers = Vec::with_capacity(n);
     let mut ztocs = soci_ztocs(r, store, manifest);
     for (i, d) in manifest.layers.iter().enumerate() {
@@ -970,6 +984,15 @@ fn image_of(
                 Store::Registry { registry, .. } => registry.background_fetch(),
                 _ => false,
             },
+            // Only where the config lists one per layer (otherwise the list says nothing
+            // reliable of this one).
+            diff_id: (diff_ids.len() == n)
+                .then(|| Digest::parse(&diff_ids[i]).ok())
+                .flatten(),
+            diff_size: d
+                .annotations
+                .get(UNCOMPRESSED_SIZE_ANNOTATION)
+                .and_then(|v| v.parse().ok()),
         });
     }
     Ok(Image {
@@ -1066,6 +1089,7 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
     let mut layers = Vec::with_capacity(n);
     for (i, (path, diff)) in entry.layers.iter().zip(diff_ids).enumerate() {
         let digest = Digest::parse(diff)?;
+        let diff_id = Some(digest.clone());
         let blob = store.file(path)?.ok_or_else(|| {
             Error::Format(format!(
                 "layer {} ({path:?}) is missing from the archive",
@@ -1090,6 +1114,8 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
             },
             media_type: String::new(),
             background_fetch: false,
+            diff_id,
+            diff_size: None,
         });
     }
     let platform =

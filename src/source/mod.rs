@@ -11,6 +11,7 @@
 pub mod image;
 pub mod live;
 pub mod remote;
+pub mod store;
 pub mod watch;
 
 use std::collections::{HashMap, HashSet};

@@ -346,14 +346,14 @@ impl Filesystem for Fuse {
     fn mknod(
         &self,
         _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
+        p: INodeNo,
+        n: &OsStr,
         _m: u32,
         _u: u32,
         _r: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(self.refusal(Op::Mknod));
+        reply.error(errno(&self.h.create(Op::Mknod, p.0, n.as_bytes())));
     }
 
     fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
@@ -364,8 +364,8 @@ impl Filesystem for Fuse {
         reply.error(self.refusal(Op::Unlink));
     }
 
-    fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        reply.error(self.refusal(Op::Rmdir));
+    fn rmdir(&self, _req: &Request, p: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        reply.error(errno(&self.h.rmdir(p.0, n.as_bytes())));
     }
 
     fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
@@ -407,14 +407,14 @@ impl Filesystem for Fuse {
     fn create(
         &self,
         _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
+        p: INodeNo,
+        n: &OsStr,
         _m: u32,
         _u: u32,
         _f: i32,
         reply: ReplyCreate,
     ) {
-        reply.error(self.refusal(Op::Create));
+        reply.error(errno(&self.h.create(Op::Create, p.0, n.as_bytes())));
     }
 
     fn setxattr(

@@ -435,8 +435,34 @@ impl Handler {
             self.fs.lookup(parent, name)
         });
         match r {
-            Err(Error::NotFound) => Ok(NEGATIVE),
+            // A tree that grows on lookup may have the name later: not cached.
+            Err(Error::NotFound) if !self.fs.grows() => Ok(NEGATIVE),
             r => r,
+        }
+    }
+
+    /// CREATE and MKNOD: refused, except where the tree grows ([`PkgFs::grows`]), which
+    /// hears of it as a signal and answers `ENOENT` (containers/storage's `use` file
+    /// of an additional layer store: "notification-aware" stores answer so).
+    pub fn create(&self, op: Op, parent: u64, name: &[u8]) -> Error {
+        if !self.fs.grows() {
+            return self.refuse(op);
+        }
+        match guarded(op, || self.fs.created(parent, name)) {
+            Ok(()) => Error::NotFound,
+            Err(e) => e,
+        }
+    }
+
+    /// RMDIR: refused, except where the tree grows, as for [`Handler::create`] (the
+    /// release of a layer of an additional layer store).
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Error {
+        if !self.fs.grows() {
+            return self.refuse(Op::Rmdir);
+        }
+        match guarded(Op::Rmdir, || self.fs.removed(parent, name)) {
+            Ok(()) => Error::NotFound,
+            Err(e) => e,
         }
     }
 

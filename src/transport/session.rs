@@ -41,6 +41,9 @@ pub struct MountOptions {
     pub dev: bool,
     /// FUSE worker threads on `/dev/fuse`.
     pub threads: usize,
+    /// Mounted without `ro`, so that `create` and `rmdir` reach the filesystem (as
+    /// signals: `pkgfs store`); every change is still refused by the filesystem.
+    pub signals: bool,
 }
 
 /// Why a mount or an unmount failed.
@@ -92,7 +95,7 @@ fn fuser_config(o: &MountOptions) -> fuser::Config {
     use fuser::MountOption as O;
     let mut config = fuser::Config::default();
     let mut opts = vec![
-        O::RO,
+        if o.signals { O::RW } else { O::RO },
         if o.suid { O::Suid } else { O::NoSuid },
         if o.dev { O::Dev } else { O::NoDev },
         O::DefaultPermissions,
@@ -164,7 +167,7 @@ fn kernel_mount(dev: &std::fs::File, target: &Path, o: &MountOptions) -> std::io
         // allow_root is enforced by the session's rule on top of the kernel's allow_other.
         data.push_str(",allow_other");
     }
-    let mut flags = libc::MS_RDONLY;
+    let mut flags = if o.signals { 0 } else { libc::MS_RDONLY };
     if !o.suid {
         flags |= libc::MS_NOSUID;
     }

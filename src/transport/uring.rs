@@ -450,6 +450,17 @@ impl Queue {
                     Xattr::Data(_) => Err(Error::Range),
                 }
             }
+            Op::Create | Op::Mknod | Op::Rmdir => {
+                // The name, NUL-terminated, is the payload (CREATE's and MKNOD's
+                // `fuse_create_in`/`fuse_mknod_in` in `op_in`; RMDIR's arg 0 is empty).
+                let name = &payload[..in_len];
+                let name = name.strip_suffix(&[0]).unwrap_or(name);
+                Err(if op == Op::Rmdir {
+                    h.rmdir(nodeid, name)
+                } else {
+                    h.create(op, nodeid, name)
+                })
+            }
             Op::Destroy => Ok(0),
             // INIT, FORGET and INTERRUPT never come on a ring; everything else is the
             // table's refusal.
