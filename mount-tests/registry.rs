@@ -1256,6 +1256,15 @@ fn podman_pulls_through_the_layer_store() {
         // own unpacking makes it at the time of the pull; pkgfs gives it mtime 0), where
         // umoci's single-tree unpack keeps the lower layer's.
         trees_match(&reference, Path::new(&rootfs), &["--no-dir-mtime"]);
+        if tag == "zc" {
+            // The image's programs on that root: in a chroot, and under runc (`podman
+            // run` itself fails on this machine setting rlimits, with or without pkgfs).
+            runs_its_programs(Path::new(&rootfs));
+            assert_eq!(
+                in_runc(Path::new(&rootfs), &["/usr/local/bin/pkgfs-selftest"]),
+                fs::read_to_string(images().join("reference.selftest")).unwrap()
+            );
+        }
         // The layers came from the store: of the blob bytes the registry sent, podman
         // had the config, pkgfs the rest (and the framing of multipart replies, which
         // the registry's log counts).

@@ -1322,4 +1322,36 @@ mod tests {
         ));
         assert!(cli(&["pkgfs", "completions", "cmd.exe"]).is_err());
     }
+
+    #[test]
+    fn store_is_a_mount_without_sources_that_grows() {
+        let Ok(Command::Mount(c)) = cli(&[
+            "pkgfs",
+            "store",
+            "/var/lib/pkgfs-store",
+            "--tls-verify=false",
+            "--platform",
+            "linux/arm64",
+            "-o",
+            "allow_other,disk_cache_size=1G",
+        ]) else {
+            panic!("store did not parse");
+        };
+        assert!(c.store && c.sources.is_empty() && !c.watch && !c.whiteouts);
+        assert_eq!(c.mountpoint, PathBuf::from("/var/lib/pkgfs-store"));
+        assert_eq!(c.prefetch_bytes, 0);
+        assert!(!c.registry.tls_verify);
+        assert_eq!(c.access, Access::All);
+        assert_eq!(c.platform.unwrap().architecture, "arm64");
+        assert_eq!(c.remote.disk_cache.unwrap().1, 1 << 30);
+        // What only a mount of sources means is refused.
+        let err = cli(&["pkgfs", "store", "/m", "-o", "layout=npm"]).unwrap_err();
+        assert!(err.contains("no layout"), "{err}");
+        assert!(cli(&["pkgfs", "store", "/m", "--whiteouts"]).is_err());
+        // A mount is not a store.
+        let Ok(Command::Mount(m)) = cli(&["pkgfs", "mount", "/pkgs", "/m"]) else {
+            panic!("mount did not parse");
+        };
+        assert!(!m.store);
+    }
 }

@@ -269,17 +269,27 @@ impl PkgFs {
     /// `create`/`mknod` of `name` in `parent`: a signal to [`Grow`], if the tree grows.
     pub fn created(&self, parent: u64, name: &[u8]) -> Result<()> {
         let (grow, _) = self.grow.as_ref().ok_or(Error::ReadOnly)?;
-        let (v, l) = self.dir(parent).ok_or(Error::NotFound)?;
-        grow.created(&v.tree.path_of(l), name);
+        if let Some(dir) = self.top_path(parent) {
+            grow.created(&dir, name);
+        }
         Ok(())
     }
 
     /// `rmdir` of `name` in `parent`: a signal to [`Grow`], if the tree grows.
     pub fn removed(&self, parent: u64, name: &[u8]) -> Result<()> {
         let (grow, _) = self.grow.as_ref().ok_or(Error::ReadOnly)?;
-        let (v, l) = self.dir(parent).ok_or(Error::NotFound)?;
-        grow.removed(&v.tree.path_of(l), name);
+        if let Some(dir) = self.top_path(parent) {
+            grow.removed(&dir, name);
+        }
         Ok(())
+    }
+
+    /// The path of directory `ino` if it is a node of the current top generation (a
+    /// graft's own directories have none there: what grows is the top).
+    fn top_path(&self, ino: u64) -> Option<Vec<u8>> {
+        let v = self.view();
+        let l = v.local(ino)?;
+        Some(v.tree.path_of(l))
     }
 
     /// A lookup of `name` in `parent` missed: grow the tree if it grows and the name
@@ -1199,5 +1209,96 @@ mod tests {
         fs.forget(p1.ino, 1);
         assert_eq!(fs.retired_count(), 0);
         assert!(fs.getattr(held.ino).is_err());
+    }
+
+    /// A namespace where every lookup in the root of a name starting `pkg` makes that
+    /// name a graft, and signals are recorded.
+    #[derive(Default)]
+    struct Growing {
+        made: Mutex<Vec<String>>,
+        grafts: Mutex<Vec<Arc<Graft>>>,
+        signals: Mutex<Vec<String>>,
+        counter: Arc<AtomicU64>,
+    }
+
+    impl Grow for Growing {
+        fn grow(&self, dir: &[u8], name: &[u8]) -> Result<Option<Generation>> {
+            if !dir.is_empty() || !name.starts_with(b"pkg") {
+                return Ok(None);
+            }
+            let mut made = lock(&self.made);
+            let mut grafts = lock(&self.grafts);
+            made.push(String::from_utf8_lossy(name).into_owned());
+            grafts.push(Arc::new(Graft::new(Box::new(Counted {
+                name: String::from_utf8_lossy(name).into_owned().into(),
+                version: "1".into(),
+                files: vec![("a.txt", "alpha")],
+                fail: false,
+                indexed: self.counter.clone(),
+            }))));
+            let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
+            for (i, n) in made.iter().enumerate() {
+                assert!(b.add_graft(&[n.as_bytes()], i as u32, u32::MAX, 5));
+            }
+            Ok(Some((b.finish(), Vec::new(), grafts.clone())))
+        }
+        fn created(&self, dir: &[u8], name: &[u8]) {
+            lock(&self.signals).push(format!(
+                "create {}/{}",
+                String::from_utf8_lossy(dir),
+                String::from_utf8_lossy(name)
+            ));
+        }
+        fn removed(&self, dir: &[u8], name: &[u8]) {
+            lock(&self.signals).push(format!(
+                "rmdir {}/{}",
+                String::from_utf8_lossy(dir),
+                String::from_utf8_lossy(name)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_growing_tree_makes_names_on_lookup_and_keeps_their_inodes() {
+        let grow = Arc::new(Growing::default());
+        let fs = PkgFs::growing(
+            TreeBuilder::new(Ownership::defaults(0, 0)).finish(),
+            1 << 20,
+            grow.clone(),
+        );
+        assert!(fs.grows() && fs.xattrs_served());
+        assert!(matches!(fs.lookup(ROOT, b"other"), Err(Error::NotFound)));
+        let a = fs.lookup(ROOT, b"pkg-a").unwrap();
+        let a_file = fs.lookup(a.ino, b"a.txt").unwrap();
+        assert_eq!(fs.read(a_file.ino, 0, 100).unwrap(), b"alpha");
+        // A second name: a new generation, the first name's inodes unchanged.
+        let b = fs.lookup(ROOT, b"pkg-b").unwrap();
+        assert_ne!(a.ino, b.ino);
+        assert_eq!(fs.lookup(ROOT, b"pkg-a").unwrap().ino, a.ino);
+        assert_eq!(fs.lookup(a.ino, b"a.txt").unwrap().ino, a_file.ino);
+        assert_eq!(fs.read(a_file.ino, 0, 100).unwrap(), b"alpha");
+        // Looked up again: not made again, not indexed again.
+        assert_eq!(lock(&grow.made).len(), 2);
+        assert_eq!(grow.counter.load(Relaxed), 1);
+        // Inside a graft nothing grows.
+        assert!(matches!(fs.lookup(a.ino, b"pkg-c"), Err(Error::NotFound)));
+        assert_eq!(lock(&grow.made).len(), 2);
+        // Signals name the directory they came to (in the top generation only).
+        fs.created(a.ino, b"use").unwrap();
+        fs.created(fs.lookup(a.ino, b".").unwrap().ino, b"again")
+            .unwrap();
+        fs.removed(ROOT, b"pkg-a").unwrap();
+        fs.created(a_file.ino, b"inside-a-graft").unwrap();
+        assert_eq!(
+            *lock(&grow.signals),
+            ["create pkg-a/use", "create pkg-a/again", "rmdir /pkg-a"]
+        );
+        // A tree that does not grow refuses them.
+        let fixed = PkgFs::new(
+            TreeBuilder::new(Ownership::defaults(0, 0)).finish(),
+            Vec::new(),
+            0,
+        );
+        assert!(matches!(fixed.created(ROOT, b"use"), Err(Error::ReadOnly)));
     }
 }
