@@ -1395,3 +1395,73 @@ fn walk(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
     }
     out
 }
+
+/// SOCI index manifest v1, as `soci create` and `soci push` leave it in distribution 2.8
+/// (no referrers API: a referrers fallback tag `sha256-HEX` lists the index): the
+/// registry serves the storage soci's push wrote (`make_soci.sh`). By tag, every layer
+/// is indexed from its zTOC, found through the fallback tag, and the tree equals umoci's
+/// unpack; pinned by digest, the referrer is not taken (it is not part of the image)
+/// and the layers take a pass.
+#[test]
+fn soci_v1_indexes_are_found_among_referrers() {
+    if !tools() {
+        return;
+    }
+    let data = soci_fixtures().join("registry-v1");
+    let mut reg = Registry::start(Auth::Anonymous);
+    reg.stop();
+    run(Command::new("cp")
+        .arg("-a")
+        .arg(&data)
+        .arg(reg.dir.path().join("data")));
+    reg.restart();
+    let tags = fs::read_dir(
+        reg.dir
+            .path()
+            .join("data/docker/registry/v2/repositories/pkgfs/soci1/_manifests/tags"),
+    )
+    .unwrap()
+    .map(|e| e.unwrap().file_name().into_string().unwrap())
+    .collect::<Vec<_>>();
+    assert!(
+        tags.iter().any(|t| t.starts_with("sha256-")),
+        "soci push left no fallback tag: {tags:?}"
+    );
+    let reference = images().join("reference/rootfs");
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mount::new(
+        &[Path::new(&reg.reference("pkgfs/soci1:latest"))],
+        &[
+            "--tls-verify=false",
+            "--no-index-cache",
+            "--disk-cache",
+            dir.path().join("c1").to_str().unwrap(),
+        ],
+    );
+    for p in status_json(&m.path())["packages"].as_array().unwrap() {
+        assert_eq!(
+            (&p["index"], &p["checked"]),
+            (&"ztoc".into(), &"ztoc".into()),
+            "{p}"
+        );
+    }
+    trees_match(&reference, &m.path(), &[]);
+    drop(m);
+    let digest = manifest_digest(&reg, "pkgfs/soci1:latest");
+    let pinned = Mount::new(
+        &[Path::new(&reg.reference(&format!("pkgfs/soci1@{digest}")))],
+        &[
+            "--tls-verify=false",
+            "--no-index-cache",
+            "--disk-cache",
+            dir.path().join("c2").to_str().unwrap(),
+        ],
+    );
+    for p in status_json(&pinned.path())["packages"].as_array().unwrap() {
+        assert_eq!(
+            (&p["index"], &p["checked"]),
+            (&"pass".into(), &"digest".into()),
+            "{p}"
+        );
+    }
+}

@@ -309,6 +309,9 @@ struct ManifestJson {
     config: Descriptor,
     #[serde(default)]
     layers: Vec<Descriptor>,
+    /// What it refers to (a SOCI index manifest v1: its image).
+    #[serde(default)]
+    subject: Option<Descriptor>,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
 }
@@ -844,6 +847,41 @@ const SOCI_INDEX_TYPES: &[&str] = &[
 ];
 /// A zTOC descriptor's annotation naming the layer it describes.
 const SOCI_LAYER_ANNOTATION: &str = "com.amazon.soci.image-layer-digest";
+/// The artifact type of a SOCI index manifest v1 (a referrer of its image).
+const SOCI_V1_ARTIFACT: &str = "application/vnd.amazon.soci.index.v1+json";
+
+/// The SOCI index manifest v1 of the image whose manifest is `digest`, found among its
+/// referrers (the referrers API or its fallback tag). Only for an image named by tag:
+/// a v1 index is not part of the image (anyone who may push to the repository can add
+/// one), so an image pinned by digest, a root of trust, never takes one.
+fn soci_v1_index(store: &Store, digest: &Digest) -> Result<Option<Digest>> {
+    let Store::Registry {
+        registry,
+        reference,
+    } = store
+    else {
+        return Ok(None);
+    };
+    if reference.digest.is_some() {
+        return Ok(None);
+    }
+    let Some(bytes) = registry.run(
+        "SOCI referrers",
+        registry.referrers(&reference.repo, digest, SOCI_V1_ARTIFACT, MAX_JSON as usize),
+    )?
+    else {
+        return Ok(None);
+    };
+    let index: IndexJson = parse_json(&bytes, "the referrers index")?;
+    // The last one listed: the newest, as soci itself picks.
+    index
+        .manifests
+        .iter()
+        .rev()
+        .find(|d| d.artifact_type.as_deref() == Some(SOCI_V1_ARTIFACT))
+        .map(|d| descriptor_digest(d, "a referrer"))
+        .transpose()
+}
 
 /// The zTOCs of the SOCI index `manifest` names, by layer digest (none when it names
 /// none; a SOCI index that cannot be read is reported and its image mounts without it:
@@ -852,10 +890,34 @@ fn soci_ztocs(
     r: &ImageRef,
     store: &Store,
     manifest: &ManifestJson,
+    manifest_digest: Option<&Digest>,
 ) -> HashMap<Digest, crate::format::ZtocRef> {
-    let Some(d) = manifest.annotations.get(SOCI_INDEX_ANNOTATION) else {
-        return HashMap::new();
+    // v2: the manifest names it. v1: a referrer of the manifest, looked for only where
+    // a gzip layer would otherwise take a pass.
+    let (d, v1) = match manifest.annotations.get(SOCI_INDEX_ANNOTATION) {
+        Some(d) => (d.clone(), false),
+        None => {
+            let wants_one = manifest.layers.iter().any(|l| {
+                l.media_type.ends_with("gzip")
+                    && !TOC_BLOB_ANNOTATIONS
+                        .iter()
+                        .chain(&[TOC_JSON_ANNOTATION])
+                        .any(|a| l.annotations.contains_key(*a))
+            });
+            let Some(md) = manifest_digest.filter(|_| wants_one) else {
+                return HashMap::new();
+            };
+            match soci_v1_index(store, md) {
+                Ok(Some(d)) => (d.to_string(), true),
+                Ok(None) => return HashMap::new(),
+                Err(e) => {
+                    debug!("{r}: no SOCI referrers ({e})");
+                    return HashMap::new();
+                }
+            }
+        }
     };
+    let d = d.as_str();
     let read = || -> Result<HashMap<Digest, crate::format::ZtocRef>> {
         let digest = Digest::parse(d)?;
         let bytes = store.manifest_by_digest(&digest)?;
@@ -865,6 +927,20 @@ fn soci_ztocs(
                 "its config has media type {:?}, not a SOCI index's",
                 index.config.media_type
             )));
+        }
+        // A v1 index is this image's only if its subject says so.
+        if v1 {
+            let subject = index
+                .subject
+                .as_ref()
+                .map(|s| descriptor_digest(s, "its subject"))
+                .transpose()?;
+            if subject.as_ref() != manifest_digest {
+                return Err(Error::Format(format!(
+                    "its subject is {}, not this image",
+                    subject.map_or("missing".into(), |s| s.to_string())
+                )));
+            }
         }
         let mut out = HashMap::new();
         for z in &index.layers {
@@ -882,7 +958,11 @@ fn soci_ztocs(
     };
     match read() {
         Ok(m) => {
-            debug!("{r}: SOCI index {d}: zTOCs for {} layers", m.len());
+            debug!(
+                "{r}: SOCI index {d} (manifest {}): zTOCs for {} layers",
+                if v1 { "v1, a referrer" } else { "v2" },
+                m.len()
+            );
             m
         }
         Err(e) => {
@@ -945,7 +1025,7 @@ fn image_of(
         .map(|r| &r.diff_ids[..])
         .unwrap_or(&[]);
     let mut layers = Vec::with_capacity(n);
-    let mut ztocs = soci_ztocs(r, store, manifest);
+    let mut ztocs = soci_ztocs(r, store, manifest, manifest_digest.as_ref());
     for (i, d) in manifest.layers.iter().enumerate() {
         let digest = descriptor_digest(d, &format!("layer {}", i + 1))?;
         let ztoc = ztocs.remove(&digest);

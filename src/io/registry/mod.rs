@@ -741,6 +741,72 @@ impl Registry {
         })
     }
 
+    /// The referrers of manifest `digest` of `repo` (OCI distribution 1.1), as an image
+    /// index: from the referrers API (`/v2/REPO/referrers/DIGEST`, filtered by
+    /// `artifact_type`), and from the referrers tag schema's fallback tag
+    /// (`sha256-HEX`, what clients push where the registry has no referrers API, as
+    /// distribution 2.8 has not), both asked at once. The API's answer if it lists any;
+    /// else the tag's; `None` when neither has one.
+    pub async fn referrers(
+        &self,
+        repo: &str,
+        digest: &Digest,
+        artifact_type: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let index = "application/vnd.oci.image.index.v1+json";
+        let api_path = format!("/v2/{repo}/referrers/{digest}?artifactType={artifact_type}");
+        let api = self.document(repo, &api_path, index, limit, "referrers");
+        let tag_path = format!(
+            "/v2/{repo}/manifests/{}-{}",
+            digest.algorithm_name(),
+            digest.hex()
+        );
+        let fallback = self.document(repo, &tag_path, index, limit, "referrers tag");
+        let (api, fallback) = futures::join!(api, fallback);
+        let lists_any = |b: &[u8]| {
+            serde_json::from_slice::<serde_json::Value>(b)
+                .ok()
+                .and_then(|v| v["manifests"].as_array().map(|m| !m.is_empty()))
+                .unwrap_or(false)
+        };
+        match api {
+            Ok(Some(b)) if lists_any(&b) => Ok(Some(b)),
+            _ => fallback,
+        }
+    }
+
+    /// A JSON document at `path` of at most `limit` bytes; `None` if the registry has
+    /// none there (any 4xx but 401/403/429: an unknown route is a 404 or a 400).
+    async fn document(
+        &self,
+        repo: &str,
+        path: &str,
+        accept: &'static str,
+        limit: usize,
+        what: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, header::HeaderValue::from_static(accept));
+        let r = self.send(repo, path, h, false).await?;
+        let status = r.status();
+        if status.is_client_error()
+            && ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&status)
+        {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(self.failure(r, repo, what).await);
+        }
+        if r.content_length().is_some_and(|n| n > limit as u64) {
+            return Err(Error::Format(format!(
+                "{}/{repo}: {what} has more than {limit} bytes",
+                self.host
+            )));
+        }
+        Ok(Some(read_limited(r, limit, what).await?))
+    }
+
     /// The tags of `repo` (`None`: no such repository).
     async fn tags(&self, repo: &str) -> Result<Option<Vec<String>>> {
         #[derive(Deserialize)]
