@@ -153,10 +153,11 @@ impl LayerStore {
             }
             let layer = Arc::new(l.clone());
             let (blob, blob_entry) = format::raw::archive(l.blob.clone(), b"blob", 0o444);
-            dir.layers.insert(
-                key,
+            let blob = Arc::new(blob);
+            let made = |info: Vec<u8>| {
                 Arc::new(StoreLayer {
-                    info: info_json(l),
+                    info,
+                    // Each directory its own graft: a graft's inodes hang off one place.
                     diff: Arc::new(Graft::new(Box::new(LayerDiff {
                         cand: Candidate {
                             path: l.name.clone(),
@@ -167,13 +168,20 @@ impl LayerStore {
                         version: l.check.digest.to_string(),
                         cx: self.cx.clone(),
                     }))),
-                    layer,
-                    blob: Arc::new(blob),
-                    blob_entry,
+                    layer: layer.clone(),
+                    blob: blob.clone(),
+                    blob_entry: blob_entry.clone(),
                     uses: AtomicU64::new(0),
                     released: AtomicU64::new(0),
-                }),
-            );
+                })
+            };
+            // containers/storage 1.54 and later (podman 5.1) ask for a zstd:chunked or
+            // eStargz layer by the digest of its table of contents.
+            if let Some(toc) = l.check.toc_blob.as_ref().or(l.check.toc_json.as_ref()) {
+                dir.layers
+                    .insert(toc.to_string(), made(info_by_toc_json(l, toc)));
+            }
+            dir.layers.insert(key, made(info_json(l)));
         }
         dir.summary = img.summary();
         dir.resolved = Instant::now();
@@ -433,6 +441,30 @@ fn info_json(l: &ImageLayer) -> Vec<u8> {
     out
 }
 
+/// The layer record of `l` asked for by the digest `toc` of its table of contents
+/// (containers/storage 1.54 and later): what stargz-store gives there, the table's
+/// digest (which containers/image checks), the compression, the size where known (-1
+/// otherwise) and the diff digest the config expects as a flag; no compressed digest,
+/// since a layer taken by its table is not claimed to be that blob.
+fn info_by_toc_json(l: &ImageLayer, toc: &crate::io::digest::Digest) -> Vec<u8> {
+    let compression = if l.media_type.contains("zstd") {
+        ZSTD
+    } else {
+        GZIP
+    };
+    let mut v = serde_json::json!({
+        "diff-size": l.diff_size.map_or(-1, |n| n as i64),
+        "compression": compression,
+        "toc-digest": toc.to_string(),
+    });
+    if let Some(d) = &l.diff_id {
+        v["flags"] = serde_json::json!({ "expected-layer-diffid": d.to_string() });
+    }
+    let mut out = v.to_string().into_bytes();
+    out.push(b'\n');
+    out
+}
+
 /// A layer's `diff`: the layer alone, overlay-native, indexed on first look.
 #[derive(Debug)]
 struct LayerDiff {
@@ -678,5 +710,12 @@ mod tests {
         assert_eq!(v["diff-digest"], diff.to_string());
         assert_eq!(v["diff-size"], 1000);
         assert_eq!(v["compression"], 2);
+        // Asked for by its table of contents (podman 5.1 and later).
+        let toc = crate::io::digest::Digest::parse(&format!("sha256:{}", "c".repeat(64))).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&info_by_toc_json(&l, &toc)).unwrap();
+        assert_eq!(v["toc-digest"], toc.to_string());
+        assert_eq!(v["diff-size"], 1000);
+        assert_eq!(v["flags"]["expected-layer-diffid"], diff.to_string());
+        assert!(v.get("compressed-diff-digest").is_none());
     }
 }
