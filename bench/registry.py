@@ -17,6 +17,9 @@ registry sent (counted by the proxy):
   podman                `podman pull` (its own storage emptied first) then
                         `podman image mount` and chroot (podman's run fails on this
                         machine setting rlimits without CAP_SYS_RESOURCE)
+  podman+store-FORMAT   `podman pull` taking its layers from `pkgfs store` (started
+                        before, with an empty disk cache), then `podman image mount`
+                        and chroot
   pkgfs-FORMAT-cold     `pkgfs mount docker://…` with an empty disk and index cache, chroot
                         (layers read lazily are fetched whole in the background, the
                         default)
@@ -234,10 +237,37 @@ def main():
         sh(f"podman image unmount {via}/bench/gzip:1 >/dev/null 2>&1 || true")
         return t
 
+    store_mp = os.path.join(SCRATCH, "store")
+    os.makedirs(store_mp, exist_ok=True)
+    pod = (f"podman --root '{SCRATCH}/podman-root' --runroot '{SCRATCH}/podman-run' "
+           f"--storage-driver overlay --events-backend none "
+           f"--storage-opt overlay.additionallayerstore={store_mp}:ref")
+
+    def podman_store(fmt):
+        # The store is a service started before the pull (cold: an empty disk cache).
+        sh(f"{pod} image unmount -a >/dev/null 2>&1 || true")
+        sh(f"{pod} rmi -a -f >/dev/null 2>&1 || true")
+        unmount(store_mp)
+        c = os.path.join(SCRATCH, "cache-store")
+        shutil.rmtree(c, ignore_errors=True)
+        sh(f"'{PKGFS}' store -q --tls-verify=false --io-uring off --disk-cache '{c}/disk' "
+           f"--index-cache '{c}/index' '{store_mp}'")
+        drop_caches()
+        t0 = time.monotonic()
+        sh(f"{pod} pull -q --tls-verify=false {via}/bench/{fmt}:1")
+        root = subprocess.run(f"{pod} image mount {via}/bench/{fmt}:1", shell=True, check=True,
+                              capture_output=True, text=True).stdout.strip()
+        run_in(root)
+        t = time.monotonic() - t0
+        sh(f"{pod} image unmount -a >/dev/null 2>&1 || true")
+        return t
+
     # Warm the local index caches once (local-FORMAT is "a mount of a layout on disk").
     for f in layouts:
         local(f)
-    systems = {"skopeo+umoci": skopeo_umoci, "podman": podman}
+    systems = {"skopeo+umoci": skopeo_umoci, "podman": podman,
+               "podman+store-gzip": lambda: podman_store("gzip"),
+               "podman+store-zstd-chunked": lambda: podman_store("zstd-chunked")}
     for f in ("gzip", "zstd-chunked", "soci"):
         systems[f"pkgfs-{f}-cold"] = (lambda f=f: pkgfs_remote(f, True))
         if f != "gzip":
@@ -271,7 +301,8 @@ def main():
     for k, v in m.items():
         fmt = next((f for f in layouts if f in k), "gzip")
         sent = statistics.median(r["sent_bytes"][k]) / r["layer_bytes"][fmt]
-        vs = f", {base / v:.1f}x sooner than skopeo+umoci" if base and k.startswith("pkgfs") else ""
+        vs = (f", {base / v:.1f}x sooner than skopeo+umoci"
+              if base and (k.startswith("pkgfs") or "store" in k) else "")
         print(f"  {k:24} {v:.3f} s ({', '.join(f'{x:.3f}' for x in r['first_output_s'][k])}); "
               f"sent {100 * sent:.1f} % of the layers{vs}")
     for f in layouts:
@@ -285,6 +316,7 @@ if __name__ == "__main__":
         main()
     finally:
         unmount()
+        unmount(os.path.join(SCRATCH, "store"))
         for p in PROCS:
             p.terminate()
             try:
