@@ -210,6 +210,23 @@ pub fn file_name(name: &Path) -> &[u8] {
     b.rsplit(|&c| c == b'/').next().unwrap_or(b)
 }
 
+/// A directory entry of a layout's own.
+pub fn dir(path: &[u8], perm: u16, mtime: i64) -> Entry {
+    Entry {
+        path: path.to_vec(),
+        kind: EntryKind::Dir,
+        perm,
+        mtime,
+        uid: None,
+        gid: None,
+        size: 0,
+        data: Loc::None,
+        link: Vec::new(),
+        rdev: 0,
+        xattrs: Vec::new(),
+    }
+}
+
 /// A file entry of a layout's own, with its bytes.
 pub fn inline_file(path: &[u8], data: &[u8], perm: u16, mtime: i64) -> Entry {
     Entry {

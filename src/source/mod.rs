@@ -1251,14 +1251,7 @@ impl GraftSource for LazyPackage {
 
     fn index(&self) -> Result<(Tree, Vec<Layer>)> {
         let started = std::time::Instant::now();
-        let cx = OpenContext {
-            index_cache: self.cx.index_cache.as_ref(),
-            ..OpenContext::default()
-        };
-        let Indexed { archive, entries } = self.cand.open(&cx).map_err(|e| match e {
-            OpenError::NotAnArchive => Error::Format("not an archive pkgfs reads".into()),
-            OpenError::Bad(e) => e,
-        })?;
+        let Indexed { archive, entries } = self.cx.open(&self.cand)?;
         let mtime = archive.mtime();
         let mut b = TreeBuilder::new(self.cx.owner);
         b.add_layer_at(0, mtime, &entries, &self.inner);
@@ -1280,22 +1273,40 @@ impl GraftSource for LazyPackage {
             });
         }
         let tree = b.finish();
-        for s in &tree.skipped {
-            warn!(
-                "{}: skipping entry {:?}: {}",
-                self.cand.path.display(),
-                String::from_utf8_lossy(&s.path),
-                s.reason
-            );
-        }
-        info!(
-            "{}: indexed on first use, {} entries in {:.3} s",
-            self.cand.path.display(),
-            entries.len(),
-            started.elapsed().as_secs_f64()
-        );
+        log_graft(&self.cand.path, &tree, entries.len(), started);
         Ok((tree, layers))
     }
+}
+
+impl LazyContext {
+    /// Open and index `cand` for a graft.
+    fn open(&self, cand: &Candidate) -> Result<Indexed> {
+        let cx = OpenContext {
+            index_cache: self.index_cache.as_ref(),
+            ..OpenContext::default()
+        };
+        cand.open(&cx).map_err(|e| match e {
+            OpenError::NotAnArchive => Error::Format("not an archive pkgfs reads".into()),
+            OpenError::Bad(e) => e,
+        })
+    }
+}
+
+/// What indexing a graft's package made: its skipped entries, and how long it took.
+fn log_graft(path: &Path, tree: &Tree, entries: usize, started: std::time::Instant) {
+    for s in &tree.skipped {
+        warn!(
+            "{}: skipping entry {:?}: {}",
+            path.display(),
+            String::from_utf8_lossy(&s.path),
+            s.reason
+        );
+    }
+    info!(
+        "{}: indexed on first use, {entries} entries in {:.3} s",
+        path.display(),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 fn log_tree(tree: &Tree, layers: &[PathBuf], first: bool, took: std::time::Duration) {

@@ -40,7 +40,7 @@ use base64::Engine as _;
 use log::{info, warn};
 
 use super::image::{self, ImageLayer, ImageRef, Platform};
-use super::{Candidate, LazyContext, OpenContext, OpenError};
+use super::{Candidate, LazyContext};
 use crate::error::{Error, Result};
 use crate::format::{self, Entry, EntryKind, Indexed, Loc};
 use crate::fs::{Generation, Grow};
@@ -197,19 +197,7 @@ impl LayerStore {
         }];
         let mut grafts: Vec<Arc<Graft>> = Vec::new();
         let mut blobs: Vec<(u32, i64, Entry)> = Vec::new();
-        let dir = |path: &[u8]| Entry {
-            path: path.to_vec(),
-            kind: EntryKind::Dir,
-            perm: 0o555,
-            mtime: 0,
-            uid: None,
-            gid: None,
-            size: 0,
-            data: Loc::None,
-            link: Vec::new(),
-            rdev: 0,
-            xattrs: Vec::new(),
-        };
+        let dir = |path: &[u8]| crate::layout::dir(path, 0o555, 0);
         let mut graft_paths: Vec<Vec<u8>> = Vec::new();
         for (name, r) in &st.refs {
             own.push(dir(name));
@@ -484,33 +472,13 @@ impl GraftSource for LayerDiff {
 
     fn index(&self) -> Result<(Tree, Vec<Layer>)> {
         let started = Instant::now();
-        let cx = OpenContext {
-            index_cache: self.cx.index_cache.as_ref(),
-            ..OpenContext::default()
-        };
-        let Indexed { archive, entries } = self.cand.open(&cx).map_err(|e| match e {
-            OpenError::NotAnArchive => Error::Format("not a layer pkgfs reads".into()),
-            OpenError::Bad(e) => e,
-        })?;
+        let Indexed { archive, entries } = self.cx.open(&self.cand)?;
         let entries = overlay_native(entries);
         let mtime = archive.mtime();
         let mut b = TreeBuilder::new(self.cx.owner);
         b.add_layer(0, mtime, &entries);
         let tree = b.finish();
-        for s in &tree.skipped {
-            warn!(
-                "{}: skipping entry {:?}: {}",
-                self.cand.path.display(),
-                String::from_utf8_lossy(&s.path),
-                s.reason
-            );
-        }
-        info!(
-            "{}: diff indexed, {} entries in {:.3} s",
-            self.cand.path.display(),
-            entries.len(),
-            started.elapsed().as_secs_f64()
-        );
+        super::log_graft(&self.cand.path, &tree, entries.len(), started);
         Ok((
             tree,
             vec![Layer {
@@ -569,17 +537,10 @@ pub fn overlay_native(entries: Vec<Entry>) -> Vec<Entry> {
         match found {
             Some(e) => e.xattrs.push(xattr),
             None if !dir.is_empty() => out.push(Entry {
-                path: dir,
-                kind: EntryKind::Dir,
-                perm: 0o755,
-                mtime,
                 uid: Some(0),
                 gid: Some(0),
-                size: 0,
-                data: Loc::None,
-                link: Vec::new(),
-                rdev: 0,
                 xattrs: vec![xattr],
+                ..crate::layout::dir(&dir, 0o755, mtime)
             }),
             // The root is never opaque to overlayfs (it is the layer).
             None => {}
