@@ -27,7 +27,7 @@ OUT=$(mkdir -p "$(dirname "$OUT")" && cd "$(dirname "$OUT")" && pwd)/$(basename 
 SUITE=bookworm
 FIXTURE_VERSION=1
 ESTARGZ=${PKGFS_IMAGES_ESTARGZ:-1}
-STAMP="pkgfs image fixtures v$FIXTURE_VERSION estargz=$ESTARGZ $(cat "$HERE/make_images.sh" "$HERE/hostile.py" "$HERE/ocitool.py" | sha256sum | cut -c1-16)"
+STAMP="pkgfs image fixtures v$FIXTURE_VERSION estargz=$ESTARGZ $(cat "$HERE/make_images.sh" "$HERE/hostile.py" "$HERE/ocitool.py" "$HERE/containerd.sh" | sha256sum | cut -c1-16)"
 
 complete() { [[ -f $OUT/.complete && $(<"$OUT/.complete") == "$STAMP" ]]; }
 complete && exit 0
@@ -352,34 +352,8 @@ skopeo_copies() {
 }
 
 # ---------------------------------------------------------------- eStargz (ctr-remote)
-start_containerd() {
-  CTRD_DIR=$(mktemp -d /tmp/pkgfs-ctrd.XXXXXX)   # short path: unix socket names are limited
-  cat >"$CTRD_DIR/config.toml" <<EOF
-version = 2
-root = "$CTRD_DIR/root"
-state = "$CTRD_DIR/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",
-  "io.containerd.internal.v1.restart", "io.containerd.internal.v1.tracing",
-  "io.containerd.runtime.v1.linux", "io.containerd.runtime.v2.task",
-  "io.containerd.service.v1.tasks-service", "io.containerd.grpc.v1.tasks",
-  "io.containerd.monitor.v1.cgroups", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.aufs"]
-[grpc]
-  address = "$CTRD_DIR/c.sock"
-[ttrpc]
-  address = "$CTRD_DIR/c.sock.ttrpc"
-EOF
-  containerd --config "$CTRD_DIR/config.toml" >"$CTRD_DIR/log" 2>&1 &
-  CTRD_PID=$!
-  local i
-  for i in $(seq 100); do
-    [[ -S $CTRD_DIR/c.sock ]] && return 0
-    sleep 0.1
-  done
-  tail -n 20 "$CTRD_DIR/log" >&2
-  return 1
-}
+# start_containerd: containerd.sh (shared with registry/make_soci.sh)
+source "$HERE/containerd.sh"
 
 ctr_convert() {  # runs in a subshell (background); containerd belongs to the main shell
   local C=(ctr-remote -a "$CTRD_DIR/c.sock" -n pkgfs) p1 p2 name

@@ -32,7 +32,7 @@ SOCI_CMD=github.com/awslabs/soci-snapshotter/cmd@v0.0.0-20260930233240-61147fe7c
 SPAN=1048576
 
 [[ -f $IMAGES/.complete ]] || { echo "make_soci.sh: no image fixtures in $IMAGES" >&2; exit 1; }
-STAMP="pkgfs soci fixtures v2 $SOCI_ROOT $SOCI_CMD $SPAN $(sha256sum "$HERE/make_soci.sh" | cut -c1-16) $(cat "$IMAGES/.complete")"
+STAMP="pkgfs soci fixtures v2 $SOCI_ROOT $SOCI_CMD $SPAN $(cat "$HERE/make_soci.sh" "$HERE/../images/containerd.sh" | sha256sum | cut -c1-16) $(cat "$IMAGES/.complete")"
 complete() { [[ -f $OUT/.complete && $(<"$OUT/.complete") == "$STAMP" ]]; }
 complete && exit 0
 mkdir -p "$(dirname "$OUT")"
@@ -70,27 +70,12 @@ PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$WORK"
+  rm -rf "$WORK" "${CTRD_DIR:-}"
 }
 trap cleanup EXIT
-cat >"$WORK/containerd.toml" <<CONF
-version = 2
-root = "$WORK/root"
-state = "$WORK/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",
-  "io.containerd.internal.v1.restart", "io.containerd.internal.v1.tracing",
-  "io.containerd.runtime.v1.linux", "io.containerd.runtime.v2.task",
-  "io.containerd.service.v1.tasks-service", "io.containerd.grpc.v1.tasks",
-  "io.containerd.monitor.v1.cgroups", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.aufs"]
-[grpc]
-  address = "$WORK/c.sock"
-[ttrpc]
-  address = "$WORK/c.sock.ttrpc"
-CONF
-containerd --config "$WORK/containerd.toml" >"$WORK/containerd.log" 2>&1 &
-PIDS+=($!)
+source "$HERE/../images/containerd.sh"
+start_containerd
+PIDS+=("$CTRD_PID")
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cat >"$WORK/registry.yml" <<CONF
 version: 0.1
@@ -105,14 +90,14 @@ CONF
 docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do
-  [[ -S $WORK/c.sock ]] && (echo >"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+  (echo >"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
   sleep 0.1
 done
 REF=127.0.0.1:$PORT/pkgfs/soci1:latest
 skopeo copy --quiet --dest-tls-verify=false "oci:$IMAGES/oci-gzip:latest" "docker://$REF"
-ctr -a "$WORK/c.sock" -n pkgfs images import --no-unpack --base-name "127.0.0.1:$PORT/pkgfs/soci1" \
+ctr -a "$CTRD_DIR/c.sock" -n pkgfs images import --no-unpack --base-name "127.0.0.1:$PORT/pkgfs/soci1" \
   "$IMAGES/oci-archive.tar" >/dev/null
-SOCI=("$NEW/bin/soci" -a "$WORK/c.sock" -n pkgfs --root "$WORK/soci")
+SOCI=("$NEW/bin/soci" -a "$CTRD_DIR/c.sock" -n pkgfs --root "$WORK/soci")
 "${SOCI[@]}" create --min-layer-size 0 --span-size "$SPAN" "$REF" >"$NEW/create-v1.log"
 "${SOCI[@]}" push --plain-http "$REF" >"$NEW/push-v1.log"
 cleanup
