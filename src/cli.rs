@@ -117,6 +117,15 @@ enum CliCommand {
     /// with unsafe paths, devices and FIFOs are skipped with a warning. bzip2 and xz
     /// tarballs come through a pipe: `xz -dc src.tar.xz | pkgfs pack - -o OUT`.
     Pack(PackArgs),
+    /// Seal a directory of archives: a signed list of them and a hash tree of each, which
+    /// `pkgfs mount --verify` checks every byte against.
+    ///
+    /// Writes DIR/pkgfs.seal (the list: revision, block size, each archive's size, sha256,
+    /// tree root and name), DIR/pkgfs.seal.sig (its SSHSIG signature, namespace pkgfs:
+    /// `ssh-keygen -Y verify -n pkgfs` checks it too) and DIR/pkgfs.seal.d/ (the block
+    /// hashes of each archive of more than one block). Upload all three beside the
+    /// archives to seal a remote store.
+    Seal(SealArgs),
     /// Print a shell completion script: `pkgfs completions bash > /etc/bash_completion.d/pkgfs`.
     Completions(CompletionsArgs),
     /// Write the man pages (pkgfs.1, pkgfs-mount.1…), made from these definitions, to DIR.
@@ -207,10 +216,48 @@ struct MountArgs {
     /// listing at mount is kept).
     #[arg(long, value_name = "DURATION")]
     poll: Option<String>,
+    /// Mount only what a seal signed by one of these keys lists, every byte checked
+    /// against it before use (an allowed-signers file, as `ssh-keygen -Y verify` reads):
+    /// each source a directory or remote store sealed by `pkgfs seal`, or an image
+    /// pinned by digest.
+    #[arg(long, value_name = "ALLOWED_SIGNERS")]
+    verify: Option<PathBuf>,
+    /// With --verify: take a seal older than the newest this machine accepted for the
+    /// source (a rollback, refused otherwise).
+    #[arg(long, requires = "verify")]
+    allow_rollback: bool,
+    /// With --verify: the seal of a local source is this file (with FILE.sig and
+    /// FILE.d/ beside it) instead of SOURCE/pkgfs.seal.
+    #[arg(long, value_name = "FILE", requires = "verify")]
+    seal_file: Option<PathBuf>,
     #[command(flatten)]
     layout: LayoutArgs,
     #[command(flatten)]
     serve: ServeArgs,
+}
+
+/// `pkgfs seal`.
+#[derive(Debug, Args)]
+struct SealArgs {
+    /// The directory of archives to seal.
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
+    /// The OpenSSH private key that signs (`ssh-keygen -t ed25519`; not encrypted).
+    #[arg(long, value_name = "KEY")]
+    key: PathBuf,
+    /// The seal's revision (default: the time now in seconds, and above the seal
+    /// already there).
+    #[arg(long, value_name = "N")]
+    revision: Option<u64>,
+    /// Write the seal to FILE (FILE.sig and FILE.d/ beside it) instead of DIR/pkgfs.seal.
+    #[arg(long, value_name = "FILE")]
+    seal_file: Option<PathBuf>,
+    /// Bytes per hashed block (K, M suffixes; a power of two from 4K to 16M).
+    #[arg(long, value_name = "SIZE", default_value = "64K")]
+    block_size: String,
+    /// Hashing threads (default: the number of CPUs).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
 }
 
 /// `pkgfs store`.
@@ -521,13 +568,15 @@ pub struct MountConfig {
     /// `pkgfs store`: no sources; the tree grows as containers/storage looks up image
     /// references and layers (`source::store`).
     pub store: bool,
+    /// `--verify`: sources mount only under a seal by an allowed signer.
+    pub verify: Option<crate::source::verify::VerifyConfig>,
 }
 
 /// A validated command.
 #[derive(Debug, Clone)]
 pub enum Command {
     /// Mount.
-    Mount(MountConfig),
+    Mount(Box<MountConfig>),
     /// Query a running mount.
     Status {
         /// The mountpoint.
@@ -569,6 +618,8 @@ pub enum Command {
     },
     /// Pack a directory.
     Pack(crate::tools::pack::PackConfig),
+    /// Seal a directory of archives.
+    Seal(Box<crate::tools::seal::SealConfig>),
     /// Print a completion script for this shell.
     Completions(clap_complete::Shell),
     /// Write the man pages to this directory.
@@ -780,8 +831,9 @@ impl Cli {
     /// Validate the arguments into a [`Command`].
     pub fn into_command(self) -> Result<Command, UsageError> {
         Ok(match self.command {
-            CliCommand::Mount(m) => Command::Mount(mount_config(*m)?),
-            CliCommand::Store(s) => Command::Mount(store_config(*s)?),
+            CliCommand::Mount(m) => Command::Mount(Box::new(mount_config(*m)?)),
+            CliCommand::Store(s) => Command::Mount(Box::new(store_config(*s)?)),
+            CliCommand::Seal(s) => Command::Seal(Box::new(seal_config(s)?)),
             CliCommand::Umount(u) => Command::Umount {
                 mountpoint: u.mountpoint,
                 lazy: u.lazy,
@@ -900,7 +952,39 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
     // Always for images: their layers say what they remove so.
     cfg.whiteouts = m.whiteouts || any_image;
     cfg.poll = m.poll.as_deref().map(parse_duration).transpose()?;
+    if let Some(allowed) = m.verify {
+        let signers = crate::seal::sign::AllowedSigners::read(&allowed)
+            .map_err(|e| format!("--verify: {e}"))?;
+        cfg.verify = Some(crate::source::verify::VerifyConfig {
+            signers: std::sync::Arc::new(signers),
+            state: crate::source::verify::VerifyConfig::default_state(),
+            allow_rollback: m.allow_rollback,
+            seal_file: m.seal_file,
+        });
+    }
     finish_config(cfg, m.serve)
+}
+
+/// `pkgfs seal`.
+fn seal_config(s: SealArgs) -> Result<crate::tools::seal::SealConfig, UsageError> {
+    let block = parse_size(&s.block_size)?;
+    if !block.is_power_of_two() || !(4096..=16 << 20).contains(&block) {
+        return Err(format!(
+            "--block-size {}: a power of two from 4K to 16M",
+            s.block_size
+        )
+        .into());
+    }
+    Ok(crate::tools::seal::SealConfig {
+        dir: s.dir,
+        key: s.key,
+        revision: s.revision,
+        seal_file: s.seal_file,
+        block,
+        threads: s
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+    })
 }
 
 /// `pkgfs store`: a mount with no sources whose tree grows on lookup.
@@ -973,6 +1057,7 @@ fn serve_config(
         poll: None,
         registry: RegistryConfig::default(),
         store: false,
+        verify: None,
     })
 }
 

@@ -222,6 +222,10 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         rings,
         remote: packages.remote_made(),
         store,
+        seals: cfg
+            .verify
+            .is_some()
+            .then(|| packages.seals() as Arc<dyn crate::status::SealState>),
     };
     match session::raise_readahead(&cfg.mountpoint) {
         Some(dev) => {
@@ -263,6 +267,7 @@ fn load_options(cfg: &MountConfig) -> LoadOptions {
         remote: cfg.remote.clone(),
         progress: Some(Progress(Arc::new(IndexBars::default()))),
         layout: cfg.layout.clone(),
+        verify: cfg.verify.clone(),
         registry: cfg.registry.clone(),
     }
 }

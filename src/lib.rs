@@ -30,6 +30,7 @@ pub mod fs;
 pub mod io;
 pub mod layout;
 pub mod progress;
+pub mod seal;
 pub mod source;
 pub mod status;
 pub mod sync;

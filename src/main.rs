@@ -114,6 +114,19 @@ fn main() -> ExitCode {
             }
             Err(e) => Err(e.into()),
         },
+        Command::Seal(cfg) => match pkgfs::tools::seal::seal(&cfg) {
+            Ok(r) => {
+                eprintln!(
+                    "{}: revision {}, {} archives, {} bytes sealed",
+                    r.path.display(),
+                    r.revision,
+                    r.archives,
+                    r.bytes
+                );
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        },
     };
     let flushed = out.flush();
     match (result, flushed) {

@@ -52,6 +52,33 @@ pub struct MountInfo {
     pub remote: Option<Arc<crate::io::remote::Remote>>,
     /// `pkgfs store`: its images and layers.
     pub store: Option<Arc<dyn StoreState>>,
+    /// `--verify`: the seals of the sources.
+    pub seals: Option<Arc<dyn SealState>>,
+}
+
+/// The seals a verified mount took (`source::verify` keeps them).
+pub trait SealState: Send + Sync + std::fmt::Debug {
+    /// One row per sealed source.
+    fn seals(&self) -> Vec<SealRow>;
+}
+
+/// What the report says of a sealed source.
+#[derive(Debug, Clone, Serialize)]
+pub struct SealRow {
+    /// The source.
+    pub source: String,
+    /// Who signed it (the allowed signer's principals).
+    pub signer: String,
+    /// Its revision.
+    pub revision: u64,
+    /// Archives it lists.
+    pub archives: usize,
+    /// Blocks checked so far.
+    pub blocks_checked: u64,
+    /// Their bytes.
+    pub bytes_checked: u64,
+    /// Blocks that did not match the seal.
+    pub failures: u64,
 }
 
 /// What `pkgfs store` has resolved, as the report shows it (`source::store` keeps it).
@@ -282,6 +309,7 @@ struct Report {
     requests: Requests,
     remote: Option<RemoteReport>,
     store: Option<Vec<StoreLayerRow>>,
+    seals: Option<Vec<SealRow>>,
 }
 
 /// The forms of the report.
@@ -448,6 +476,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         },
         remote: info.remote.as_deref().map(remote_report),
         store: info.store.as_ref().map(|s| s.layers()),
+        seals: info.seals.as_ref().map(|s| s.seals()),
     }
 }
 
@@ -523,6 +552,19 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
                 .as_deref()
                 .map(|p| format!(", {p}"))
                 .unwrap_or_default()
+        );
+    }
+    for s in r.seals.iter().flatten() {
+        let _ = writeln!(
+            o,
+            "seal of {}: revision {} by {}, {} archives; {} blocks ({} bytes) checked, {} failed",
+            s.source,
+            s.revision,
+            s.signer,
+            s.archives,
+            s.blocks_checked,
+            s.bytes_checked,
+            s.failures
         );
     }
     for l in r.store.iter().flatten() {
@@ -934,6 +976,7 @@ mod tests {
             rings: Default::default(),
             remote: None,
             store: None,
+            seals: None,
         }
     }
 
@@ -1056,6 +1099,7 @@ mod tests {
             rings: Default::default(),
             remote: None,
             store: None,
+            seals: None,
         };
         serve(dev, fs, info, Arc::new(Mutex::new(Activity::default()))).unwrap();
         std::thread::sleep(Duration::from_millis(200));

@@ -22,6 +22,7 @@ pub mod diskcache;
 pub mod inflate;
 pub mod registry;
 pub mod remote;
+pub mod verified;
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -236,6 +236,7 @@ mod tests {
             registry: Default::default(),
             progress: None,
             layout: Default::default(),
+            verify: None,
         };
         let mut packages = Packages::new(vec![dir.path().to_path_buf()], opts);
         let scan = packages.scan(&HashSet::new()).unwrap().unwrap();

@@ -12,6 +12,7 @@ pub mod image;
 pub mod live;
 pub mod remote;
 pub mod store;
+pub mod verify;
 pub mod watch;
 
 use std::collections::{HashMap, HashSet};
@@ -38,8 +39,11 @@ pub struct Candidate {
     pub explicit: bool,
     /// The image layer it is, if it is one.
     pub layer: Option<Arc<image::ImageLayer>>,
-    /// Its bytes, when it is not a local file (an object of a remote source).
+    /// Its bytes, when it is not a local file (an object of a remote source, or any
+    /// archive of a sealed source: read through its seal).
     pub blob: Option<Arc<dyn crate::io::blob::Blob>>,
+    /// Why it may not be mounted, though listed (`--verify`: not in the seal).
+    pub refused: Option<Error>,
 }
 
 impl Candidate {
@@ -58,6 +62,9 @@ impl Candidate {
 
     /// Open and index it.
     fn open(&self, cx: &OpenContext) -> std::result::Result<Indexed, OpenError> {
+        if let Some(e) = &self.refused {
+            return Err(OpenError::Bad(e.clone()));
+        }
         match (&self.layer, &self.blob) {
             (Some(l), _) => {
                 let r = format::open_layer(l.blob.clone(), &l.check, cx);
@@ -106,39 +113,73 @@ pub fn discover(
     platform: Option<&image::Platform>,
     list_remote: &mut dyn FnMut(&remote::RemoteRef, &Path) -> Result<Listing>,
     registries: &dyn Fn() -> Result<Arc<crate::io::registry::Registries>>,
+    verify: Option<&Verifying<'_>>,
 ) -> Result<(Vec<Candidate>, Vec<image::Image>)> {
     let mut out = Vec::new();
     let mut images = Vec::new();
     for src in sources {
         if let Some(r) = src.to_str().and_then(remote::RemoteRef::parse) {
-            for (name, blob) in list_remote(&r, src)? {
-                out.push(Candidate {
+            let listing = list_remote(&r, src)?;
+            let found: Vec<Candidate> = listing
+                .iter()
+                .map(|(name, blob)| Candidate {
                     path: PathBuf::from(name),
                     explicit: matches!(r, remote::RemoteRef::HttpFile(_)),
                     layer: None,
-                    blob: Some(blob),
-                });
+                    blob: Some(blob.clone()),
+                    refused: None,
+                })
+                .collect();
+            match verify {
+                Some(v) => {
+                    if matches!(r, remote::RemoteRef::HttpFile(_)) {
+                        return Err(unsealed(src));
+                    }
+                    let sealed = Arc::new(verify::open_remote(
+                        v.config,
+                        &r,
+                        &src.to_string_lossy(),
+                        &listing,
+                        (v.remote)()?,
+                    )?);
+                    out.extend(verify::apply(&sealed, found));
+                    crate::sync::lock(&v.sealed).push(sealed);
+                }
+                None => out.extend(found),
             }
             continue;
         }
         if let Some(r) = image::ImageRef::parse(src.as_os_str()) {
+            // A registry image pinned by digest is its own root of trust; nothing else
+            // of an image is sealed.
+            if verify.is_some() && r.registry.as_ref().is_none_or(|x| x.digest.is_none()) {
+                return Err(Error::Format(format!(
+                    "{r}: --verify mounts an image only from a registry and pinned by its \
+                     digest (docker://HOST/REPO@sha256:…): a tag or a local layout has no seal"
+                )));
+            }
             let img = image::resolve(&r, platform, registries)?;
             out.extend(img.layers.iter().map(|l| Candidate {
                 path: l.name.clone(),
                 explicit: true,
                 layer: Some(Arc::new(l.clone())),
                 blob: None,
+                refused: None,
             }));
             images.push(img);
             continue;
         }
         let meta = std::fs::metadata(src).map_err(|e| Error::Io(e).with_path(src))?;
+        if !meta.is_dir() && verify.is_some() {
+            return Err(unsealed(src));
+        }
         if !meta.is_dir() {
             out.push(Candidate {
                 path: src.clone(),
                 explicit: true,
                 layer: None,
                 blob: None,
+                refused: None,
             });
             continue;
         }
@@ -161,14 +202,40 @@ pub fn discover(
             }
         }
         names.sort_unstable_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
-        out.extend(names.into_iter().map(|n| Candidate {
+        let found = names.into_iter().map(|n| Candidate {
             path: src.join(n),
             explicit: false,
             layer: None,
             blob: None,
-        }));
+            refused: None,
+        });
+        match verify {
+            Some(v) => {
+                let sealed = Arc::new(verify::open_local(v.config, src)?);
+                out.extend(verify::apply(&sealed, found.collect()));
+                crate::sync::lock(&v.sealed).push(sealed);
+            }
+            None => out.extend(found),
+        }
     }
     Ok((out, images))
+}
+
+/// What `discover` needs to verify sources, and where it puts their seals.
+pub struct Verifying<'a> {
+    /// The settings.
+    pub config: &'a verify::VerifyConfig,
+    /// The remote runtime (tree files of remote stores are fetched through it).
+    pub remote: &'a dyn Fn() -> Result<Arc<crate::io::remote::Remote>>,
+    /// The seals of the sources, as they are accepted.
+    pub sealed: Mutex<Vec<Arc<verify::SealedSource>>>,
+}
+
+fn unsealed(src: &Path) -> Error {
+    Error::Format(format!(
+        "{}: --verify mounts directories and remote stores sealed by `pkgfs seal`, not single files",
+        src.display()
+    ))
 }
 
 /// Archives indexed ahead of the tree builder, at most: the raw entries waiting to be
@@ -366,6 +433,8 @@ pub struct LoadOptions {
     pub progress: Option<Progress>,
     /// Where each package goes.
     pub layout: crate::layout::Config,
+    /// `--verify`: sources mount only under a seal by an allowed signer.
+    pub verify: Option<verify::VerifyConfig>,
 }
 
 /// A shared [`IndexProgress`].
@@ -496,6 +565,8 @@ pub struct Packages {
     grafts: HashMap<PathBuf, Arc<Graft>>,
     /// What the layout learnt of each archive of the last scan, by archive key.
     facts: HashMap<u32, crate::layout::Facts>,
+    /// The seals of the last listing (`--verify`), shared with the status.
+    sealed: Arc<verify::Seals>,
 }
 
 /// What the sources hold now (the first stage of a scan).
@@ -614,7 +685,13 @@ impl Packages {
             listed: HashMap::new(),
             grafts: HashMap::new(),
             facts: HashMap::new(),
+            sealed: Arc::default(),
         }
+    }
+
+    /// The seals of the sources (`--verify`), as the last listing accepted them.
+    pub fn seals(&self) -> Arc<verify::Seals> {
+        self.sealed.clone()
     }
 
     /// The runtime of remote sources, if one was made (a source is remote).
@@ -786,14 +863,25 @@ impl Packages {
             }
         };
         let registries = || self.registries();
+        let rt = || self.remote();
+        let verifying = self.opts.verify.as_ref().map(|config| Verifying {
+            config,
+            remote: &rt,
+            sealed: Mutex::new(Vec::new()),
+        });
         let found = discover(
             &self.sources,
             self.opts.platform.as_ref(),
             &mut list_remote,
             &registries,
+            verifying.as_ref(),
         );
+        let sealed = verifying.map(|v| v.sealed.into_inner().unwrap_or_else(|p| p.into_inner()));
         self.listed = listed;
         let (found, images) = found?;
+        if let Some(s) = sealed {
+            *crate::sync::lock(&self.sealed.0) = s;
+        }
         let candidates: Vec<Candidate> = found
             .into_iter()
             .filter(|c| !busy.contains(&c.path))
@@ -1421,6 +1509,7 @@ mod tests {
                 explicit: true,
                 layer: None,
                 blob: None,
+                refused: None,
             })
             .collect()
     }
@@ -1564,6 +1653,7 @@ mod tests {
             registry: Default::default(),
             progress: None,
             layout: Default::default(),
+            verify: None,
         };
         let mut pk = Packages::new(vec![d.to_path_buf()], opts);
         let none = HashSet::new();

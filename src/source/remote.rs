@@ -95,48 +95,57 @@ pub fn list(r: &RemoteRef, remote: &Arc<Remote>) -> Result<Vec<(String, Arc<dyn 
     }
 }
 
+/// The file name of an object as its listing names it (`s3://B/P/NAME`,
+/// `http://H/D/NAME` percent-encoded): `NAME`, decoded.
+pub fn object_name(listed: &str) -> String {
+    percent_decode(listed.rsplit('/').next().unwrap_or(listed))
+}
+
+/// The object `rel` (a `/`-separated path below the store's directory or prefix) of the
+/// remote store `r`, found by a `HEAD`.
+pub fn object(r: &RemoteRef, rel: &str, remote: &Arc<Remote>) -> Result<Arc<dyn Blob>> {
+    let (name, store, path) = match r {
+        RemoteRef::S3 { bucket, prefix } => {
+            let key = format!("{}{rel}", prefix);
+            (
+                format!("s3://{bucket}/{key}"),
+                s3_store(bucket, remote)?,
+                ObjPath::from(key),
+            )
+        }
+        RemoteRef::HttpDir(url) => {
+            let full = format!(
+                "{url}{}",
+                rel.split('/')
+                    .map(percent_encode)
+                    .collect::<Vec<_>>()
+                    .join("/")
+            );
+            let (store, path) = http_store(&full, remote)?;
+            (full, store, path)
+        }
+        RemoteRef::HttpFile(url) => {
+            return Err(Error::Unsupported(format!(
+                "{url}: a single file has no store around it"
+            )));
+        }
+    };
+    let meta = head(&store, &path, &name, remote)?;
+    Ok(Arc::new(RemoteBlob::new(
+        name,
+        store,
+        path,
+        &meta,
+        remote.clone(),
+    )))
+}
+
 fn list_s3(
     bucket: &str,
     prefix: &str,
     remote: &Arc<Remote>,
 ) -> Result<Vec<(String, Arc<dyn Blob>)>> {
-    let (opts, retry) = remote.client_options();
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let mut builder = object_store::aws::AmazonS3Builder::from_env();
-    // The shared config files fill in what the environment does not say, as for the
-    // AWS CLI.
-    let profile = aws_profile(&env);
-    if env("AWS_ACCESS_KEY_ID").is_none()
-        && let (Some(id), Some(secret)) = (&profile.access_key_id, &profile.secret_access_key)
-    {
-        builder = builder
-            .with_access_key_id(id)
-            .with_secret_access_key(secret);
-        if let Some(t) = &profile.session_token {
-            builder = builder.with_token(t);
-        }
-    }
-    if env("AWS_REGION").is_none()
-        && env("AWS_DEFAULT_REGION").is_none()
-        && let Some(r) = &profile.region
-    {
-        builder = builder.with_region(r);
-    }
-    if env("AWS_ENDPOINT_URL").is_none()
-        && env("AWS_ENDPOINT").is_none()
-        && let Some(e) = &profile.endpoint_url
-    {
-        builder = builder.with_endpoint(e);
-    }
-    let store: Arc<dyn ObjectStore> = Arc::new(
-        builder
-            .with_bucket_name(bucket)
-            .with_client_options(opts)
-            .with_retry(retry)
-            .with_http_connector(remote.connector())
-            .build()
-            .map_err(|e| Error::Format(format!("s3://{bucket}/: {e}")))?,
-    );
+    let store = s3_store(bucket, remote)?;
     let what = format!("s3://{bucket}/{prefix}");
     let label = what.clone();
     let p = (!prefix.is_empty()).then(|| ObjPath::from(prefix.trim_end_matches('/')));
@@ -171,6 +180,48 @@ fn list_s3(
             (name, blob)
         })
         .collect())
+}
+
+/// The S3 client of `bucket`: credentials, region and endpoint from the environment and
+/// the AWS shared files, as the AWS CLI finds them.
+fn s3_store(bucket: &str, remote: &Arc<Remote>) -> Result<Arc<dyn ObjectStore>> {
+    let (opts, retry) = remote.client_options();
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let mut builder = object_store::aws::AmazonS3Builder::from_env();
+    // The shared config files fill in what the environment does not say, as for the
+    // AWS CLI.
+    let profile = aws_profile(&env);
+    if env("AWS_ACCESS_KEY_ID").is_none()
+        && let (Some(id), Some(secret)) = (&profile.access_key_id, &profile.secret_access_key)
+    {
+        builder = builder
+            .with_access_key_id(id)
+            .with_secret_access_key(secret);
+        if let Some(t) = &profile.session_token {
+            builder = builder.with_token(t);
+        }
+    }
+    if env("AWS_REGION").is_none()
+        && env("AWS_DEFAULT_REGION").is_none()
+        && let Some(r) = &profile.region
+    {
+        builder = builder.with_region(r);
+    }
+    if env("AWS_ENDPOINT_URL").is_none()
+        && env("AWS_ENDPOINT").is_none()
+        && let Some(e) = &profile.endpoint_url
+    {
+        builder = builder.with_endpoint(e);
+    }
+    Ok(Arc::new(
+        builder
+            .with_bucket_name(bucket)
+            .with_client_options(opts)
+            .with_retry(retry)
+            .with_http_connector(remote.connector())
+            .build()
+            .map_err(|e| Error::Format(format!("s3://{bucket}/: {e}")))?,
+    ))
 }
 
 /// What the AWS shared config files say for the profile in use (`AWS_PROFILE`, else

@@ -164,6 +164,7 @@ impl LayerStore {
                             explicit: true,
                             layer: Some(layer.clone()),
                             blob: None,
+                            refused: None,
                         },
                         version: l.check.digest.to_string(),
                         cx: self.cx.clone(),

@@ -5,6 +5,7 @@
 //! `pkgfs check` finds what a mount would answer with EIO, without needing FUSE.
 
 pub mod pack;
+pub mod seal;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -74,6 +75,7 @@ fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolE
             crate::progress::IndexBars::default(),
         ))),
         layout: merge.layout.clone(),
+        verify: None,
         registry: merge.registry.clone(),
     };
     Ok(source::load(sources, &opts)?)

@@ -647,6 +647,7 @@ mod tests {
             registry: Default::default(),
             progress: None,
             layout: Default::default(),
+            verify: None,
         };
         let (fs, _) = crate::source::load(&[path], &opts).unwrap();
         (dir, Handler::new(Arc::new(fs), hints))

@@ -1,0 +1,333 @@
+//! Reads checked against a seal (`--verify`): a [`Blob`] over another whose every byte is
+//! hashed, block by block, and compared with the block hashes a signed seal gives,
+//! before any of it is returned, so nothing unchecked reaches a decoder, the block cache
+//! or the kernel. Below it the bytes may come from anywhere (a local file, a server, the
+//! disk cache of fetched ranges): all are read through it, so a byte read back from the
+//! disk cache is checked again.
+//!
+//! A read is widened to whole blocks; the last few blocks checked are kept (trusted
+//! memory), so the small reads formats make one after another (a ZIP's local header,
+//! then its name, then its data) hash a block once. The block hashes themselves are
+//! loaded on first read (a remote store's tree file is fetched then) and checked
+//! against the tree root by the loader.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest as _, Sha256};
+
+use super::blob::Blob;
+use crate::error::{Error, Result};
+
+/// A block hash.
+pub type Hash = [u8; 32];
+
+/// Blocks kept after their check, per blob.
+const KEPT: usize = 4;
+
+/// What the checks of one store came to (shown by `pkgfs status`).
+#[derive(Debug, Default)]
+pub struct VerifyStats {
+    /// Blocks hashed and found right.
+    pub blocks: AtomicU64,
+    /// Their bytes.
+    pub bytes: AtomicU64,
+    /// Blocks that did not match their seal.
+    pub failures: AtomicU64,
+}
+
+/// Loads an archive's block hashes (checked against its tree root).
+pub type LoadTree = Box<dyn Fn() -> Result<Vec<Hash>> + Send + Sync>;
+
+/// A blob whose reads are checked against block hashes.
+pub struct VerifiedBlob {
+    inner: Arc<dyn Blob>,
+    version: String,
+    block: u64,
+    load: LoadTree,
+    leaves: Mutex<Option<Arc<Vec<Hash>>>>,
+    kept: Mutex<VecDeque<(u64, Arc<Vec<u8>>)>>,
+    stats: Arc<VerifyStats>,
+}
+
+impl std::fmt::Debug for VerifiedBlob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerifiedBlob")
+            .field("inner", &self.inner.name())
+            .field("block", &self.block)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VerifiedBlob {
+    /// `inner` checked in blocks of `block` bytes against the hashes `load` gives;
+    /// `tree` (the tree root, hex) is part of its version, so that indexes cached from
+    /// checked bytes are never taken for unchecked ones or the reverse.
+    pub fn new(
+        inner: Arc<dyn Blob>,
+        block: u64,
+        tree: &str,
+        load: LoadTree,
+        stats: Arc<VerifyStats>,
+    ) -> VerifiedBlob {
+        VerifiedBlob {
+            version: format!("{} sealed:{tree}", inner.version()),
+            inner,
+            block,
+            load,
+            leaves: Mutex::new(None),
+            kept: Mutex::new(VecDeque::new()),
+            stats,
+        }
+    }
+
+    fn leaves(&self) -> Result<Arc<Vec<Hash>>> {
+        if let Some(l) = crate::sync::lock(&self.leaves).as_ref() {
+            return Ok(l.clone());
+        }
+        let l = Arc::new((self.load)()?);
+        let want = self.inner.size().div_ceil(self.block) as usize;
+        if l.len() != want {
+            return Err(Error::Corrupt(format!(
+                "{}: its seal has {} blocks, it has {want}",
+                self.inner.name().display(),
+                l.len()
+            )));
+        }
+        *crate::sync::lock(&self.leaves) = Some(l.clone());
+        Ok(l)
+    }
+
+    fn kept(&self, b: u64) -> Option<Arc<Vec<u8>>> {
+        crate::sync::lock(&self.kept)
+            .iter()
+            .find(|(k, _)| *k == b)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn keep(&self, b: u64, bytes: Arc<Vec<u8>>) {
+        let mut k = crate::sync::lock(&self.kept);
+        if k.iter().any(|(x, _)| *x == b) {
+            return;
+        }
+        if k.len() == KEPT {
+            k.pop_front();
+        }
+        k.push_back((b, bytes));
+    }
+
+    /// The aligned range of blocks covering `[off, off + len)`.
+    fn span(&self, off: u64, len: usize) -> (u64, u64) {
+        let first = off / self.block;
+        let end = (off + len as u64).min(self.inner.size());
+        let last = end.saturating_sub(1) / self.block;
+        (first, last)
+    }
+
+    /// Check `data`, blocks `first..` of the blob, against the seal.
+    fn check(&self, first: u64, data: &[u8], leaves: &[Hash]) -> Result<()> {
+        for (i, chunk) in data.chunks(self.block as usize).enumerate() {
+            let b = first + i as u64;
+            let want = leaves.get(b as usize).ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "{}: block {b} beyond its seal",
+                    self.inner.name().display()
+                ))
+            })?;
+            let got: Hash = Sha256::digest(chunk).into();
+            if &got != want {
+                self.stats.failures.fetch_add(1, Relaxed);
+                // Whatever copy those bytes came from must not serve them again.
+                self.inner.forget();
+                let e = Error::Corrupt(format!(
+                    "{}: block {b} (bytes {}..{}) does not match its seal",
+                    self.inner.name().display(),
+                    b * self.block,
+                    b * self.block + chunk.len() as u64
+                ));
+                log::warn!("{e}");
+                return Err(e);
+            }
+            self.stats.blocks.fetch_add(1, Relaxed);
+            self.stats.bytes.fetch_add(chunk.len() as u64, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Aligned buffer for blocks `first..=last`.
+    fn aligned(&self, first: u64, last: u64) -> (u64, Vec<u8>) {
+        let start = first * self.block;
+        let end = ((last + 1) * self.block).min(self.inner.size());
+        (start, vec![0u8; (end - start) as usize])
+    }
+}
+
+impl Blob for VerifiedBlob {
+    fn name(&self) -> &Path {
+        self.inner.name()
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if offset + buf.len() as u64 > self.size() {
+            return Err(Error::Format(format!(
+                "{}: read past its end",
+                self.name().display()
+            )));
+        }
+        let (first, last) = self.span(offset, buf.len());
+        if first == last
+            && let Some(b) = self.kept(first)
+        {
+            let at = (offset - first * self.block) as usize;
+            buf.copy_from_slice(&b[at..at + buf.len()]);
+            return Ok(());
+        }
+        let leaves = self.leaves()?;
+        let (start, mut data) = self.aligned(first, last);
+        self.inner.read_exact_at(&mut data, start)?;
+        self.check(first, &data, &leaves)?;
+        let at = (offset - start) as usize;
+        buf.copy_from_slice(&data[at..at + buf.len()]);
+        if first == last {
+            self.keep(first, Arc::new(data));
+        }
+        Ok(())
+    }
+
+    fn round_trips(&self) -> bool {
+        self.inner.round_trips()
+    }
+
+    fn first_tail(&self) -> u64 {
+        self.inner.first_tail()
+    }
+
+    fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<()> {
+        let leaves = self.leaves()?;
+        let mut spans: Vec<(u64, u64, Vec<u8>)> = reads
+            .iter()
+            .map(|(b, off)| {
+                let (first, last) = self.span(*off, b.len().max(1));
+                let (start, data) = self.aligned(first, last);
+                (first, start, data)
+            })
+            .collect();
+        {
+            let mut inner: Vec<(&mut [u8], u64)> = spans
+                .iter_mut()
+                .map(|(_, start, d)| (d.as_mut_slice(), *start))
+                .collect();
+            self.inner.read_many(&mut inner)?;
+        }
+        for ((buf, off), (first, start, data)) in reads.iter_mut().zip(&spans) {
+            self.check(*first, data, &leaves)?;
+            let at = (*off - *start) as usize;
+            buf.copy_from_slice(&data[at..at + buf.len()]);
+        }
+        Ok(())
+    }
+
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        let b = self.block;
+        let aligned: Vec<(u64, u64)> = ranges
+            .iter()
+            .map(|&(s, e)| (s / b * b, e.div_ceil(b).saturating_mul(b).min(self.size())))
+            .collect();
+        self.inner.will_need(&aligned);
+    }
+
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn mtime(&self) -> i64 {
+        self.inner.mtime()
+    }
+
+    fn pin(&self) {
+        self.inner.pin();
+    }
+
+    fn fetch_sparingly(&self) {
+        self.inner.fetch_sparingly();
+    }
+
+    fn forget(&self) {
+        crate::sync::lock(&self.kept).clear();
+        self.inner.forget();
+    }
+
+    fn fetched(&self) -> Option<u64> {
+        self.inner.fetched()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::blob::Bytes;
+
+    fn leaves(data: &[u8], block: u64) -> Vec<Hash> {
+        data.chunks(block as usize)
+            .map(|c| Sha256::digest(c).into())
+            .collect()
+    }
+
+    fn blob(data: Vec<u8>, sealed: &[u8], block: u64) -> (VerifiedBlob, Arc<VerifyStats>) {
+        let l = leaves(sealed, block);
+        let stats = Arc::new(VerifyStats::default());
+        let inner: Arc<dyn Blob> = Arc::new(Bytes::new("a.zip", data));
+        (
+            VerifiedBlob::new(
+                inner,
+                block,
+                "t",
+                Box::new(move || Ok(l.clone())),
+                stats.clone(),
+            ),
+            stats,
+        )
+    }
+
+    #[test]
+    fn reads_of_sealed_bytes_pass_and_tampered_blocks_fail_alone() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let (v, stats) = blob(data.clone(), &data, 4096);
+        let mut buf = vec![0u8; 5000];
+        v.read_exact_at(&mut buf, 3000).unwrap();
+        assert_eq!(buf, data[3000..8000]);
+        let mut one = [0u8; 10];
+        v.read_exact_at(&mut one, 9990).unwrap();
+        assert_eq!(one, data[9990..]);
+        // Several reads at once.
+        let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 100]);
+        v.read_many(&mut [(&mut a, 0), (&mut b, 9000)]).unwrap();
+        assert_eq!((&a[..], &b[..]), (&data[..100], &data[9000..9100]));
+        assert_eq!(stats.failures.load(Relaxed), 0);
+        assert!(v.version().ends_with("sealed:t"));
+        // One byte flipped in the second block: reads touching it fail, others pass.
+        let mut bad = data.clone();
+        bad[5000] ^= 1;
+        let (v, stats) = blob(bad, &data, 4096);
+        assert!(matches!(
+            v.read_exact_at(&mut [0u8; 10], 4990),
+            Err(Error::Corrupt(_))
+        ));
+        assert!(v.read_exact_at(&mut [0u8; 10], 100).is_ok());
+        assert!(v.read_exact_at(&mut [0u8; 10], 9000).is_ok());
+        assert_eq!(stats.failures.load(Relaxed), 1);
+        // A seal of another length is refused at the first read.
+        let (v, _) = blob(data[..5000].to_vec(), &data, 4096);
+        assert!(v.read_exact_at(&mut [0u8; 10], 0).is_err());
+    }
+}

@@ -1,0 +1,343 @@
+//! `--verify ALLOWED_SIGNERS`: a source is mounted only under a seal signed by an allowed
+//! signer (see [`crate::seal`]), only the archives it lists, each read through an
+//! [`io::verified::VerifiedBlob`](crate::io::verified::VerifiedBlob) that checks every
+//! byte against the archive's tree before it is used. The newest revision accepted for
+//! each source is kept on this machine, and an older one is refused (rollback).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::Candidate;
+use super::remote::{self, RemoteRef};
+use crate::error::{Error, Result};
+use crate::io::blob::Blob;
+use crate::io::remote::Remote;
+use crate::io::verified::{VerifiedBlob, VerifyStats};
+use crate::seal::sign::AllowedSigners;
+use crate::seal::{self, Seal, Sealed};
+use crate::status::{SealRow, SealState};
+
+/// How a mount verifies.
+#[derive(Debug, Clone)]
+pub struct VerifyConfig {
+    /// The keys it trusts.
+    pub signers: Arc<AllowedSigners>,
+    /// Where the newest accepted revision of each source is kept (None: nowhere, no
+    /// rollback check).
+    pub state: Option<PathBuf>,
+    /// Take a seal older than the one accepted before.
+    pub allow_rollback: bool,
+    /// The root file of a local source's seal, when not in the source.
+    pub seal_file: Option<PathBuf>,
+}
+
+impl VerifyConfig {
+    /// Where accepted revisions are kept by default: `$XDG_STATE_HOME/pkgfs/seals`, else
+    /// `~/.local/state/pkgfs/seals`.
+    pub fn default_state() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_STATE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
+        Some(base.join("pkgfs/seals"))
+    }
+}
+
+/// A source's seal, checked.
+pub struct SealedSource {
+    /// The source.
+    pub source: String,
+    /// The seal.
+    pub seal: Arc<Seal>,
+    /// Its signer.
+    pub signer: String,
+    /// Its checks so far.
+    pub stats: Arc<VerifyStats>,
+    /// Reads a tree file by name (`TREE` hex), at most the given bytes.
+    trees: ReadTree,
+}
+
+/// Reads a tree file by name (`TREE` hex), at most the given bytes.
+type ReadTree = Arc<dyn Fn(&str, u64) -> Result<Vec<u8>> + Send + Sync>;
+
+impl SealedSource {
+    /// What status shows.
+    pub fn row(&self) -> SealRow {
+        use std::sync::atomic::Ordering::Relaxed;
+        SealRow {
+            source: self.source.clone(),
+            signer: self.signer.clone(),
+            revision: self.seal.revision,
+            archives: self.seal.archives.len(),
+            blocks_checked: self.stats.blocks.load(Relaxed),
+            bytes_checked: self.stats.bytes.load(Relaxed),
+            failures: self.stats.failures.load(Relaxed),
+        }
+    }
+
+    /// `blob` (the archive `name` of the source) checked against the seal, or why it
+    /// may not be mounted.
+    fn wrap(&self, name: &str, blob: Arc<dyn Blob>) -> Result<Arc<dyn Blob>> {
+        let a = self.seal.get(name).ok_or_else(|| {
+            Error::Corrupt(format!(
+                "not in the seal of {} (unsealed archives are not mounted)",
+                self.source
+            ))
+        })?;
+        if blob.size() != a.size {
+            return Err(Error::Corrupt(format!(
+                "{} bytes, its seal says {}",
+                blob.size(),
+                a.size
+            )));
+        }
+        let block = self.seal.block;
+        let a: Sealed = a.clone();
+        let trees = self.trees.clone();
+        let load = Box::new(move || {
+            if !a.has_tree_file(block) {
+                return Ok(seal::small_tree(&a, block));
+            }
+            let bytes = trees(&seal::hex(&a.tree), a.blocks(block) * 32)?;
+            seal::parse_tree(&bytes, &a, block)
+        });
+        Ok(Arc::new(VerifiedBlob::new(
+            blob,
+            block,
+            &seal::hex(
+                &self
+                    .seal
+                    .archives
+                    .iter()
+                    .find(|x| x.name == name)
+                    .map_or([0; 32], |x| x.tree),
+            ),
+            load,
+            self.stats.clone(),
+        )))
+    }
+}
+
+/// The seals of a mount's sources, as the last listing accepted them.
+#[derive(Default)]
+pub struct Seals(pub std::sync::Mutex<Vec<Arc<SealedSource>>>);
+
+impl std::fmt::Debug for Seals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seals").finish_non_exhaustive()
+    }
+}
+
+impl SealState for Seals {
+    fn seals(&self) -> Vec<SealRow> {
+        crate::sync::lock(&self.0).iter().map(|s| s.row()).collect()
+    }
+}
+
+/// Read a source's seal, check its signature and revision.
+fn accept(
+    cfg: &VerifyConfig,
+    source: &str,
+    root: &[u8],
+    sig: &[u8],
+    trees: ReadTree,
+) -> Result<SealedSource> {
+    let signer = cfg
+        .signers
+        .verify(root, sig)
+        .map_err(|e| Error::Corrupt(format!("{source}: its seal is refused: {e}")))?;
+    let seal = Seal::parse(root).map_err(|e| Error::Corrupt(format!("{source}: {e}")))?;
+    if let Some(state) = &cfg.state {
+        check_revision(state, source, seal.revision, cfg.allow_rollback)?;
+    }
+    log::info!(
+        "{source}: seal revision {} by {signer}, {} archives",
+        seal.revision,
+        seal.archives.len()
+    );
+    Ok(SealedSource {
+        source: source.to_string(),
+        seal: Arc::new(seal),
+        signer,
+        stats: Arc::default(),
+        trees,
+    })
+}
+
+/// Refuse a revision older than the newest accepted for `source`; remember a newer one.
+fn check_revision(state: &Path, source: &str, revision: u64, allow: bool) -> Result<()> {
+    let file = state.join(format!("{:016x}", fnv64(source.as_bytes())));
+    let before = std::fs::read_to_string(&file).ok().and_then(|t| {
+        let mut l = t.lines();
+        (l.next() == Some(source)).then(|| l.next().and_then(|r| r.parse::<u64>().ok()))?
+    });
+    if let Some(b) = before
+        && revision < b
+    {
+        if !allow {
+            return Err(Error::Corrupt(format!(
+                "{source}: its seal is revision {revision}, older than revision {b} accepted \
+                 on this machine before (a rollback; --allow-rollback takes it)"
+            )));
+        }
+        log::warn!("{source}: taking seal revision {revision}, older than {b} (--allow-rollback)");
+        return Ok(());
+    }
+    if before != Some(revision) {
+        std::fs::create_dir_all(state).map_err(|e| Error::Io(e).with_path(state))?;
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, format!("{source}\n{revision}\n"))
+            .and_then(|()| std::fs::rename(&tmp, &file))
+            .map_err(|e| Error::Io(e).with_path(&file))?;
+    }
+    Ok(())
+}
+
+fn fnv64(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &c| {
+        (h ^ u64::from(c)).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// Read at most `limit` bytes of a local file, refusing a bigger one.
+fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::Io(e).with_path(path))?;
+    if meta.len() > limit {
+        return Err(Error::Corrupt(format!(
+            "{}: {} bytes, more than the {limit} it may have",
+            path.display(),
+            meta.len()
+        )));
+    }
+    std::fs::read(path).map_err(|e| Error::Io(e).with_path(path))
+}
+
+/// The seal of local directory `dir`, checked.
+pub fn open_local(cfg: &VerifyConfig, dir: &Path) -> Result<SealedSource> {
+    let root_path = cfg
+        .seal_file
+        .clone()
+        .unwrap_or_else(|| dir.join(seal::SEAL_FILE));
+    let sig_path = crate::tools::seal::with_suffix(&root_path, seal::SIG_SUFFIX);
+    let trees_dir = crate::tools::seal::with_suffix(&root_path, seal::TREES_SUFFIX);
+    let missing = |p: &Path, e: Error| match e {
+        Error::WithPath(_, inner) if matches!(*inner, Error::Io(ref io) if io.kind() == std::io::ErrorKind::NotFound) => {
+            Error::Format(format!(
+                "{}: no seal ({} is missing)",
+                dir.display(),
+                p.display()
+            ))
+        }
+        e => e,
+    };
+    let root = read_limited(&root_path, seal::MAX_ROOT).map_err(|e| missing(&root_path, e))?;
+    let sig = read_limited(&sig_path, 64 << 10).map_err(|e| missing(&sig_path, e))?;
+    let source = std::fs::canonicalize(dir)
+        .unwrap_or_else(|_| dir.to_path_buf())
+        .display()
+        .to_string();
+    accept(
+        cfg,
+        &source,
+        &root,
+        &sig,
+        Arc::new(move |name: &str, limit: u64| read_limited(&trees_dir.join(name), limit)),
+    )
+}
+
+/// The seal of remote store `r`, whose listing is `listing`, checked.
+pub fn open_remote(
+    cfg: &VerifyConfig,
+    r: &RemoteRef,
+    source: &str,
+    listing: &super::Listing,
+    rt: Arc<Remote>,
+) -> Result<SealedSource> {
+    let by_name: HashMap<String, &Arc<dyn Blob>> = listing
+        .iter()
+        .map(|(n, b)| (remote::object_name(n), b))
+        .collect();
+    let fetch = |name: &str, limit: u64| -> Result<Vec<u8>> {
+        let b = by_name
+            .get(name)
+            .ok_or_else(|| Error::Format(format!("{source}: no seal ({name} is missing)")))?;
+        read_blob(&***b, limit)
+    };
+    let root = fetch(seal::SEAL_FILE, seal::MAX_ROOT)?;
+    let sig = fetch(
+        &format!("{}{}", seal::SEAL_FILE, seal::SIG_SUFFIX),
+        64 << 10,
+    )?;
+    let r = r.clone();
+    let trees = Arc::new(move |name: &str, limit: u64| -> Result<Vec<u8>> {
+        let rel = format!("{}{}/{name}", seal::SEAL_FILE, seal::TREES_SUFFIX);
+        let b = remote::object(&r, &rel, &rt)?;
+        read_blob(&*b, limit)
+    });
+    accept(cfg, source, &root, &sig, trees)
+}
+
+fn read_blob(b: &dyn Blob, limit: u64) -> Result<Vec<u8>> {
+    if b.size() > limit {
+        return Err(Error::Corrupt(format!(
+            "{}: {} bytes, more than the {limit} it may have",
+            b.name().display(),
+            b.size()
+        )));
+    }
+    let mut buf = vec![0u8; b.size() as usize];
+    b.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
+}
+
+/// The candidates of a sealed source, each checked against the seal: an archive the seal
+/// does not list, or of another size, is refused (and skipped, named); the others read
+/// through their tree. Archives the seal lists that are not there are warned of.
+pub fn apply(sealed: &SealedSource, candidates: Vec<Candidate>) -> Vec<Candidate> {
+    let mut seen = std::collections::HashSet::new();
+    let out: Vec<Candidate> = candidates
+        .into_iter()
+        .filter(|c| {
+            let n = file_name(c);
+            !(n.starts_with(seal::SEAL_FILE))
+        })
+        .map(|mut c| {
+            let name = file_name(&c);
+            seen.insert(name.clone());
+            let blob = match c.blob.clone() {
+                Some(b) => Ok(b),
+                None => crate::io::blob::LocalFile::open(&c.path).map(|f| f as Arc<dyn Blob>),
+            };
+            match blob.and_then(|b| sealed.wrap(&name, b)) {
+                Ok(b) => c.blob = Some(b),
+                Err(e) => {
+                    log::warn!("{}: {e}", c.path.display());
+                    c.refused = Some(e);
+                }
+            }
+            c
+        })
+        .collect();
+    for a in &sealed.seal.archives {
+        if !seen.contains(&a.name) {
+            log::warn!(
+                "{}: {} is in the seal but not in the store",
+                sealed.source,
+                a.name
+            );
+        }
+    }
+    out
+}
+
+fn file_name(c: &Candidate) -> String {
+    match &c.blob {
+        Some(_) => remote::object_name(&c.path.to_string_lossy()),
+        None => c
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    }
+}
