@@ -13,6 +13,7 @@ mod prefetch;
 mod registry;
 mod remote;
 mod targz;
+mod verify;
 
 use std::collections::HashMap;
 use std::fs;

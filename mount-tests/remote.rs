@@ -15,7 +15,7 @@ use crate::common::{
 };
 
 /// nginx serving `root` on a free loopback port; stopped when dropped.
-struct Nginx {
+pub struct Nginx {
     child: Option<Child>,
     dir: tempfile::TempDir,
     port: u16,
@@ -23,7 +23,7 @@ struct Nginx {
 }
 
 impl Nginx {
-    fn start(root: &Path) -> Nginx {
+    pub fn start(root: &Path) -> Nginx {
         let mut n = Nginx {
             child: None,
             dir: tempfile::tempdir().unwrap(),
@@ -72,7 +72,7 @@ impl Nginx {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}/{path}", self.port)
     }
 
@@ -179,7 +179,7 @@ fn served_copy(name: &str, www: &Path) -> PathBuf {
     dst
 }
 
-fn readable(p: &Path) {
+pub fn readable(p: &Path) {
     run(Command::new("chmod").args(["-R", "a+rX"]).arg(p));
 }
 
@@ -192,7 +192,7 @@ fn www() -> tempfile::TempDir {
 
 /// `DIR/big.zip` written by `zip -0`: five members of 4 MiB of random bytes (stored),
 /// f0.bin … f4.bin, so that reading one fetches little of the others.
-fn big_zip(dir: &Path) -> PathBuf {
+pub fn big_zip(dir: &Path) -> PathBuf {
     let src = tempfile::tempdir().unwrap();
     let mut state = 0x9e3779b97f4a7c15u64;
     for i in 0..5 {
