@@ -351,3 +351,67 @@ fn a_sealed_store_on_s3_is_checked() {
     let st = status_json(&m.path());
     assert!(st["skipped"].to_string().contains("zz-new.zip"), "{st}");
 }
+
+/// A polled sealed store changes only together with a newer seal: an archive uploaded
+/// without one stays out, an archive replaced without one fails its reads (never shows
+/// other bytes), and once the new seal is uploaded both are activated.
+#[test]
+fn a_polled_sealed_store_changes_only_with_a_new_seal() {
+    if !tools() {
+        return;
+    }
+    let s = Sealed::new();
+    let moto = Moto::start();
+    let store = s.store();
+    let upload = |paths: &[PathBuf]| {
+        let mut code = String::new();
+        for f in paths {
+            let key = f.strip_prefix(&store).unwrap().to_str().unwrap();
+            code += &format!(
+                "s3.upload_file({:?}, 'pkgs', 'repo/{key}')\n",
+                f.to_str().unwrap()
+            );
+        }
+        moto.boto(&code);
+    };
+    let all = |store: &Path| -> Vec<PathBuf> {
+        let mut v = vec![];
+        for e in fs::read_dir(store).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                v.extend(fs::read_dir(&p).unwrap().map(|t| t.unwrap().path()));
+            } else {
+                v.push(p);
+            }
+        }
+        v
+    };
+    moto.boto("s3.create_bucket(Bucket='pkgs')");
+    upload(&all(&store));
+    let env = moto.env();
+    let m = s.mount("s3://pkgs/repo/", &["--poll", "1s"], &env);
+    assert!(m.path().join("f0.bin").exists());
+    // A new archive, no new seal: it stays out.
+    let staged = s.dir.path().join("staged");
+    fs::create_dir(&staged).unwrap();
+    fs::write(staged.join("new-file.txt"), b"sealed later\n").unwrap();
+    run(Command::new("zip")
+        .current_dir(&staged)
+        .args(["-q", "-X"])
+        .arg(store.join("zz-new.zip"))
+        .arg("new-file.txt"));
+    upload(&[store.join("zz-new.zip")]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(!m.path().join("new-file.txt").exists());
+    // Sealed and uploaded: activated at the next poll.
+    s.seal("key", &[]);
+    upload(&all(&store));
+    crate::common::wait_until(
+        std::time::Duration::from_secs(20),
+        "the newly sealed archive is activated",
+        || fs::read(m.path().join("new-file.txt")).is_ok_and(|b| b == b"sealed later\n"),
+    );
+    let st = status_json(&m.path());
+    assert!(st["activations"].as_u64().unwrap() >= 1, "{st}");
+    assert_eq!(st["seals"][0]["failures"], 0, "{st}");
+}
