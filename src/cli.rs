@@ -216,6 +216,17 @@ struct MountArgs {
     /// listing at mount is kept).
     #[arg(long, value_name = "DURATION")]
     poll: Option<String>,
+    #[command(flatten)]
+    verify: VerifyArgs,
+    #[command(flatten)]
+    layout: LayoutArgs,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// `--verify` and its companions: `mount` and the offline tools take the same.
+#[derive(Debug, Args)]
+struct VerifyArgs {
     /// Mount only what a seal signed by one of these keys lists, every byte checked
     /// against it before use (an allowed-signers file, as `ssh-keygen -Y verify` reads):
     /// each source a directory or remote store sealed by `pkgfs seal`, or an image
@@ -230,10 +241,22 @@ struct MountArgs {
     /// FILE.d/ beside it) instead of SOURCE/pkgfs.seal.
     #[arg(long, value_name = "FILE", requires = "verify")]
     seal_file: Option<PathBuf>,
-    #[command(flatten)]
-    layout: LayoutArgs,
-    #[command(flatten)]
-    serve: ServeArgs,
+}
+
+impl VerifyArgs {
+    fn into_config(self) -> Result<Option<crate::source::verify::VerifyConfig>, UsageError> {
+        let Some(allowed) = self.verify else {
+            return Ok(None);
+        };
+        let signers = crate::seal::sign::AllowedSigners::read(&allowed)
+            .map_err(|e| format!("--verify: {e}"))?;
+        Ok(Some(crate::source::verify::VerifyConfig {
+            signers: std::sync::Arc::new(signers),
+            state: crate::source::verify::VerifyConfig::default_state(),
+            allow_rollback: self.allow_rollback,
+            seal_file: self.seal_file,
+        }))
+    }
 }
 
 /// `pkgfs seal`.
@@ -367,6 +390,8 @@ struct MergeArgs {
     layout: LayoutArgs,
     #[command(flatten)]
     registry: RegistryArgs,
+    #[command(flatten)]
+    verify: VerifyArgs,
 }
 
 impl MergeArgs {
@@ -376,6 +401,7 @@ impl MergeArgs {
             platform: platform(self.platform)?,
             layout: self.layout.into_config()?,
             registry: self.registry.into_config()?,
+            verify: self.verify.into_config()?,
         })
     }
 }
@@ -952,16 +978,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
     // Always for images: their layers say what they remove so.
     cfg.whiteouts = m.whiteouts || any_image;
     cfg.poll = m.poll.as_deref().map(parse_duration).transpose()?;
-    if let Some(allowed) = m.verify {
-        let signers = crate::seal::sign::AllowedSigners::read(&allowed)
-            .map_err(|e| format!("--verify: {e}"))?;
-        cfg.verify = Some(crate::source::verify::VerifyConfig {
-            signers: std::sync::Arc::new(signers),
-            state: crate::source::verify::VerifyConfig::default_state(),
-            allow_rollback: m.allow_rollback,
-            seal_file: m.seal_file,
-        });
-    }
+    cfg.verify = m.verify.into_config()?;
     finish_config(cfg, m.serve)
 }
 

@@ -35,7 +35,7 @@ pub fn sign(key: &Path, msg: &[u8]) -> Result<String> {
 }
 
 /// One line of an allowed-signers file.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Signer {
     /// The principals (`user@example.com`, patterns as written).
     pub principals: String,
@@ -50,7 +50,7 @@ pub struct Signer {
 }
 
 /// The keys a mount trusts: an allowed-signers file.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllowedSigners(pub Vec<Signer>);
 
 impl AllowedSigners {

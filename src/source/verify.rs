@@ -19,7 +19,7 @@ use crate::seal::{self, Seal, Sealed};
 use crate::status::{SealRow, SealState};
 
 /// How a mount verifies.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyConfig {
     /// The keys it trusts.
     pub signers: Arc<AllowedSigners>,

@@ -58,6 +58,8 @@ pub struct Merge {
     pub layout: crate::layout::Config,
     /// How registries are reached (`docker://` sources).
     pub registry: crate::io::registry::RegistryConfig,
+    /// `--verify`: only what a seal lists, every byte checked.
+    pub verify: Option<crate::source::verify::VerifyConfig>,
 }
 
 fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolError> {
@@ -75,7 +77,7 @@ fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolE
             crate::progress::IndexBars::default(),
         ))),
         layout: merge.layout.clone(),
-        verify: None,
+        verify: merge.verify.clone(),
         registry: merge.registry.clone(),
     };
     Ok(source::load(sources, &opts)?)
