@@ -2,6 +2,7 @@
 cache, and unmounting a mountpoint for sure."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -38,3 +39,25 @@ def unmount(mnt):
             subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
         time.sleep(0.1)
     raise RuntimeError("cannot unmount " + mnt)
+
+
+def arg(args, name, default, kind=int):
+    """The value after `name` in args, converted, or default."""
+    return kind(args[args.index(name) + 1]) if name in args else default
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port, what):
+    """Until something accepts on port (30 s at most)."""
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"{what} does not listen on {port}")

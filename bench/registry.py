@@ -39,11 +39,13 @@ mount-tests/registry/make_soci.sh.
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 WORK = sys.argv[1]
 OUT = sys.argv[2]
@@ -78,20 +80,8 @@ def drop_caches():
         f.write("3\n")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port, what):
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"{what} does not listen on {port}")
+free_port = common.free_port
+wait_listening = common.wait_listening
 
 
 def spawn(cmd, **kw):

@@ -25,7 +25,6 @@ standard output. Needs root, nginx and bench/corpus.sh's corpus.
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ ARGS = sys.argv[3:]
 
 
 def arg(name, default, kind=int):
-    return kind(ARGS[ARGS.index(name) + 1]) if name in ARGS else default
+    return common.arg(ARGS, name, default, kind)
 
 
 ROUNDS = arg("--rounds", 3)
@@ -63,20 +62,8 @@ def sh(cmd, **kw):
     return subprocess.run(["bash", "-c", cmd], check=True, stdout=subprocess.DEVNULL, **kw)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port, what):
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"{what} does not listen on {port}")
+free_port = common.free_port
+wait_listening = common.wait_listening
 
 
 def spawn(cmd):

@@ -308,18 +308,7 @@ fn a_sealed_store_on_s3_is_checked() {
     let moto = Moto::start();
     let store = s.store();
     let mut code = String::from("s3.create_bucket(Bucket='pkgs')\n");
-    let mut files = vec![];
-    for e in fs::read_dir(&store).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            for t in fs::read_dir(&p).unwrap() {
-                files.push(t.unwrap().path());
-            }
-        } else {
-            files.push(p);
-        }
-    }
-    for f in &files {
+    for f in &store_files(&store) {
         let key = f.strip_prefix(&store).unwrap().to_str().unwrap();
         code += &format!(
             "s3.upload_file({:?}, 'pkgs', 'repo/{key}')\n",
@@ -374,20 +363,8 @@ fn a_polled_sealed_store_changes_only_with_a_new_seal() {
         }
         moto.boto(&code);
     };
-    let all = |store: &Path| -> Vec<PathBuf> {
-        let mut v = vec![];
-        for e in fs::read_dir(store).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                v.extend(fs::read_dir(&p).unwrap().map(|t| t.unwrap().path()));
-            } else {
-                v.push(p);
-            }
-        }
-        v
-    };
     moto.boto("s3.create_bucket(Bucket='pkgs')");
-    upload(&all(&store));
+    upload(&store_files(&store));
     let env = moto.env();
     let m = s.mount("s3://pkgs/repo/", &["--poll", "1s"], &env);
     assert!(m.path().join("f0.bin").exists());
@@ -405,7 +382,7 @@ fn a_polled_sealed_store_changes_only_with_a_new_seal() {
     assert!(!m.path().join("new-file.txt").exists());
     // Sealed and uploaded: activated at the next poll.
     s.seal("key", &[]);
-    upload(&all(&store));
+    upload(&store_files(&store));
     crate::common::wait_until(
         std::time::Duration::from_secs(20),
         "the newly sealed archive is activated",
@@ -414,4 +391,18 @@ fn a_polled_sealed_store_changes_only_with_a_new_seal() {
     let st = status_json(&m.path());
     assert!(st["activations"].as_u64().unwrap() >= 1, "{st}");
     assert_eq!(st["seals"][0]["failures"], 0, "{st}");
+}
+
+/// The files of a store and of its seal's tree directory.
+fn store_files(store: &Path) -> Vec<PathBuf> {
+    let mut v = vec![];
+    for e in fs::read_dir(store).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            v.extend(fs::read_dir(&p).unwrap().map(|t| t.unwrap().path()));
+        } else {
+            v.push(p);
+        }
+    }
+    v
 }
