@@ -12,7 +12,7 @@ use std::process::Command;
 use crate::common::{
     Mount, fixtures, pkgfs, require_fuse, require_tools, run, status_json, trees_match,
 };
-use crate::remote::{Moto, Nginx, big_zip, readable};
+use crate::remote::{Moto, Nginx, big_zip};
 
 /// A store, a key that seals it and the allowed-signers file that trusts the key; the
 /// state directory of accepted revisions (as `XDG_STATE_HOME`).
@@ -44,8 +44,16 @@ impl Sealed {
             ),
         )
         .unwrap();
+        // The directories (a temporary directory is 0700) open to nginx's workers; the
+        // files keep the modes they were written with (the seal's must be readable).
+        run(Command::new("chmod")
+            .args(["a+rx"])
+            .arg(d.as_path())
+            .arg(d.join("www")));
         s.seal("key", &[]);
-        readable(&d.join("www"));
+        run(Command::new("find")
+            .arg(d.join("www"))
+            .args(["-type", "d", "-exec", "chmod", "a+rx", "{}", "+"]));
         s
     }
 
@@ -62,7 +70,6 @@ impl Sealed {
             .arg("--key")
             .arg(self.dir.path().join(key))
             .args(extra));
-        readable(&self.dir.path().join("www"));
     }
 
     fn store(&self) -> PathBuf {

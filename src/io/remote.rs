@@ -781,6 +781,13 @@ impl Blob for RemoteBlob {
     /// a walk's read-ahead (`fs::prefetch`) then reads many objects at once instead of
     /// one round trip after another. Ranges already held or in flight are skipped.
     fn will_need(&self, ranges: &[(u64, u64)]) {
+        // Without a disk cache, fetched ranges live only among the last KEPT: fetching
+        // more ahead than that drops them before they are read, and readers fetch them
+        // again (a read-all over HTTP took minutes instead of seconds).
+        let mut room = match &self.remote.disk {
+            Some(_) => usize::MAX,
+            None => KEPT.saturating_sub(crate::sync::lock(&self.kept).flights.len()),
+        };
         for &(s, e) in ranges {
             let e = e.min(self.size);
             // Only what the disk cache does not hold; not the small gaps between what
@@ -798,6 +805,10 @@ impl Blob for RemoteBlob {
             for (s, e) in holes {
                 let mut a = s;
                 while a < e {
+                    if room == 0 {
+                        return;
+                    }
+                    room -= 1;
                     let b = (a + MAX_READ_AHEAD).min(e);
                     self.prefetch_range(a, b);
                     a = b;

@@ -181,6 +181,12 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut t = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::Io(e).with_path(dir))?;
     t.write_all(bytes)
         .map_err(|e| Error::Io(e).with_path(path))?;
+    // Served beside the archives (a web server's workers, an S3 upload): readable by
+    // all, as a file written under the usual umask is; a temporary file is 0600.
+    use std::os::unix::fs::PermissionsExt;
+    t.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(|e| Error::Io(e).with_path(path))?;
     t.persist(path)
         .map_err(|e| Error::Io(e.error).with_path(path))?;
     Ok(())
