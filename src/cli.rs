@@ -276,7 +276,7 @@ struct SealArgs {
     #[arg(long, value_name = "FILE")]
     seal_file: Option<PathBuf>,
     /// Bytes per hashed block (K, M suffixes; a power of two from 4K to 16M).
-    #[arg(long, value_name = "SIZE", default_value = "64K")]
+    #[arg(long, value_name = "SIZE", default_value = "16K")]
     block_size: String,
     /// Hashing threads (default: the number of CPUs).
     #[arg(long, value_name = "N")]

@@ -233,7 +233,6 @@ impl Blob for VerifiedBlob {
     }
 
     fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<()> {
-        let leaves = self.leaves()?;
         let mut spans: Vec<(u64, u64, Vec<u8>)> = reads
             .iter()
             .map(|(b, off)| {
@@ -242,13 +241,28 @@ impl Blob for VerifiedBlob {
                 (first, start, data)
             })
             .collect();
-        {
+        // The first read of an archive (a format's probe of its head and tail) is also
+        // where its tree is loaded: a remote store's tree file and the bytes are fetched
+        // at once, one round trip instead of two.
+        let leaves = {
             let mut inner: Vec<(&mut [u8], u64)> = spans
                 .iter_mut()
                 .map(|(_, start, d)| (d.as_mut_slice(), *start))
                 .collect();
-            self.inner.read_many(&mut inner)?;
-        }
+            if crate::sync::lock(&self.leaves).is_none() && self.inner.round_trips() {
+                std::thread::scope(|s| {
+                    let tree = s.spawn(|| self.leaves());
+                    let data = self.inner.read_many(&mut inner);
+                    let tree = tree
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::Internal("loading a tree panicked".into())));
+                    data.and(tree)
+                })?
+            } else {
+                self.inner.read_many(&mut inner)?;
+                self.leaves()?
+            }
+        };
         for ((buf, off), (first, start, data)) in reads.iter_mut().zip(&spans) {
             self.check(*first, data, &leaves)?;
             let at = (*off - *start) as usize;

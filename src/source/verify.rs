@@ -264,11 +264,18 @@ pub fn open_remote(
             .ok_or_else(|| Error::Format(format!("{source}: no seal ({name} is missing)")))?;
         read_blob(&***b, limit)
     };
-    let root = fetch(seal::SEAL_FILE, seal::MAX_ROOT)?;
-    let sig = fetch(
-        &format!("{}{}", seal::SEAL_FILE, seal::SIG_SUFFIX),
-        64 << 10,
-    )?;
+    // Both at once: one round trip.
+    let sig_name = format!("{}{}", seal::SEAL_FILE, seal::SIG_SUFFIX);
+    let (root, sig) = std::thread::scope(|s| {
+        let sig = s.spawn(|| fetch(&sig_name, 64 << 10));
+        let root = fetch(seal::SEAL_FILE, seal::MAX_ROOT);
+        (
+            root,
+            sig.join()
+                .unwrap_or_else(|_| Err(Error::Internal("fetching a signature panicked".into()))),
+        )
+    });
+    let (root, sig) = (root?, sig?);
     let r = r.clone();
     let trees = Arc::new(move |name: &str, limit: u64| -> Result<Vec<u8>> {
         let rel = format!("{}{}/{name}", seal::SEAL_FILE, seal::TREES_SUFFIX);
