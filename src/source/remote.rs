@@ -101,43 +101,60 @@ pub fn object_name(listed: &str) -> String {
     percent_decode(listed.rsplit('/').next().unwrap_or(listed))
 }
 
-/// The object `rel` (a `/`-separated path below the store's directory or prefix) of the
-/// remote store `r`, found by a `HEAD`.
-pub fn object(r: &RemoteRef, rel: &str, remote: &Arc<Remote>) -> Result<Arc<dyn Blob>> {
-    let (name, store, path) = match r {
-        RemoteRef::S3 { bucket, prefix } => {
-            let key = format!("{}{rel}", prefix);
-            (
-                format!("s3://{bucket}/{key}"),
+/// The objects of a remote store by name below its directory or prefix (a seal's files),
+/// on one client made once.
+pub struct Objects {
+    store: Arc<dyn ObjectStore>,
+    base: ObjPath,
+    label: String,
+    remote: Arc<Remote>,
+}
+
+impl Objects {
+    /// The objects of `r` (a directory or prefix).
+    pub fn of(r: &RemoteRef, remote: &Arc<Remote>) -> Result<Objects> {
+        let (store, base, label) = match r {
+            RemoteRef::S3 { bucket, prefix } => (
                 s3_store(bucket, remote)?,
-                ObjPath::from(key),
-            )
-        }
-        RemoteRef::HttpDir(url) => {
-            let full = format!(
-                "{url}{}",
-                rel.split('/')
-                    .map(percent_encode)
-                    .collect::<Vec<_>>()
-                    .join("/")
-            );
-            let (store, path) = http_store(&full, remote)?;
-            (full, store, path)
-        }
-        RemoteRef::HttpFile(url) => {
-            return Err(Error::Unsupported(format!(
-                "{url}: a single file has no store around it"
-            )));
-        }
-    };
-    let meta = head(&store, &path, &name, remote)?;
-    Ok(Arc::new(RemoteBlob::new(
-        name,
-        store,
-        path,
-        &meta,
-        remote.clone(),
-    )))
+                ObjPath::from(prefix.trim_end_matches('/')),
+                format!("s3://{bucket}/{prefix}"),
+            ),
+            RemoteRef::HttpDir(url) => {
+                let (store, path) = http_store(url, remote)?;
+                (store, path, url.clone())
+            }
+            RemoteRef::HttpFile(url) => {
+                return Err(Error::Unsupported(format!(
+                    "{url}: a single file has no store around it"
+                )));
+            }
+        };
+        Ok(Objects {
+            store,
+            base,
+            label,
+            remote: remote.clone(),
+        })
+    }
+
+    /// The bytes of object `rel` (a `/`-separated path below the store's directory), in
+    /// one request, refusing one of more than `limit` bytes before reading its body.
+    pub fn get(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {
+        let path = rel.split('/').fold(self.base.clone(), |p, c| p.child(c));
+        let what = format!("{}{rel}", self.label);
+        let store = self.store.clone();
+        self.remote.run(&what.clone(), async move {
+            let got = store.get(&path).await.map_err(|e| store_error(&what, e))?;
+            if got.meta.size > limit {
+                return Err(Error::Corrupt(format!(
+                    "{what}: {} bytes, more than the {limit} it may have",
+                    got.meta.size
+                )));
+            }
+            let bytes = got.bytes().await.map_err(|e| store_error(&what, e))?;
+            Ok(bytes.to_vec())
+        })
+    }
 }
 
 fn list_s3(

@@ -276,11 +276,12 @@ pub fn open_remote(
         )
     });
     let (root, sig) = (root?, sig?);
-    let r = r.clone();
+    let objects = remote::Objects::of(r, &rt)?;
     let trees = Arc::new(move |name: &str, limit: u64| -> Result<Vec<u8>> {
-        let rel = format!("{}{}/{name}", seal::SEAL_FILE, seal::TREES_SUFFIX);
-        let b = remote::object(&r, &rel, &rt)?;
-        read_blob(&*b, limit)
+        objects.get(
+            &format!("{}{}/{name}", seal::SEAL_FILE, seal::TREES_SUFFIX),
+            limit,
+        )
     });
     accept(cfg, source, &root, &sig, trees)
 }
