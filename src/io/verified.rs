@@ -101,6 +101,24 @@ impl VerifiedBlob {
         Ok(l)
     }
 
+    /// Run `read` (bytes of the blob) and return the block hashes: the first time, from
+    /// a server, both at once (a remote store's tree file and the archive's first bytes
+    /// in one round trip, not two).
+    fn with_leaves(&self, read: impl FnOnce() -> Result<()> + Send) -> Result<Arc<Vec<Hash>>> {
+        if crate::sync::lock(&self.leaves).is_some() || !self.inner.round_trips() {
+            read()?;
+            return self.leaves();
+        }
+        std::thread::scope(|s| {
+            let tree = s.spawn(|| self.leaves());
+            let data = read();
+            let tree = tree
+                .join()
+                .unwrap_or_else(|_| Err(Error::Internal("loading a tree panicked".into())));
+            data.and(tree)
+        })
+    }
+
     fn kept(&self, b: u64) -> Option<Arc<Vec<u8>>> {
         crate::sync::lock(&self.kept)
             .iter()
@@ -211,9 +229,8 @@ impl Blob for VerifiedBlob {
             while run_end < last && self.kept(run_end + 1).is_none() {
                 run_end += 1;
             }
-            let leaves = self.leaves()?;
             let (start, mut data) = self.aligned(b, run_end);
-            self.inner.read_exact_at(&mut data, start)?;
+            let leaves = self.with_leaves(|| self.inner.read_exact_at(&mut data, start))?;
             self.check(b, &data, &leaves)?;
             copy_block(buf, offset, end, start, &data);
             // The run's last block: the next read in order starts there.
@@ -249,19 +266,7 @@ impl Blob for VerifiedBlob {
                 .iter_mut()
                 .map(|(_, start, d)| (d.as_mut_slice(), *start))
                 .collect();
-            if crate::sync::lock(&self.leaves).is_none() && self.inner.round_trips() {
-                std::thread::scope(|s| {
-                    let tree = s.spawn(|| self.leaves());
-                    let data = self.inner.read_many(&mut inner);
-                    let tree = tree
-                        .join()
-                        .unwrap_or_else(|_| Err(Error::Internal("loading a tree panicked".into())));
-                    data.and(tree)
-                })?
-            } else {
-                self.inner.read_many(&mut inner)?;
-                self.leaves()?
-            }
+            self.with_leaves(|| self.inner.read_many(&mut inner))?
         };
         for ((buf, off), (first, start, data)) in reads.iter_mut().zip(&spans) {
             self.check(*first, data, &leaves)?;
