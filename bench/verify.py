@@ -77,6 +77,13 @@ def files(d):
                   if os.path.isfile(os.path.join(d, n)) and not n.startswith("pkgfs.seal"))
 
 
+def seal_files(d):
+    """A sealed directory's seal, signature and trees."""
+    trees = os.path.join(d, "pkgfs.seal.d")
+    return ([os.path.join(d, "pkgfs.seal"), os.path.join(d, "pkgfs.seal.sig")]
+            + [os.path.join(trees, n) for n in os.listdir(trees)])
+
+
 def warm(paths):
     """The served files back in the page cache (the server's RAM)."""
     for p in paths:
@@ -179,7 +186,7 @@ def main():
                 warm(archives)
                 m, t = mount_read_all(url(PKGS), "")
             else:
-                warm(archives)
+                warm(archives + seal_files(sealed[b]))
                 m, t = mount_read_all(url(sealed[b]), f"--verify '{allowed}'")
             r["seconds"][name].append(t)
             r["mount_s"][name].append(m)
