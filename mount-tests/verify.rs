@@ -95,6 +95,9 @@ impl Sealed {
     /// `pkgfs mount --verify SOURCE`, with `env` added.
     fn mount(&self, source: &str, extra: &[&str], env: &[(&str, String)]) -> Mount {
         let mut args = self.args();
+        if extra.contains(&"--disk-cache") {
+            args.retain(|a| a != "--no-disk-cache");
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut all = self.env();
@@ -294,14 +297,62 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
     let st = status_json(&m.path());
     assert_eq!(st["seals"][0]["source"], url.as_str(), "{st}");
     drop(m);
-    flip_in_member(&s.store().join("big.zip"), "f3.bin", 2_000_000);
-    let m = s.mount(&url, &[], &[]);
+    flip_in_member(&s.store().join("big.zip"), "f3.bin", 100_000);
+    // With a disk cache: reading f2.bin (right before f3.bin) may fetch ahead into
+    // f3.bin and its tampered block; that block is never found in the cache (the unit
+    // test `a_remote_blob_under_a_seal_keeps_only_checked_blocks` shows the gate itself).
+    let cache = s.dir.path().join("disk-cache");
+    let m = s.mount(&url, &["--disk-cache", cache.to_str().unwrap()], &[]);
+    assert_eq!(
+        fs::read(m.path().join("f2.bin")).unwrap(),
+        fs::read(local.path().join("f2.bin")).unwrap()
+    );
+    let served = fs::read(s.store().join("big.zip")).unwrap();
+    let code = format!(
+        "import zipfile\nz = zipfile.ZipFile({:?})\ni = z.getinfo('f3.bin')\n\
+         print(i.header_offset + 30 + len(i.filename.encode()) + len(i.extra) + 100000)",
+        s.store().join("big.zip").to_str().unwrap()
+    );
+    let at: usize = String::from_utf8(run(Command::new("python3").arg("-c").arg(code)).stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let block = 16 * 1024;
+    let tampered = &served[at / block * block..(at / block + 1) * block];
+    let mut cached = 0;
+    for f in walk_files(&cache) {
+        let bytes = fs::read(&f).unwrap();
+        cached += bytes.len();
+        assert!(
+            !bytes.windows(tampered.len()).any(|w| w == tampered),
+            "{} holds the tampered block",
+            f.display()
+        );
+    }
+    assert!(cached > 1 << 20, "the disk cache holds {cached} bytes");
     let err = fs::read(m.path().join("f3.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     assert_eq!(
         fs::read(m.path().join("f1.bin")).unwrap(),
         fs::read(local.path().join("f1.bin")).unwrap()
     );
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }
 
 /// The same on S3 (moto): seal, trees and archives uploaded under a prefix; an archive

@@ -82,7 +82,16 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     fn fetched(&self) -> Option<u64> {
         None
     }
+    /// From now on keep fetched bytes (in memory, in the disk cache) only as far as
+    /// `gate` vouches for them (`--verify`: checked against a seal before any cache
+    /// holds them). Blobs that fetch nothing ignore it.
+    fn set_keep_gate(&self, _gate: KeepGate) {}
 }
+
+/// Says how much of bytes fetched at an offset may be kept: the length of the prefix it
+/// vouches for. The flag says whether it may wait (block on the network) to decide; a
+/// gate that may not answers 0 when it cannot tell yet.
+pub type KeepGate = Arc<dyn Fn(u64, &[u8], bool) -> usize + Send + Sync>;
 
 /// Read exactly `buf.len()` bytes of `file` at `offset`, or fail with a clear error if the
 /// file ends first (a truncated archive).

@@ -369,6 +369,35 @@ pub struct RemoteBlob {
     /// Recently fetched extents, the read-ahead state and the fetches in flight: shared
     /// with background fetches ([`Blob::will_need`]).
     kept: Arc<Mutex<Kept>>,
+    /// What may be kept of fetched bytes ([`Blob::set_keep_gate`]); all when unset.
+    gate: GateCell,
+}
+
+/// A [`crate::io::blob::KeepGate`], set once.
+#[derive(Default)]
+struct GateCell(std::sync::OnceLock<crate::io::blob::KeepGate>);
+
+impl std::fmt::Debug for GateCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "gated"
+        } else {
+            "ungated"
+        })
+    }
+}
+
+/// The prefix of `bytes` (fetched at `start`) that `gate` lets be kept.
+fn keepable(
+    gate: Option<&crate::io::blob::KeepGate>,
+    start: u64,
+    bytes: &bytes::Bytes,
+    can_wait: bool,
+) -> bytes::Bytes {
+    match gate {
+        None => bytes.clone(),
+        Some(g) => bytes.slice(..g(start, bytes, can_wait).min(bytes.len())),
+    }
 }
 
 /// What a [`RemoteBlob`] keeps in memory.
@@ -491,6 +520,7 @@ impl RemoteBlob {
             version,
             remote,
             kept: Arc::new(Mutex::new(Kept::default())),
+            gate: GateCell::default(),
         }
     }
 
@@ -626,13 +656,17 @@ impl RemoteBlob {
             stats.fetches.fetch_add(1, Relaxed);
             stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
             self.fetched.fetch_add(bytes.len() as u64, Relaxed);
+            let keep = keepable(self.gate.0.get(), start, bytes, true);
+            if keep.is_empty() {
+                continue;
+            }
             if let Some(disk) = &self.remote.disk
-                && let Err(e) = disk.store(&self.disk_key, start, bytes)
+                && let Err(e) = disk.store(&self.disk_key, start, &keep)
             {
                 log::warn!("disk cache: keeping a range of {what}: {e}");
             }
             let mut k = crate::sync::lock(&self.kept);
-            k.keep(start, bytes.clone());
+            k.keep(start, keep);
         }
         Ok(got)
     }
@@ -677,6 +711,7 @@ impl RemoteBlob {
         let sem = self.remote.prefetch.clone();
         let name = self.name.display().to_string();
         let limit = self.remote.config.read_timeout;
+        let gate = self.gate.0.get().cloned();
         self.remote.rt.spawn(async move {
             let got = match sem.acquire_owned().await {
                 Ok(_permit) => tokio::time::timeout(limit, job).await,
@@ -687,18 +722,22 @@ impl RemoteBlob {
                     remote.stats.fetches.fetch_add(1, Relaxed);
                     remote.stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
                     fetched.fetch_add(bytes.len() as u64, Relaxed);
-                    let r2 = remote.clone();
-                    let bytes2 = bytes.clone();
-                    // Disk writes off the runtime's threads.
-                    let _ = tokio::task::spawn_blocking(move || {
-                        if let Some(d) = &r2.disk
-                            && let Err(e) = d.store(&key, a, &bytes2)
-                        {
-                            log::warn!("disk cache: keeping a range of {name}: {e}");
-                        }
-                    })
-                    .await;
-                    crate::sync::lock(&kept).keep(a, bytes);
+                    // On the runtime: a gate may not wait here.
+                    let bytes = keepable(gate.as_ref(), a, &bytes, false);
+                    if !bytes.is_empty() {
+                        let r2 = remote.clone();
+                        let bytes2 = bytes.clone();
+                        // Disk writes off the runtime's threads.
+                        let _ = tokio::task::spawn_blocking(move || {
+                            if let Some(d) = &r2.disk
+                                && let Err(e) = d.store(&key, a, &bytes2)
+                            {
+                                log::warn!("disk cache: keeping a range of {name}: {e}");
+                            }
+                        })
+                        .await;
+                        crate::sync::lock(&kept).keep(a, bytes);
+                    }
                 }
                 // A reader that needs these bytes fetches them itself, and reports.
                 Ok(Err(e)) => log::debug!("read-ahead of {name} failed: {e}"),
@@ -868,6 +907,10 @@ impl Blob for RemoteBlob {
 
     fn fetched(&self) -> Option<u64> {
         Some(self.fetched.load(Relaxed))
+    }
+
+    fn set_keep_gate(&self, gate: crate::io::blob::KeepGate) {
+        let _ = self.gate.0.set(gate);
     }
 
     fn fetch_sparingly(&self) {

@@ -47,10 +47,78 @@ pub struct VerifiedBlob {
     inner: Arc<dyn Blob>,
     version: String,
     block: u64,
-    load: LoadTree,
-    leaves: Mutex<Option<Arc<Vec<Hash>>>>,
+    tree: Arc<Tree>,
     kept: Mutex<VecDeque<(u64, Arc<Vec<u8>>)>>,
     stats: Arc<VerifyStats>,
+}
+
+/// An archive's block hashes, loaded once (concurrent callers wait for the one that
+/// loads); shared with the gate of what its remote blob may keep.
+struct Tree {
+    name: std::path::PathBuf,
+    size: u64,
+    block: u64,
+    load: LoadTree,
+    leaves: Mutex<Option<Arc<Vec<Hash>>>>,
+    loading: Mutex<()>,
+}
+
+impl Tree {
+    fn loaded(&self) -> Option<Arc<Vec<Hash>>> {
+        crate::sync::lock(&self.leaves).clone()
+    }
+
+    fn get(&self) -> Result<Arc<Vec<Hash>>> {
+        if let Some(l) = self.loaded() {
+            return Ok(l);
+        }
+        let _one = crate::sync::lock(&self.loading);
+        if let Some(l) = self.loaded() {
+            return Ok(l);
+        }
+        let l = Arc::new((self.load)()?);
+        let want = self.size.div_ceil(self.block) as usize;
+        if l.len() != want {
+            return Err(Error::Corrupt(format!(
+                "{}: its seal has {} blocks, it has {want}",
+                self.name.display(),
+                l.len()
+            )));
+        }
+        *crate::sync::lock(&self.leaves) = Some(l.clone());
+        Ok(l)
+    }
+
+    /// How much of `bytes`, fetched at `start`, is whole blocks that match: what the
+    /// blob below may keep (in memory, in the disk cache). A range that does not start
+    /// on a block, or a block cut short (but the blob's last), stops it.
+    fn vouch(&self, start: u64, bytes: &[u8], can_wait: bool) -> usize {
+        let leaves = match (self.loaded(), can_wait) {
+            (Some(l), _) => l,
+            (None, true) => match self.get() {
+                Ok(l) => l,
+                Err(_) => return 0,
+            },
+            (None, false) => return 0,
+        };
+        if !start.is_multiple_of(self.block) {
+            return 0;
+        }
+        let mut ok = 0usize;
+        for chunk in bytes.chunks(self.block as usize) {
+            let at = start + ok as u64;
+            if (chunk.len() as u64) < self.block && at + chunk.len() as u64 != self.size {
+                break;
+            }
+            let want = leaves.get((at / self.block) as usize);
+            let got: Hash = Sha256::digest(chunk).into();
+            if want != Some(&got) {
+                break;
+            }
+            ok += chunk.len();
+        }
+        ok
+    }
 }
 
 impl std::fmt::Debug for VerifiedBlob {
@@ -73,39 +141,38 @@ impl VerifiedBlob {
         load: LoadTree,
         stats: Arc<VerifyStats>,
     ) -> VerifiedBlob {
+        let t = Arc::new(Tree {
+            name: inner.name().to_path_buf(),
+            size: inner.size(),
+            block,
+            load,
+            leaves: Mutex::new(None),
+            loading: Mutex::new(()),
+        });
+        // Whatever the blob below fetches is kept (memory, disk cache) only once checked.
+        let gate = t.clone();
+        inner.set_keep_gate(Arc::new(move |start, bytes, can_wait| {
+            gate.vouch(start, bytes, can_wait)
+        }));
         VerifiedBlob {
             version: format!("{} sealed:{tree}", inner.version()),
             inner,
             block,
-            load,
-            leaves: Mutex::new(None),
+            tree: t,
             kept: Mutex::new(VecDeque::new()),
             stats,
         }
     }
 
     fn leaves(&self) -> Result<Arc<Vec<Hash>>> {
-        if let Some(l) = crate::sync::lock(&self.leaves).as_ref() {
-            return Ok(l.clone());
-        }
-        let l = Arc::new((self.load)()?);
-        let want = self.inner.size().div_ceil(self.block) as usize;
-        if l.len() != want {
-            return Err(Error::Corrupt(format!(
-                "{}: its seal has {} blocks, it has {want}",
-                self.inner.name().display(),
-                l.len()
-            )));
-        }
-        *crate::sync::lock(&self.leaves) = Some(l.clone());
-        Ok(l)
+        self.tree.get()
     }
 
     /// Run `read` (bytes of the blob) and return the block hashes: the first time, from
     /// a server, both at once (a remote store's tree file and the archive's first bytes
     /// in one round trip, not two).
     fn with_leaves(&self, read: impl FnOnce() -> Result<()> + Send) -> Result<Arc<Vec<Hash>>> {
-        if crate::sync::lock(&self.leaves).is_some() || !self.inner.round_trips() {
+        if self.tree.loaded().is_some() || !self.inner.round_trips() {
             read()?;
             return self.leaves();
         }
@@ -336,6 +403,84 @@ mod tests {
             ),
             stats,
         )
+    }
+
+    /// Bytes in memory as the ranges of a remote blob.
+    #[derive(Debug)]
+    struct Served(Arc<Vec<u8>>);
+
+    impl crate::io::remote::Ranges for Served {
+        fn get(
+            &self,
+            start: u64,
+            end: u64,
+        ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> {
+            let b = bytes::Bytes::copy_from_slice(&self.0[start as usize..end as usize]);
+            Box::pin(async move { Ok(b) })
+        }
+    }
+
+    #[test]
+    fn a_remote_blob_under_a_seal_keeps_only_checked_blocks() {
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 13) as u8).collect();
+        let l = leaves(&data, 1024);
+        let mut served = data.clone();
+        served[2500] ^= 1; // block 2
+        let dir = tempfile::tempdir().unwrap();
+        let remote = crate::io::remote::Remote::new(crate::io::remote::RemoteConfig {
+            disk_cache: Some((dir.path().to_path_buf(), 1 << 30)),
+            ..Default::default()
+        })
+        .unwrap();
+        let inner = Arc::new(crate::io::remote::RemoteBlob::of(
+            "a.zip".into(),
+            Arc::new(Served(Arc::new(served))),
+            data.len() as u64,
+            "v1".into(),
+            0,
+            remote.clone(),
+        ));
+        let v = VerifiedBlob::new(
+            inner.clone(),
+            1024,
+            "t",
+            Box::new(move || Ok(l.clone())),
+            Arc::default(),
+        );
+        // The blob below fetches blocks 0-4 (a read of its own, as read-ahead would):
+        // only blocks 0 and 1, before the tampered one, are kept on disk.
+        inner.read_exact_at(&mut vec![0u8; 5 * 1024], 0).unwrap();
+        let disk = remote.disk.as_ref().unwrap();
+        let key = crate::io::diskcache::DiskCache::key("v1");
+        assert_eq!(disk.holes(&key, 0, 5 * 1024), [(2048, 5 * 1024)]);
+        // Read through the seal: block 1 passes, block 2 fails.
+        assert!(v.read_exact_at(&mut [0u8; 10], 1500).is_ok());
+        assert!(v.read_exact_at(&mut [0u8; 10], 2500).is_err());
+    }
+
+    #[test]
+    fn only_whole_matching_blocks_may_be_kept() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let l = leaves(&data, 1024);
+        let t = Tree {
+            name: "a.zip".into(),
+            size: data.len() as u64,
+            block: 1024,
+            load: Box::new(move || Ok(l.clone())),
+            leaves: Mutex::new(None),
+            loading: Mutex::new(()),
+        };
+        // Not loaded and may not wait: nothing.
+        assert_eq!(t.vouch(0, &data[..2048], false), 0);
+        assert_eq!(t.vouch(0, &data[..2048], true), 2048);
+        // Cut short: the whole blocks before it; the blob's last block counts whole.
+        assert_eq!(t.vouch(1024, &data[1024..3000], false), 1024);
+        assert_eq!(t.vouch(9216, &data[9216..], false), 784);
+        // Not on a block: nothing. A block that does not match stops it.
+        assert_eq!(t.vouch(100, &data[100..3000], false), 0);
+        let mut bad = data[..4096].to_vec();
+        bad[2500] ^= 1;
+        assert_eq!(t.vouch(0, &bad, false), 2048);
     }
 
     #[test]
