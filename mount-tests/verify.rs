@@ -365,15 +365,8 @@ fn a_sealed_store_on_s3_is_checked() {
     let s = Sealed::new();
     let moto = Moto::start();
     let store = s.store();
-    let mut code = String::from("s3.create_bucket(Bucket='pkgs')\n");
-    for f in &store_files(&store) {
-        let key = f.strip_prefix(&store).unwrap().to_str().unwrap();
-        code += &format!(
-            "s3.upload_file({:?}, 'pkgs', 'repo/{key}')\n",
-            f.to_str().unwrap()
-        );
-    }
-    moto.boto(&code);
+    moto.boto("s3.create_bucket(Bucket='pkgs')");
+    upload(&moto, &store, &store_files(&store));
     let env = moto.env();
     let local = s.mount(store.to_str().unwrap(), &[], &[]);
     let m = s.mount("s3://pkgs/repo/", &[], &env);
@@ -410,19 +403,8 @@ fn a_polled_sealed_store_changes_only_with_a_new_seal() {
     let s = Sealed::new();
     let moto = Moto::start();
     let store = s.store();
-    let upload = |paths: &[PathBuf]| {
-        let mut code = String::new();
-        for f in paths {
-            let key = f.strip_prefix(&store).unwrap().to_str().unwrap();
-            code += &format!(
-                "s3.upload_file({:?}, 'pkgs', 'repo/{key}')\n",
-                f.to_str().unwrap()
-            );
-        }
-        moto.boto(&code);
-    };
     moto.boto("s3.create_bucket(Bucket='pkgs')");
-    upload(&store_files(&store));
+    upload(&moto, &store, &store_files(&store));
     let env = moto.env();
     let m = s.mount("s3://pkgs/repo/", &["--poll", "1s"], &env);
     assert!(m.path().join("f0.bin").exists());
@@ -435,12 +417,12 @@ fn a_polled_sealed_store_changes_only_with_a_new_seal() {
         .args(["-q", "-X"])
         .arg(store.join("zz-new.zip"))
         .arg("new-file.txt"));
-    upload(&[store.join("zz-new.zip")]);
+    upload(&moto, &store, &[store.join("zz-new.zip")]);
     std::thread::sleep(std::time::Duration::from_secs(3));
     assert!(!m.path().join("new-file.txt").exists());
     // Sealed and uploaded: activated at the next poll.
     s.seal("key", &[]);
-    upload(&store_files(&store));
+    upload(&moto, &store, &store_files(&store));
     crate::common::wait_until(
         std::time::Duration::from_secs(20),
         "the newly sealed archive is activated",
@@ -463,4 +445,18 @@ fn store_files(store: &Path) -> Vec<PathBuf> {
         }
     }
     v
+}
+
+/// Upload `paths` of the store to the bucket `pkgs` under `repo/`, keyed by their path in
+/// the store.
+fn upload(moto: &Moto, store: &Path, paths: &[PathBuf]) {
+    let mut code = String::new();
+    for f in paths {
+        let key = f.strip_prefix(store).unwrap().to_str().unwrap();
+        code += &format!(
+            "s3.upload_file({:?}, 'pkgs', 'repo/{key}')\n",
+            f.to_str().unwrap()
+        );
+    }
+    moto.boto(&code);
 }

@@ -275,9 +275,9 @@ struct SealArgs {
     /// Write the seal to FILE (FILE.sig and FILE.d/ beside it) instead of DIR/pkgfs.seal.
     #[arg(long, value_name = "FILE")]
     seal_file: Option<PathBuf>,
-    /// Bytes per hashed block (K, M suffixes; a power of two from 4K to 16M).
-    #[arg(long, value_name = "SIZE", default_value = "16K")]
-    block_size: String,
+    /// Bytes per hashed block (K, M suffixes; a power of two from 4K to 16M; default 16K).
+    #[arg(long, value_name = "SIZE")]
+    block_size: Option<String>,
     /// Hashing threads (default: the number of CPUs).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -984,13 +984,12 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
 
 /// `pkgfs seal`.
 fn seal_config(s: SealArgs) -> Result<crate::tools::seal::SealConfig, UsageError> {
-    let block = parse_size(&s.block_size)?;
+    let block = match &s.block_size {
+        Some(b) => parse_size(b)?,
+        None => crate::seal::DEFAULT_BLOCK,
+    };
     if !block.is_power_of_two() || !(4096..=16 << 20).contains(&block) {
-        return Err(format!(
-            "--block-size {}: a power of two from 4K to 16M",
-            s.block_size
-        )
-        .into());
+        return Err(format!("--block-size {block}: a power of two from 4K to 16M").into());
     }
     Ok(crate::tools::seal::SealConfig {
         dir: s.dir,

@@ -215,6 +215,13 @@ pub fn check_name(name: &str) -> std::result::Result<(), &'static str> {
     Ok(())
 }
 
+/// `path` with `suffix` added to its file name.
+pub fn with_suffix(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    std::path::PathBuf::from(s)
+}
+
 /// The root of a tree: sha256 over a domain string, the block size, the archive size
 /// and the block hashes in order.
 pub fn tree_root(block: u64, size: u64, leaves: &[Hash]) -> Hash {

@@ -409,11 +409,7 @@ fn decode_ref(encoded: &[u8]) -> Option<String> {
 /// containers/storage's layer record for `l` (its `Layer` struct as JSON: the fields an
 /// additional layer store fills).
 fn info_json(l: &ImageLayer) -> Vec<u8> {
-    let compression = if l.media_type.contains("zstd") {
-        ZSTD
-    } else {
-        GZIP
-    };
+    let compression = compression(l);
     let mut v = serde_json::json!({
         "compressed-diff-digest": l.check.digest.to_string(),
         "compressed-size": l.blob.size(),
@@ -436,11 +432,7 @@ fn info_json(l: &ImageLayer) -> Vec<u8> {
 /// otherwise) and the diff digest the config expects as a flag; no compressed digest,
 /// since a layer taken by its table is not claimed to be that blob.
 fn info_by_toc_json(l: &ImageLayer, toc: &crate::io::digest::Digest) -> Vec<u8> {
-    let compression = if l.media_type.contains("zstd") {
-        ZSTD
-    } else {
-        GZIP
-    };
+    let compression = compression(l);
     let mut v = serde_json::json!({
         "diff-size": l.diff_size.map_or(-1, |n| n as i64),
         "compression": compression,
@@ -452,6 +444,15 @@ fn info_by_toc_json(l: &ImageLayer, toc: &crate::io::digest::Digest) -> Vec<u8> 
     let mut out = v.to_string().into_bytes();
     out.push(b'\n');
     out
+}
+
+/// containers/storage's number for the layer's compression.
+fn compression(l: &ImageLayer) -> u32 {
+    if l.media_type.contains("zstd") {
+        ZSTD
+    } else {
+        GZIP
+    }
 }
 
 /// A layer's `diff`: the layer alone, overlay-native, indexed on first look.

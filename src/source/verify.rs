@@ -93,6 +93,7 @@ impl SealedSource {
             )));
         }
         let block = self.seal.block;
+        let tree = seal::hex(&a.tree);
         let a: Sealed = a.clone();
         let trees = self.trees.clone();
         let load = Box::new(move || {
@@ -105,14 +106,7 @@ impl SealedSource {
         Ok(Arc::new(VerifiedBlob::new(
             blob,
             block,
-            &seal::hex(
-                &self
-                    .seal
-                    .archives
-                    .iter()
-                    .find(|x| x.name == name)
-                    .map_or([0; 32], |x| x.tree),
-            ),
+            &tree,
             load,
             self.stats.clone(),
         )))
@@ -219,8 +213,8 @@ pub fn open_local(cfg: &VerifyConfig, dir: &Path) -> Result<SealedSource> {
         .seal_file
         .clone()
         .unwrap_or_else(|| dir.join(seal::SEAL_FILE));
-    let sig_path = crate::tools::seal::with_suffix(&root_path, seal::SIG_SUFFIX);
-    let trees_dir = crate::tools::seal::with_suffix(&root_path, seal::TREES_SUFFIX);
+    let sig_path = seal::with_suffix(&root_path, seal::SIG_SUFFIX);
+    let trees_dir = seal::with_suffix(&root_path, seal::TREES_SUFFIX);
     let missing = |p: &Path, e: Error| match e {
         Error::WithPath(_, inner) if matches!(*inner, Error::Io(ref io) if io.kind() == std::io::ErrorKind::NotFound) => {
             Error::Format(format!(

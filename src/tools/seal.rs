@@ -46,8 +46,8 @@ pub fn seal(cfg: &SealConfig) -> Result<SealReport> {
         .seal_file
         .clone()
         .unwrap_or_else(|| cfg.dir.join(seal::SEAL_FILE));
-    let trees = with_suffix(&root, seal::TREES_SUFFIX);
-    let sig_path = with_suffix(&root, seal::SIG_SUFFIX);
+    let trees = seal::with_suffix(&root, seal::TREES_SUFFIX);
+    let sig_path = seal::with_suffix(&root, seal::SIG_SUFFIX);
     let names = archive_names(&cfg.dir)?;
     let next = Mutex::new(0usize);
     let results: Mutex<Vec<Option<Hashed>>> = Mutex::new((0..names.len()).map(|_| None).collect());
@@ -121,13 +121,6 @@ pub fn seal(cfg: &SealConfig) -> Result<SealReport> {
 
 /// An archive hashed: its seal line and block hashes.
 type Hashed = Result<(Sealed, Vec<Hash>)>;
-
-/// `path` with `suffix` added to its file name.
-pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
 
 /// The archives of `dir` as a mount lists them: files (or links to files) whose names do
 /// not start with a dot, less the seal's own files; in byte order.
