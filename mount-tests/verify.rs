@@ -174,6 +174,12 @@ fn a_sealed_directory_mounts_checked_and_tampering_is_caught() {
     let plain = Mount::new(&[&store], &["--no-index-cache"]);
     let m = s.mount(store.to_str().unwrap(), &[], &[]);
     trees_match(&plain.path(), &m.path(), &[]);
+    // The members of big.zip as sealed (the plain mount watches the directory: it must
+    // not be read while the files change under it).
+    let sealed: Vec<Vec<u8>> = (0..5)
+        .map(|i| fs::read(plain.path().join(format!("f{i}.bin"))).unwrap())
+        .collect();
+    drop(plain);
     let st = status_json(&m.path());
     let seal = &st["seals"][0];
     assert_eq!(seal["signer"], "ci@pkgfs.example", "{st}");
@@ -215,11 +221,11 @@ fn a_sealed_directory_mounts_checked_and_tampering_is_caught() {
     let m = s.mount(store.to_str().unwrap(), &[], &[]);
     let err = fs::read(m.path().join("f2.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    for f in ["f0.bin", "f1.bin", "f3.bin", "f4.bin"] {
+    for i in [0, 1, 3, 4] {
         assert_eq!(
-            fs::read(m.path().join(f)).unwrap(),
-            fs::read(plain.path().join(f)).unwrap(),
-            "{f}"
+            fs::read(m.path().join(format!("f{i}.bin"))).unwrap(),
+            sealed[i],
+            "f{i}.bin"
         );
     }
     let st = status_json(&m.path());
@@ -297,16 +303,19 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
     let st = status_json(&m.path());
     assert_eq!(st["seals"][0]["source"], url.as_str(), "{st}");
     drop(m);
+    // As sealed, read before the file changes under the (watching) local mount.
+    let (f1, f2) = (
+        fs::read(local.path().join("f1.bin")).unwrap(),
+        fs::read(local.path().join("f2.bin")).unwrap(),
+    );
+    drop(local);
     flip_in_member(&s.store().join("big.zip"), "f3.bin", 100_000);
     // With a disk cache: reading f2.bin (right before f3.bin) may fetch ahead into
     // f3.bin and its tampered block; that block is never found in the cache (the unit
     // test `a_remote_blob_under_a_seal_keeps_only_checked_blocks` shows the gate itself).
     let cache = s.dir.path().join("disk-cache");
     let m = s.mount(&url, &["--disk-cache", cache.to_str().unwrap()], &[]);
-    assert_eq!(
-        fs::read(m.path().join("f2.bin")).unwrap(),
-        fs::read(local.path().join("f2.bin")).unwrap()
-    );
+    assert_eq!(fs::read(m.path().join("f2.bin")).unwrap(), f2);
     let served = fs::read(s.store().join("big.zip")).unwrap();
     let code = format!(
         "import zipfile\nz = zipfile.ZipFile({:?})\ni = z.getinfo('f3.bin')\n\
@@ -333,10 +342,7 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
     assert!(cached > 1 << 20, "the disk cache holds {cached} bytes");
     let err = fs::read(m.path().join("f3.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    assert_eq!(
-        fs::read(m.path().join("f1.bin")).unwrap(),
-        fs::read(local.path().join("f1.bin")).unwrap()
-    );
+    assert_eq!(fs::read(m.path().join("f1.bin")).unwrap(), f1);
 }
 
 fn walk_files(dir: &Path) -> Vec<PathBuf> {
