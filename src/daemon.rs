@@ -194,7 +194,8 @@ fn spawn(
 /// 4. [`serve`]: the FUSE session (INIT is done when it returns), then the io_uring
 ///    queues (only if INIT agreed to them), then the read-ahead threads (they push
 ///    through the session's notifier).
-/// 5. The status channel, once the mount exists (it is named by the mount's device).
+/// 5. The status channel, once the mount exists (it is named by the mount's device),
+///    bound before ready so a status asked right after the mount is answered.
 /// 6. [`go_live`]: the watcher's thread last, since activations need the notifier and
 ///    the activity the status channel shows.
 /// 7. Ready: only now is `pkgfs mount` told (output detached), so a script that uses

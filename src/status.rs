@@ -818,27 +818,23 @@ fn bind(address: &SocketAddr) -> std::io::Result<UnixListener> {
     }
 }
 
-/// Serve status requests for the mount with device number `dev` on a background thread
-/// (which first waits for the channel's name if a departing daemon still holds it).
+/// Serve status requests for the mount with device number `dev` on a background thread.
+///
+/// The channel's name is bound before this returns (waiting while a departing daemon
+/// still holds it), so once the daemon reports the mount ready, `pkgfs status` answers
+/// for it: binding on the thread raced a status query made right after the mount.
 pub fn serve(
     dev: u64,
     fs: Arc<PkgFs>,
     info: MountInfo,
     activity: Arc<Mutex<Activity>>,
 ) -> std::io::Result<()> {
-    let address = address(dev)?;
+    let listener = bind(&address(dev)?)?;
     // SAFETY: getuid cannot fail.
     let me = unsafe { libc::getuid() };
     std::thread::Builder::new()
         .name("pkgfs-status".into())
         .spawn(move || {
-            let listener = match bind(&address) {
-                Ok(l) => l,
-                Err(e) => {
-                    warn!("no status channel: {e}");
-                    return;
-                }
-            };
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
                 match peer_uid(&conn) {
@@ -1101,24 +1097,20 @@ mod tests {
             store: None,
             seals: None,
         };
-        serve(dev, fs, info, Arc::new(Mutex::new(Activity::default()))).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        drop(held);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(held);
+        });
         let start = std::time::Instant::now();
-        let answer = loop {
-            if let Ok(mut s) = UnixStream::connect_addr(&address(dev).unwrap()) {
-                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                s.write_all(b"status json\n").unwrap();
-                let mut out = String::new();
-                s.read_to_string(&mut out).unwrap();
-                break out;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "nobody took the name"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        serve(dev, fs, info, Arc::new(Mutex::new(Activity::default()))).unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(200), "bound a held name");
+        release.join().unwrap();
+        // Once `serve` has returned the channel answers at once: no retry.
+        let mut s = UnixStream::connect_addr(&address(dev).unwrap()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"status json\n").unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
         assert!(answer.contains("/the/new/mount"), "{answer}");
     }
 }
