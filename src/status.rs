@@ -1103,7 +1103,10 @@ mod tests {
         });
         let start = std::time::Instant::now();
         serve(dev, fs, info, Arc::new(Mutex::new(Activity::default()))).unwrap();
-        assert!(start.elapsed() >= Duration::from_millis(200), "bound a held name");
+        assert!(
+            start.elapsed() >= Duration::from_millis(200),
+            "bound a held name"
+        );
         release.join().unwrap();
         // Once `serve` has returned the channel answers at once: no retry.
         let mut s = UnixStream::connect_addr(&address(dev).unwrap()).unwrap();
