@@ -183,7 +183,7 @@ def main():
     def pkgfs_remote(fmt, cold, extra="", pinned=False):
         c = caches[fmt] + ("-lazy" if extra else "")
         if cold:
-            shutil.rmtree(c, ignore_errors=True)
+            common.retire(c)
         ref = f"bench/{fmt}@{digests[fmt]}" if pinned else f"bench/{fmt}:1"
         t0 = time.monotonic()
         sh(f"'{PKGFS}' mount -q --tls-verify=false --io-uring off --disk-cache '{c}/disk' "
@@ -239,7 +239,7 @@ def main():
         sh(f"{pod} rmi -a -f >/dev/null 2>&1 || true")
         unmount(store_mp)
         c = os.path.join(SCRATCH, "cache-store")
-        shutil.rmtree(c, ignore_errors=True)
+        common.retire(c)
         sh(f"'{PKGFS}' store -q --tls-verify=false --io-uring off --disk-cache '{c}/disk' "
            f"--index-cache '{c}/index' '{store_mp}'")
         drop_caches()

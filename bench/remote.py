@@ -373,7 +373,7 @@ def pkgfs_run(source, cache, env=None, server=(), proxy=None, fresh=True):
     """One mount of pkgfs, the four operations; a dict of results."""
     unmount()
     if cache and fresh:
-        shutil.rmtree(cache, ignore_errors=True)
+        common.retire(cache)
     drop_caches()
     warm_server(server)
     args = [PKGFS, "mount", "-q", "--io-uring", "off", "--no-index-cache",
@@ -412,7 +412,7 @@ def peer_run(name, start_cmd, server, proxy, cache, fresh, find=True, read_all=T
     """One mount of a peer (a FUSE daemon in the foreground, our child)."""
     unmount()
     if fresh:
-        shutil.rmtree(cache, ignore_errors=True)
+        common.retire(cache)
     os.makedirs(cache, exist_ok=True)
     drop_caches()
     warm_server(server)

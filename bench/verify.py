@@ -103,7 +103,7 @@ def mount_read_all(source, extra):
     disk cache: without one, ranges fetched ahead of the walk are dropped before use)."""
     state = os.path.join(SCRATCH, "state")
     cache = os.path.join(SCRATCH, "disk-cache")
-    shutil.rmtree(cache, ignore_errors=True)
+    common.retire(cache)
     t0 = time.monotonic()
     sh(f"XDG_STATE_HOME='{state}' '{PKGFS}' mount -q --io-uring off --no-index-cache "
        f"--disk-cache '{cache}' {extra} '{source}' '{MNT}'")

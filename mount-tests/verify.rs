@@ -343,6 +343,11 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
     let err = fs::read(m.path().join("f3.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     assert_eq!(fs::read(m.path().join("f1.bin")).unwrap(), f1);
+    drop(m);
+    // The seal is fetched by name, while the store is listed: a missing one is named.
+    fs::remove_file(s.store().join("pkgfs.seal.sig")).unwrap();
+    let err = s.refused(&url, &[]);
+    assert!(err.contains("no seal (pkgfs.seal.sig is missing)"), "{err}");
 }
 
 fn walk_files(dir: &Path) -> Vec<PathBuf> {

@@ -119,7 +119,23 @@ pub fn discover(
     let mut images = Vec::new();
     for src in sources {
         if let Some(r) = src.to_str().and_then(remote::RemoteRef::parse) {
-            let listing = list_remote(&r, src)?;
+            let source = src.to_string_lossy();
+            // A store's seal is fetched while it is listed: the mount waits for one
+            // round trip less.
+            let (listing, seal) = match verify {
+                Some(v) if !matches!(r, remote::RemoteRef::HttpFile(_)) => {
+                    let rt = (v.remote)()?;
+                    let (listing, seal) = std::thread::scope(|s| {
+                        let seal = s.spawn(|| verify::fetch_remote(&r, &source, &rt));
+                        (list_remote(&r, src), seal.join())
+                    });
+                    let seal = seal.unwrap_or_else(|_| {
+                        Err(Error::Internal("fetching a seal panicked".into()))
+                    });
+                    (listing?, Some(seal?))
+                }
+                _ => (list_remote(&r, src)?, None),
+            };
             let found: Vec<Candidate> = listing
                 .iter()
                 .map(|(name, blob)| Candidate {
@@ -135,13 +151,10 @@ pub fn discover(
                     if matches!(r, remote::RemoteRef::HttpFile(_)) {
                         return Err(unsealed(src));
                     }
-                    let sealed = Arc::new(verify::open_remote(
-                        v.config,
-                        &r,
-                        &src.to_string_lossy(),
-                        &listing,
-                        (v.remote)()?,
-                    )?);
+                    let seal = seal.ok_or_else(|| {
+                        Error::Internal("a remote store's seal was not fetched".into())
+                    })?;
+                    let sealed = Arc::new(verify::open_remote(v.config, &source, seal)?);
                     out.extend(verify::apply(&sealed, found));
                     crate::sync::lock(&v.sealed).push(sealed);
                 }

@@ -140,11 +140,37 @@ impl Objects {
     /// The bytes of object `rel` (a `/`-separated path below the store's directory), in
     /// one request, refusing one of more than `limit` bytes before reading its body.
     pub fn get(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {
+        let what = format!("{}{rel}", self.label);
+        self.remote.run(&what, self.fetch(rel, limit))?.ok_or_else(|| {
+            Error::Format(format!("{what}: not found"))
+        })
+    }
+
+    /// The bytes of each object of `objects` (`(rel, limit)` as for [`Objects::get`]),
+    /// `None` for one the store does not have: all requests at once, one round trip.
+    pub fn get_all(&self, objects: &[(&str, u64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        let all = futures::future::join_all(objects.iter().map(|(r, l)| self.fetch(r, *l)));
+        self.remote
+            .run(&self.label, async move {
+                Ok(all.await.into_iter().collect::<Result<Vec<_>>>())
+            })?
+    }
+
+    /// Fetch object `rel`, at most `limit` bytes; `None` if it is not there.
+    fn fetch(
+        &self,
+        rel: &str,
+        limit: u64,
+    ) -> impl std::future::Future<Output = Result<Option<Vec<u8>>>> + use<> {
         let path = rel.split('/').fold(self.base.clone(), |p, c| p.child(c));
         let what = format!("{}{rel}", self.label);
         let store = self.store.clone();
-        self.remote.run(&what.clone(), async move {
-            let got = store.get(&path).await.map_err(|e| store_error(&what, e))?;
+        async move {
+            let got = match store.get(&path).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(store_error(&what, e)),
+            };
             if got.meta.size > limit {
                 return Err(Error::Corrupt(format!(
                     "{what}: {} bytes, more than the {limit} it may have",
@@ -152,8 +178,8 @@ impl Objects {
                 )));
             }
             let bytes = got.bytes().await.map_err(|e| store_error(&what, e))?;
-            Ok(bytes.to_vec())
-        })
+            Ok(Some(bytes.to_vec()))
+        }
     }
 }
 

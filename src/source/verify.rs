@@ -4,7 +4,6 @@
 //! byte against the archive's tree before it is used. The newest revision accepted for
 //! each source is kept on this machine, and an older one is refused (rollback).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -240,37 +239,34 @@ pub fn open_local(cfg: &VerifyConfig, dir: &Path) -> Result<SealedSource> {
     )
 }
 
-/// The seal of remote store `r`, whose listing is `listing`, checked.
-pub fn open_remote(
-    cfg: &VerifyConfig,
-    r: &RemoteRef,
-    source: &str,
-    listing: &super::Listing,
-    rt: Arc<Remote>,
-) -> Result<SealedSource> {
-    let by_name: HashMap<String, &Arc<dyn Blob>> = listing
-        .iter()
-        .map(|(n, b)| (remote::object_name(n), b))
-        .collect();
-    let fetch = |name: &str, limit: u64| -> Result<Vec<u8>> {
-        let b = by_name
-            .get(name)
-            .ok_or_else(|| Error::Format(format!("{source}: no seal ({name} is missing)")))?;
-        read_blob(&***b, limit)
-    };
-    // Both at once: one round trip.
+/// The seal of a remote store as fetched, not yet checked (see [`open_remote`]).
+pub struct RemoteSeal {
+    root: Vec<u8>,
+    sig: Vec<u8>,
+    objects: remote::Objects,
+}
+
+/// Fetch the seal of remote store `r` (the root and its signature in one round trip):
+/// by name, without its listing, so that it is fetched while the store is listed.
+pub fn fetch_remote(r: &RemoteRef, source: &str, rt: &Arc<Remote>) -> Result<RemoteSeal> {
+    let objects = remote::Objects::of(r, rt)?;
     let sig_name = format!("{}{}", seal::SEAL_FILE, seal::SIG_SUFFIX);
-    let (root, sig) = std::thread::scope(|s| {
-        let sig = s.spawn(|| fetch(&sig_name, 64 << 10));
-        let root = fetch(seal::SEAL_FILE, seal::MAX_ROOT);
-        (
-            root,
-            sig.join()
-                .unwrap_or_else(|_| Err(Error::Internal("fetching a signature panicked".into()))),
-        )
-    });
-    let (root, sig) = (root?, sig?);
-    let objects = remote::Objects::of(r, &rt)?;
+    let mut got = objects
+        .get_all(&[(seal::SEAL_FILE, seal::MAX_ROOT), (&sig_name, 64 << 10)])?
+        .into_iter();
+    let mut next = |name: &str| {
+        got.next()
+            .flatten()
+            .ok_or_else(|| Error::Format(format!("{source}: no seal ({name} is missing)")))
+    };
+    let root = next(seal::SEAL_FILE)?;
+    let sig = next(&sig_name)?;
+    Ok(RemoteSeal { root, sig, objects })
+}
+
+/// The seal of a remote store, fetched by [`fetch_remote`], checked.
+pub fn open_remote(cfg: &VerifyConfig, source: &str, fetched: RemoteSeal) -> Result<SealedSource> {
+    let RemoteSeal { root, sig, objects } = fetched;
     let trees = Arc::new(move |name: &str, limit: u64| -> Result<Vec<u8>> {
         objects.get(
             &format!("{}{}/{name}", seal::SEAL_FILE, seal::TREES_SUFFIX),
@@ -278,19 +274,6 @@ pub fn open_remote(
         )
     });
     accept(cfg, source, &root, &sig, trees)
-}
-
-fn read_blob(b: &dyn Blob, limit: u64) -> Result<Vec<u8>> {
-    if b.size() > limit {
-        return Err(Error::Corrupt(format!(
-            "{}: {} bytes, more than the {limit} it may have",
-            b.name().display(),
-            b.size()
-        )));
-    }
-    let mut buf = vec![0u8; b.size() as usize];
-    b.read_exact_at(&mut buf, 0)?;
-    Ok(buf)
 }
 
 /// The candidates of a sealed source, each checked against the seal: an archive the seal
