@@ -8,9 +8,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use crate::common::{
-    Mount, fixtures, pkgfs, require_fuse, require_tools, run, status_json, trees_match,
+    Mount, fixtures, pkgfs, require_fuse, require_tools, run, status_json, trees_match, wait_until,
 };
 use crate::remote::{Moto, Nginx, big_zip};
 
@@ -329,17 +330,24 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
         .unwrap();
     let block = 16 * 1024;
     let tampered = &served[at / block * block..(at / block + 1) * block];
-    let mut cached = 0;
+    // The disk cache's writer stores fetched ranges a moment after they are served.
+    let cached_bytes = || -> usize {
+        walk_files(&cache)
+            .iter()
+            .map(|f| fs::read(f).unwrap().len())
+            .sum()
+    };
+    wait_until(Duration::from_secs(10), "a disk cache of 1 MiB", || {
+        cached_bytes() > 1 << 20
+    });
     for f in walk_files(&cache) {
         let bytes = fs::read(&f).unwrap();
-        cached += bytes.len();
         assert!(
             !bytes.windows(tampered.len()).any(|w| w == tampered),
             "{} holds the tampered block",
             f.display()
         );
     }
-    assert!(cached > 1 << 20, "the disk cache holds {cached} bytes");
     let err = fs::read(m.path().join("f3.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     assert_eq!(fs::read(m.path().join("f1.bin")).unwrap(), f1);

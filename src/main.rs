@@ -129,6 +129,8 @@ fn main() -> ExitCode {
         },
     };
     let flushed = out.flush();
+    // Ranges fetched from remote sources and still waiting for the disk cache's writer.
+    pkgfs::io::diskcache::flush_all();
     match (result, flushed) {
         (Ok(true), Ok(())) => ExitCode::SUCCESS,
         (Ok(false), Ok(())) => ExitCode::FAILURE,

@@ -29,6 +29,18 @@ pub fn wait<'a, T>(c: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     c.wait(guard).unwrap_or_else(|e| e.into_inner())
 }
 
+/// Wait on `c` with `guard` for `limit` at most, poisoned or not; true if it timed out.
+pub fn wait_timeout<'a, T>(
+    c: &Condvar,
+    guard: MutexGuard<'a, T>,
+    limit: std::time::Duration,
+) -> (MutexGuard<'a, T>, bool) {
+    let (g, t) = c
+        .wait_timeout(guard, limit)
+        .unwrap_or_else(|e| e.into_inner());
+    (g, t.timed_out())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

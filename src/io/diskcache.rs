@@ -26,6 +26,11 @@
 //! - **Not a lock on the read path.** Listing an object's directory and checking a file
 //!   happen outside the cache's lock, so the index threads of a mount read from disk in
 //!   parallel.
+//! - **Not a write on the read path.** A fetched range is handed to a writer thread
+//!   ([`DiskCache::store_later`]; up to [`PENDING_BYTES`] waiting, beyond that the
+//!   caller writes) and served from that queue until it is on disk: creating a file is
+//!   a filesystem's slow operation (0.5 ms and more on ext4 after many deletions), and a
+//!   remote mount of 609 archives creates over a thousand.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -47,6 +52,22 @@ const TRAILER: u64 = 24;
 const OPEN_FILES: usize = 128;
 /// Temporary files older than this are left by a crash: removed when evicting.
 const STALE_TMP: Duration = Duration::from_secs(3600);
+/// Bytes waiting for the writer at most: past that, a range is written by its caller.
+pub const PENDING_BYTES: u64 = 64 << 20;
+/// The writer thread ends after this long with nothing to write (a new one starts when
+/// there is).
+const WRITER_IDLE: Duration = Duration::from_secs(2);
+
+/// Ranges waiting to be written.
+#[derive(Debug, Default)]
+struct Pending {
+    /// (key, start, bytes), oldest first; the front is being written.
+    queue: std::collections::VecDeque<(String, u64, bytes::Bytes)>,
+    /// The bytes in `queue`.
+    bytes: u64,
+    /// Whether a writer thread is running.
+    writer: bool,
+}
 
 /// Counters for `pkgfs status`.
 #[derive(Debug, Default)]
@@ -102,8 +123,30 @@ pub struct DiskCache {
     /// Signalled when the count at open is in.
     counted: Condvar,
     tmp_counter: AtomicU64,
+    /// Ranges handed to [`DiskCache::store_later`] and not written yet.
+    pending: Mutex<Pending>,
+    /// Signalled when a range is queued, and when the queue is empty.
+    pending_changed: Condvar,
+    /// Held by the writer while it writes a queued range, and by [`DiskCache::forget`]:
+    /// a range is never written after its object was forgotten.
+    writing: Mutex<()>,
     /// Counters.
     pub stats: DiskStats,
+}
+
+/// The caches this process opened, for [`flush_all`].
+static OPENED: Mutex<Vec<std::sync::Weak<DiskCache>>> = Mutex::new(Vec::new());
+
+/// Write what every disk cache of this process still holds for its writer: before the
+/// process exits.
+pub fn flush_all() {
+    let opened: Vec<Arc<DiskCache>> = crate::sync::lock(&OPENED)
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .collect();
+    for c in opened {
+        c.flush();
+    }
 }
 
 impl DiskCache {
@@ -136,9 +179,17 @@ impl DiskCache {
             }),
             counted: Condvar::new(),
             tmp_counter: AtomicU64::new(0),
+            pending: Mutex::default(),
+            pending_changed: Condvar::new(),
+            writing: Mutex::new(()),
             stats: DiskStats::default(),
         });
         let weak = Arc::downgrade(&cache);
+        {
+            let mut opened = crate::sync::lock(&OPENED);
+            opened.retain(|w| w.strong_count() > 0);
+            opened.push(weak.clone());
+        }
         let root = cache.root.clone();
         std::thread::Builder::new()
             .name("pkgfs-dcount".into())
@@ -254,6 +305,11 @@ impl DiskCache {
     /// they do not hold all of it.
     pub fn read(&self, key: &str, buf: &mut [u8], offset: u64) -> bool {
         let end = offset + buf.len() as u64;
+        if self.read_pending(key, buf, offset) {
+            self.stats.hits.fetch_add(1, Relaxed);
+            self.stats.bytes_read.fetch_add(buf.len() as u64, Relaxed);
+            return true;
+        }
         for relist in [false, true] {
             self.known(key, relist);
             let plan = {
@@ -356,6 +412,100 @@ impl DiskCache {
         Some(f)
     }
 
+    /// Fill `buf` from a range still waiting for the writer, if one holds all of it.
+    fn read_pending(&self, key: &str, buf: &mut [u8], offset: u64) -> bool {
+        let end = offset + buf.len() as u64;
+        let p = crate::sync::lock(&self.pending);
+        let found = p
+            .queue
+            .iter()
+            .rev()
+            .find(|(k, s, b)| k == key && *s <= offset && s + b.len() as u64 >= end);
+        match found {
+            Some((_, s, b)) => {
+                let at = (offset - s) as usize;
+                buf.copy_from_slice(&b[at..at + buf.len()]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Keep `bytes`, the range of `key` at `start`, written by a thread of the cache's
+    /// own (served from memory until then); by the caller if [`PENDING_BYTES`] already
+    /// wait, or if no thread can be started. Errors are logged.
+    pub fn store_later(self: &Arc<Self>, key: &str, start: u64, bytes: bytes::Bytes) {
+        let len = bytes.len() as u64;
+        let mut p = crate::sync::lock(&self.pending);
+        if p.bytes + len > PENDING_BYTES {
+            drop(p);
+            self.store_logged(key, start, &bytes);
+            return;
+        }
+        p.queue.push_back((key.to_string(), start, bytes));
+        p.bytes += len;
+        if !p.writer {
+            let me = self.clone();
+            let started = std::thread::Builder::new()
+                .name("pkgfs-dwrite".into())
+                .spawn(move || me.write_pending());
+            match started {
+                Ok(_) => p.writer = true,
+                Err(e) => {
+                    log::debug!("disk cache: no writer thread ({e}); writing in place");
+                    let (k, s, b) = p.queue.pop_back().unwrap_or_default();
+                    p.bytes -= len;
+                    drop(p);
+                    self.store_logged(&k, s, &b);
+                    return;
+                }
+            }
+        }
+        self.pending_changed.notify_all();
+    }
+
+    fn store_logged(&self, key: &str, start: u64, bytes: &[u8]) {
+        if let Err(e) = self.store(key, start, bytes) {
+            log::warn!("disk cache: keeping {} bytes at {start}: {e}", bytes.len());
+        }
+    }
+
+    /// The writer thread: write queued ranges, oldest first, until idle.
+    fn write_pending(&self) {
+        loop {
+            let mut p = crate::sync::lock(&self.pending);
+            while p.queue.is_empty() {
+                self.pending_changed.notify_all();
+                let (g, timed_out) =
+                    crate::sync::wait_timeout(&self.pending_changed, p, WRITER_IDLE);
+                p = g;
+                if timed_out && p.queue.is_empty() {
+                    p.writer = false;
+                    return;
+                }
+            }
+            drop(p);
+            let _w = crate::sync::lock(&self.writing);
+            // The front again: `forget` may have dropped it meanwhile.
+            let front = crate::sync::lock(&self.pending).queue.front().cloned();
+            let Some((key, start, bytes)) = front else {
+                continue;
+            };
+            self.store_logged(&key, start, &bytes);
+            let mut p = crate::sync::lock(&self.pending);
+            p.queue.pop_front();
+            p.bytes -= bytes.len() as u64;
+        }
+    }
+
+    /// Wait until every range handed to [`DiskCache::store_later`] is written.
+    pub fn flush(&self) {
+        let mut p = crate::sync::lock(&self.pending);
+        while !p.queue.is_empty() {
+            p = crate::sync::wait(&self.pending_changed, p);
+        }
+    }
+
     /// Keep `bytes`, the range of `key` at `start`.
     pub fn store(&self, key: &str, start: u64, bytes: &[u8]) -> Result<()> {
         let dir = self.object_dir(key);
@@ -412,6 +562,16 @@ impl DiskCache {
     /// Drop every range of `key`: its bytes proved wrong (a layer that fails its digest),
     /// so no later read, in this process or another, may find them.
     pub fn forget(&self, key: &str) {
+        let _w = crate::sync::lock(&self.writing);
+        {
+            let mut p = crate::sync::lock(&self.pending);
+            let before = p.bytes;
+            p.queue.retain(|(k, _, _)| k != key);
+            p.bytes = p.queue.iter().map(|(_, _, b)| b.len() as u64).sum();
+            if p.bytes != before && p.queue.is_empty() {
+                self.pending_changed.notify_all();
+            }
+        }
         let dir = self.object_dir(key);
         let mut freed = 0;
         for e in list_object(&dir) {
@@ -613,6 +773,58 @@ mod tests {
         // A different version of the object is a different key.
         let k2 = DiskCache::key("http://h/a.zip etag2 3 0");
         assert!(!c.read(&k2, &mut buf, 0));
+    }
+
+    #[test]
+    fn ranges_stored_later_are_served_at_once_and_written_by_the_flush() {
+        let d = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(d.path(), 1 << 30).unwrap();
+        let k = DiskCache::key("http://h/later.zip etag 3 0");
+        let obj = bytes(30_000, 3);
+        // Held by the writer until the test lets it write: served from the queue.
+        let hold = crate::sync::lock(&c.writing);
+        c.store_later(&k, 0, bytes::Bytes::from(obj[..10_000].to_vec()));
+        c.store_later(&k, 10_000, bytes::Bytes::from(obj[10_000..].to_vec()));
+        let mut buf = vec![0; 5000];
+        assert!(c.read(&k, &mut buf, 12_000), "served before it is written");
+        assert_eq!(buf, obj[12_000..17_000]);
+        let other = DiskCache::open(d.path(), 1 << 30).unwrap();
+        assert!(!other.read(&k, &mut buf, 12_000), "not on disk yet");
+        drop(hold);
+        flush_all();
+        assert!(crate::sync::lock(&c.pending).queue.is_empty());
+        assert!(other.read(&k, &mut buf, 12_000), "on disk after the flush");
+        assert_eq!(buf, obj[12_000..17_000]);
+        assert_eq!(c.stats.bytes_stored.load(Relaxed), 30_000);
+    }
+
+    #[test]
+    fn a_forgotten_object_is_not_written_later() {
+        let d = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(d.path(), 1 << 30).unwrap();
+        let (bad, good) = (DiskCache::key("bad"), DiskCache::key("good"));
+        let hold = crate::sync::lock(&c.writing);
+        for i in 0..4u64 {
+            c.store_later(&bad, i * 100, bytes::Bytes::from(bytes(100, 1)));
+        }
+        c.store_later(&good, 0, bytes::Bytes::from(bytes(100, 2)));
+        // `forget` waits for the write under way, then drops what waits.
+        let forgetting = {
+            let c = c.clone();
+            let bad = bad.clone();
+            std::thread::spawn(move || c.forget(&bad))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        drop(hold);
+        forgetting.join().unwrap();
+        c.flush();
+        let other = DiskCache::open(d.path(), 1 << 30).unwrap();
+        let mut buf = vec![0; 100];
+        for i in 0..4u64 {
+            assert!(!other.read(&bad, &mut buf, i * 100), "range {i} written");
+        }
+        assert!(other.read(&good, &mut buf, 0));
+        assert_eq!(buf, bytes(100, 2));
     }
 
     #[test]

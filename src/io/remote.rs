@@ -660,10 +660,8 @@ impl RemoteBlob {
             if keep.is_empty() {
                 continue;
             }
-            if let Some(disk) = &self.remote.disk
-                && let Err(e) = disk.store(&self.disk_key, start, &keep)
-            {
-                log::warn!("disk cache: keeping a range of {what}: {e}");
+            if let Some(disk) = &self.remote.disk {
+                disk.store_later(&self.disk_key, start, keep.clone());
             }
             let mut k = crate::sync::lock(&self.kept);
             k.keep(start, keep);
@@ -725,17 +723,15 @@ impl RemoteBlob {
                     // On the runtime: a gate may not wait here.
                     let bytes = keepable(gate.as_ref(), a, &bytes, false);
                     if !bytes.is_empty() {
-                        let r2 = remote.clone();
-                        let bytes2 = bytes.clone();
-                        // Disk writes off the runtime's threads.
-                        let _ = tokio::task::spawn_blocking(move || {
-                            if let Some(d) = &r2.disk
-                                && let Err(e) = d.store(&key, a, &bytes2)
-                            {
-                                log::warn!("disk cache: keeping a range of {name}: {e}");
-                            }
-                        })
-                        .await;
+                        if let Some(d) = &remote.disk {
+                            // Written by the cache's thread, or here past its budget:
+                            // off the runtime's threads then.
+                            let (d, key, b) = (d.clone(), key.clone(), bytes.clone());
+                            let _ = tokio::task::spawn_blocking(move || {
+                                d.store_later(&key, a, b);
+                            })
+                            .await;
+                        }
                         crate::sync::lock(&kept).keep(a, bytes);
                     }
                 }

@@ -141,19 +141,18 @@ impl Objects {
     /// one request, refusing one of more than `limit` bytes before reading its body.
     pub fn get(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {
         let what = format!("{}{rel}", self.label);
-        self.remote.run(&what, self.fetch(rel, limit))?.ok_or_else(|| {
-            Error::Format(format!("{what}: not found"))
-        })
+        self.remote
+            .run(&what, self.fetch(rel, limit))?
+            .ok_or_else(|| Error::Format(format!("{what}: not found")))
     }
 
     /// The bytes of each object of `objects` (`(rel, limit)` as for [`Objects::get`]),
     /// `None` for one the store does not have: all requests at once, one round trip.
     pub fn get_all(&self, objects: &[(&str, u64)]) -> Result<Vec<Option<Vec<u8>>>> {
         let all = futures::future::join_all(objects.iter().map(|(r, l)| self.fetch(r, *l)));
-        self.remote
-            .run(&self.label, async move {
-                Ok(all.await.into_iter().collect::<Result<Vec<_>>>())
-            })?
+        self.remote.run(&self.label, async move {
+            Ok(all.await.into_iter().collect::<Result<Vec<_>>>())
+        })?
     }
 
     /// Fetch object `rel`, at most `limit` bytes; `None` if it is not there.
