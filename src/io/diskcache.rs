@@ -285,6 +285,20 @@ impl DiskCache {
                 }
             }
         }
+        drop(st);
+        // Less what waits for the writer.
+        let p = crate::sync::lock(&self.pending);
+        for (_, s, b) in p.queue.iter().filter(|(k, _, _)| k == key) {
+            let (s, e) = (*s, s + b.len() as u64);
+            out = out
+                .into_iter()
+                .flat_map(|(a, z)| {
+                    [(a, z.min(s)), (a.max(e), z)]
+                        .into_iter()
+                        .filter(|(x, y)| x < y)
+                })
+                .collect();
+        }
         out
     }
 
@@ -787,6 +801,7 @@ mod tests {
         c.store_later(&k, 10_000, bytes::Bytes::from(obj[10_000..].to_vec()));
         let mut buf = vec![0; 5000];
         assert!(c.read(&k, &mut buf, 12_000), "served before it is written");
+        assert_eq!(c.holes(&k, 0, 40_000), [(30_000, 40_000)]);
         assert_eq!(buf, obj[12_000..17_000]);
         let other = DiskCache::open(d.path(), 1 << 30).unwrap();
         assert!(!other.read(&k, &mut buf, 12_000), "not on disk yet");

@@ -12,7 +12,7 @@ use super::remote::{self, RemoteRef};
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
 use crate::io::remote::Remote;
-use crate::io::verified::{VerifiedBlob, VerifyStats};
+use crate::io::verified::{Checks, VerifiedBlob};
 use crate::seal::sign::AllowedSigners;
 use crate::seal::{self, Seal, Sealed};
 use crate::status::{SealRow, SealState};
@@ -52,7 +52,7 @@ pub struct SealedSource {
     /// Its signer.
     pub signer: String,
     /// Its checks so far.
-    pub stats: Arc<VerifyStats>,
+    pub checks: Arc<Checks>,
     /// Reads a tree file by name (`TREE` hex), at most the given bytes.
     trees: ReadTree,
 }
@@ -69,9 +69,9 @@ impl SealedSource {
             signer: self.signer.clone(),
             revision: self.seal.revision,
             archives: self.seal.archives.len(),
-            blocks_checked: self.stats.blocks.load(Relaxed),
-            bytes_checked: self.stats.bytes.load(Relaxed),
-            failures: self.stats.failures.load(Relaxed),
+            blocks_checked: self.checks.stats.blocks.load(Relaxed),
+            bytes_checked: self.checks.stats.bytes.load(Relaxed),
+            failures: self.checks.stats.failures.load(Relaxed),
         }
     }
 
@@ -107,7 +107,7 @@ impl SealedSource {
             block,
             &tree,
             load,
-            self.stats.clone(),
+            self.checks.clone(),
         )))
     }
 }
@@ -153,7 +153,7 @@ fn accept(
         source: source.to_string(),
         seal: Arc::new(seal),
         signer,
-        stats: Arc::default(),
+        checks: Arc::default(),
         trees,
     })
 }
