@@ -12,7 +12,8 @@
 //!   retries included; then it fails with `EIO`. A read never hangs on a dead server.
 //! - **Read-ahead.** A read that starts where the last one of the object ended is
 //!   sequential: the fetch grows (doubling up to [`MAX_READ_AHEAD`]) and what is fetched
-//!   beyond the read is kept for the next one ([`KEPT`] extents per object). Other reads
+//!   beyond the read is kept for the next one (in memory: [`KEPT_BYTES`] over all
+//!   objects, least recently fetched first out). Other reads
 //!   fetch just their range, 4 KiB aligned, so a mount fetches about what the indexes
 //!   are.
 //!
@@ -47,8 +48,12 @@ pub const MAX_READ_AHEAD: u64 = 8 << 20;
 pub const SPARING_READ_AHEAD: u64 = 1 << 20;
 /// Background fetches in flight at most (all objects).
 const PREFETCHES: usize = 64;
-/// Fetched extents kept per object for the reads that follow.
-const KEPT: usize = 8;
+/// Bytes of fetched extents kept in memory, over all objects of a runtime: what readers
+/// fetched beyond their read and what the walk's read-ahead fetched, until it is read.
+/// Without a disk cache it is the only place such bytes wait; kept by count (the last
+/// eight extents of each object), a read-all over HTTP of the 609 packages without a
+/// disk cache did not end in 300 s: the read-ahead's extents were dropped unread.
+pub const KEPT_BYTES: u64 = 64 << 20;
 /// Fetches are aligned to this.
 const ALIGN: u64 = 4096;
 
@@ -144,6 +149,8 @@ pub struct Remote {
     pub disk: Option<Arc<DiskCache>>,
     /// Background fetches (read-ahead advice) in flight at most.
     prefetch: Arc<tokio::sync::Semaphore>,
+    /// The memory budget of kept extents, all objects.
+    kept_budget: Arc<KeptBudget>,
 }
 
 impl Remote {
@@ -181,6 +188,7 @@ impl Remote {
             stats,
             disk,
             prefetch: Arc::new(tokio::sync::Semaphore::new(PREFETCHES)),
+            kept_budget: Arc::new(KeptBudget::new(KEPT_BYTES)),
         }))
     }
 
@@ -401,22 +409,113 @@ fn keepable(
 }
 
 /// What a [`RemoteBlob`] keeps in memory.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Kept {
-    /// Recently fetched extents (offset, bytes), newest last.
-    extents: Vec<(u64, bytes::Bytes)>,
+    /// Fetched extents by offset; their bytes counted in `budget`.
+    extents: std::collections::BTreeMap<u64, bytes::Bytes>,
     /// The next fetch size of a sequential reader.
     next: u64,
     /// Background fetches under way: (start, end, done).
     flights: Vec<(u64, u64, Arc<Flight>)>,
+    budget: Arc<KeptBudget>,
+}
+
+/// Extents that start up to this far before an offset are looked at for it (a fetch
+/// is rarely larger: reads ahead grow to [`MAX_READ_AHEAD`]); one that starts earlier
+/// is not found, and its bytes are fetched again.
+const LOOK_BACK: u64 = 8 * MAX_READ_AHEAD;
+
+/// Kept extents in the order kept: (whose, start, length).
+type KeptQueue = std::collections::VecDeque<(std::sync::Weak<Mutex<Kept>>, u64, u64)>;
+
+/// The memory budget of the extents all the [`RemoteBlob`]s of a runtime keep: the
+/// oldest kept go first once their bytes pass it.
+#[derive(Debug)]
+struct KeptBudget {
+    /// (whose, start, length) in the order kept, and the bytes held.
+    state: Mutex<(KeptQueue, u64)>,
+    limit: u64,
+}
+
+impl KeptBudget {
+    fn new(limit: u64) -> KeptBudget {
+        KeptBudget {
+            state: Mutex::new((std::collections::VecDeque::new(), 0)),
+            limit,
+        }
+    }
+
+    /// Keep `bytes` at `start` in `kept`, and drop the oldest extents (any object's)
+    /// while the bytes kept pass the limit.
+    fn keep(&self, kept: &Arc<Mutex<Kept>>, start: u64, bytes: bytes::Bytes) {
+        let len = bytes.len() as u64;
+        let replaced = crate::sync::lock(kept)
+            .extents
+            .insert(start, bytes)
+            .map_or(0, |b| b.len() as u64);
+        // Objects upgraded here are released after the lock: the last reference to
+        // one drops its `Kept`, which takes this lock to give its bytes back.
+        let mut held = Vec::new();
+        let mut st = crate::sync::lock(&self.state);
+        let (queue, total) = &mut *st;
+        *total = (*total + len).saturating_sub(replaced);
+        queue.push_back((Arc::downgrade(kept), start, len));
+        while *total > self.limit {
+            let Some((whose, s, l)) = queue.pop_front() else {
+                break;
+            };
+            let Some(k) = whose.upgrade() else { continue };
+            {
+                let mut k = crate::sync::lock(&k);
+                if k.extents.get(&s).is_some_and(|b| b.len() as u64 == l) {
+                    k.extents.remove(&s);
+                    *total = total.saturating_sub(l);
+                }
+            }
+            held.push(k);
+        }
+        drop(st);
+        drop(held);
+    }
+
+    /// `n` bytes are no longer kept.
+    fn release(&self, n: u64) {
+        let mut st = crate::sync::lock(&self.state);
+        st.1 = st.1.saturating_sub(n);
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.budget
+            .release(self.extents.values().map(|b| b.len() as u64).sum());
+    }
 }
 
 impl Kept {
-    fn keep(&mut self, start: u64, bytes: bytes::Bytes) {
-        self.extents.push((start, bytes));
-        if self.extents.len() > KEPT {
-            self.extents.remove(0);
+    fn new(budget: Arc<KeptBudget>) -> Kept {
+        Kept {
+            extents: std::collections::BTreeMap::new(),
+            next: 0,
+            flights: Vec::new(),
+            budget,
         }
+    }
+
+    /// The extents that may hold bytes at `offset` and after: the eight that start
+    /// nearest before it (extents seldom overlap; one missed is fetched again).
+    fn before(&self, offset: u64) -> impl Iterator<Item = (&u64, &bytes::Bytes)> {
+        self.extents
+            .range(offset.saturating_sub(LOOK_BACK)..=offset)
+            .rev()
+            .take(8)
+    }
+
+    /// Forget every extent.
+    fn clear(&mut self) {
+        self.budget
+            .release(self.extents.values().map(|b| b.len() as u64).sum());
+        self.extents.clear();
     }
 }
 
@@ -518,8 +617,8 @@ impl RemoteBlob {
             read_ahead: AtomicU64::new(MAX_READ_AHEAD),
             disk_key: DiskCache::key(&version),
             version,
+            kept: Arc::new(Mutex::new(Kept::new(remote.kept_budget.clone()))),
             remote,
-            kept: Arc::new(Mutex::new(Kept::default())),
             gate: GateCell::default(),
         }
     }
@@ -528,7 +627,7 @@ impl RemoteBlob {
     fn copy_kept(&self, buf: &mut [u8], offset: u64) -> bool {
         let k = crate::sync::lock(&self.kept);
         let end = offset + buf.len() as u64;
-        for (start, bytes) in k.extents.iter().rev() {
+        for (start, bytes) in k.before(offset) {
             if *start <= offset && end <= start + bytes.len() as u64 {
                 let at = (offset - start) as usize;
                 buf.copy_from_slice(&bytes[at..at + buf.len()]);
@@ -578,19 +677,20 @@ impl RemoteBlob {
         // Sequential: starts where a fetch ended (give or take the alignment of the
         // read-ahead's own fetches): fetch more, and more each time.
         let sequential = read_ahead > 0
-            && k.extents.iter().any(|(s, b)| {
+            && k.before(offset).any(|(s, b)| {
                 let e = s + b.len() as u64;
                 e <= offset && offset - e < ALIGN
             });
         if sequential {
-            k.next = (k.next * 2).clamp(256 * 1024.min(read_ahead), read_ahead);
+            k.next = (k.next * 2).clamp((256 * 1024).min(read_ahead), read_ahead);
             let want = (end - offset).max(k.next);
             let mut fetch_end = ((offset + want).div_ceil(ALIGN) * ALIGN).min(size);
             // Not into what is held or being fetched already.
             for s in k
                 .extents
-                .iter()
+                .range(offset + 1..fetch_end.max(offset + 1))
                 .map(|(s, _)| *s)
+                .take(1)
                 .chain(k.flights.iter().map(|f| f.0))
             {
                 if s > offset && s < fetch_end {
@@ -601,10 +701,9 @@ impl RemoteBlob {
         }
         let suffix = k
             .extents
-            .iter()
-            .filter(|(s, b)| *s > offset && *s < end && s + b.len() as u64 >= end)
-            .min_by_key(|(s, _)| *s)
-            .cloned();
+            .range(offset + 1..end.max(offset + 1))
+            .find(|(s, b)| *s + b.len() as u64 >= end)
+            .map(|(s, b)| (*s, b.clone()));
         match suffix {
             Some((s, b)) => (offset, s, Some((s, b))),
             None => (offset, end, None),
@@ -663,8 +762,7 @@ impl RemoteBlob {
             if let Some(disk) = &self.remote.disk {
                 disk.store_later(&self.disk_key, start, keep.clone());
             }
-            let mut k = crate::sync::lock(&self.kept);
-            k.keep(start, keep);
+            self.remote.kept_budget.keep(&self.kept, start, keep);
         }
         Ok(got)
     }
@@ -677,7 +775,7 @@ impl RemoteBlob {
             let mut k = crate::sync::lock(&self.kept);
             let covered = k
                 .extents
-                .iter()
+                .range(a.saturating_sub(LOOK_BACK)..b)
                 .map(|(s, bytes)| (*s, s + bytes.len() as u64))
                 .chain(k.flights.iter().map(|(s, e, _)| (*s, *e)))
                 .collect();
@@ -732,7 +830,7 @@ impl RemoteBlob {
                             })
                             .await;
                         }
-                        crate::sync::lock(&kept).keep(a, bytes);
+                        remote.kept_budget.keep(&kept, a, bytes);
                     }
                 }
                 // A reader that needs these bytes fetches them itself, and reports.
@@ -816,12 +914,16 @@ impl Blob for RemoteBlob {
     /// a walk's read-ahead (`fs::prefetch`) then reads many objects at once instead of
     /// one round trip after another. Ranges already held or in flight are skipped.
     fn will_need(&self, ranges: &[(u64, u64)]) {
-        // Without a disk cache, fetched ranges live only among the last KEPT: fetching
-        // more ahead than that drops them before they are read, and readers fetch them
-        // again (a read-all over HTTP took minutes instead of seconds).
+        // Without a disk cache, fetched ranges wait in memory ([`KEPT_BYTES`] for all
+        // objects): an object's read-ahead takes a quarter of it at most, so what it
+        // fetches is not dropped before it is read.
         let mut room = match &self.remote.disk {
-            Some(_) => usize::MAX,
-            None => KEPT.saturating_sub(crate::sync::lock(&self.kept).flights.len()),
+            Some(_) => u64::MAX,
+            None => {
+                let k = crate::sync::lock(&self.kept);
+                let flying: u64 = k.flights.iter().map(|(s, e, _)| e - s).sum();
+                (KEPT_BYTES / 4).saturating_sub(flying)
+            }
         };
         for &(s, e) in ranges {
             let e = e.min(self.size);
@@ -840,11 +942,11 @@ impl Blob for RemoteBlob {
             for (s, e) in holes {
                 let mut a = s;
                 while a < e {
-                    if room == 0 {
+                    let b = (a + MAX_READ_AHEAD).min(e);
+                    if room < b - a {
                         return;
                     }
-                    room -= 1;
-                    let b = (a + MAX_READ_AHEAD).min(e);
+                    room -= b - a;
                     self.prefetch_range(a, b);
                     a = b;
                 }
@@ -914,7 +1016,7 @@ impl Blob for RemoteBlob {
     }
 
     fn forget(&self) {
-        crate::sync::lock(&self.kept).extents.clear();
+        crate::sync::lock(&self.kept).clear();
         if let Some(d) = &self.remote.disk {
             d.forget(&self.disk_key);
         }
@@ -924,6 +1026,41 @@ impl Blob for RemoteBlob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_extents_of_all_objects_share_one_budget_oldest_out() {
+        let budget = Arc::new(KeptBudget::new(10_000));
+        let kept = || Arc::new(Mutex::new(Kept::new(budget.clone())));
+        let held = || budget.state.lock().unwrap().1;
+        let (a, b) = (kept(), kept());
+        let bytes = |n: usize| bytes::Bytes::from(vec![7u8; n]);
+        // Many small extents of one object are all kept (not the last eight).
+        for i in 0..20u64 {
+            budget.keep(&a, i * 100, bytes(100));
+        }
+        assert_eq!(a.lock().unwrap().extents.len(), 20);
+        assert_eq!(held(), 2000);
+        // Another object's extents push the oldest of the first out, over both.
+        budget.keep(&b, 0, bytes(7_000));
+        budget.keep(&b, 7_000, bytes(2_000));
+        assert_eq!(held(), 10_000, "ten of a's extents went");
+        budget.keep(&b, 9_000, bytes(500));
+        assert_eq!(held(), 10_000);
+        let first = *a.lock().unwrap().extents.keys().next().unwrap();
+        assert_eq!(first, 1_500, "the fifteen oldest extents of a went first");
+        // Replacing an extent counts once; clearing and dropping give bytes back.
+        budget.keep(&b, 9_000, bytes(500));
+        assert_eq!(held(), 10_000);
+        a.lock().unwrap().clear();
+        assert_eq!(held(), 9_500);
+        drop(b);
+        assert_eq!(held(), 0);
+        // What is left in the queue of dropped objects is skipped.
+        let c = kept();
+        budget.keep(&c, 0, bytes(10_000));
+        budget.keep(&c, 10_000, bytes(10));
+        assert_eq!(held(), 10, "the first went, once");
+    }
 
     #[test]
     fn read_ahead_fetches_only_what_is_neither_held_nor_under_way() {
