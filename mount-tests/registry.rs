@@ -464,6 +464,66 @@ fn images_in_a_registry_mount_equal_to_the_reference() {
     assert!(err.contains("--tls-verify=false"), "{err}");
 }
 
+/// Files read one after another from a table-of-contents layer with
+/// `--no-background-fetch` fetch their own chunks, not the files after them in the
+/// layer: the bytes sent past the tables are at most the files' sizes (compressed, they
+/// are smaller) plus 4 KiB of alignment each.
+#[test]
+fn lazy_table_of_contents_reads_stay_within_their_files() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    let reference = images().join("reference/rootfs");
+    reg.push("oci-zstd-chunked:latest", "pkgfs/chunked:lazy", None);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("disk-cache");
+    let m = Mount::new(
+        &[Path::new(&reg.reference("pkgfs/chunked:lazy"))],
+        &[
+            "--tls-verify=false",
+            "--no-index-cache",
+            "--prefetch",
+            "0",
+            "--no-background-fetch",
+            "--disk-cache",
+            cache.to_str().unwrap(),
+        ],
+    );
+    let at_mount = reg.blob_bytes();
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for d in [
+        "usr/share/debconf",
+        "usr/share/perl5/Debconf/Element/Dialog",
+    ] {
+        let mut names: Vec<_> = fs::read_dir(reference.join(d))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_file())
+            .map(|e| e.file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            let want = fs::read(reference.join(d).join(&n)).unwrap();
+            assert_eq!(
+                fs::read(m.path().join(d).join(&n)).unwrap(),
+                want,
+                "{d}/{n:?}"
+            );
+            files += 1;
+            bytes += want.len() as u64;
+        }
+    }
+    assert!(files >= 10, "{files} files");
+    // Background fetches the reads started have ended.
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = reg.blob_bytes() - at_mount;
+    assert!(
+        sent > 0 && sent <= bytes + 4096 * files,
+        "{files} files of {bytes} bytes read; the registry sent {sent} bytes"
+    );
+}
+
 /// A layer with a table of contents costs its table and the chunks read: one file of
 /// the image fetches a small part of its layers. A layer two tags share is fetched
 /// once: a second mount of another tag with the same disk cache asks the registry for

@@ -51,6 +51,13 @@ pub const MAX_TOC: u64 = 512 << 20;
 const MAX_TOC_ENTRIES: usize = super::floor::MAX_ENTRIES;
 /// Compressed input is read in pieces of this size while decoding a chunk.
 const READ_CHUNK: usize = 256 * 1024;
+/// How far ahead of a chunk read from a server the rest of its file is fetched (in the
+/// background, not past the file's last chunk). A read-ahead by layer offset ran into
+/// the files next in the layer: python's start in a zstd:chunked image 40 ms away
+/// fetched 19.5 % of the layers' bytes with 1 MiB of it, 6.9 % with none (in 11.7 s),
+/// and 7.0 % with this instead, as fast as the first (2.7-3.0 s against 3.0-3.1 s); 8
+/// MiB gave the same.
+const FILE_AHEAD: u64 = 1 << 20;
 /// Skippable frame magic of zstd:chunked's footer.
 const SKIPPABLE_FOOTER: u32 = 0x184D_2A50;
 /// Names at the root of an eStargz layer that are the format's, not the image's.
@@ -656,8 +663,10 @@ impl TocPackage {
         }
     }
 
-    /// Chunk `ci`, decoded and checked, through the cache.
-    fn chunk(&self, r: &Reading<'_>, ci: u32) -> Result<Arc<Block>> {
+    /// Chunk `ci`, decoded and checked, through the cache; when it is not cached, the
+    /// chunks that follow it in its file, up to `file_end` (the end of the file's last
+    /// chunk in the layer) and [`FILE_AHEAD`] bytes, are asked for in the background.
+    fn chunk(&self, r: &Reading<'_>, ci: u32, file_end: u64) -> Result<Arc<Block>> {
         let key = BlockKey {
             archive: r.archive.key,
             unit: u64::from(ci),
@@ -677,6 +686,11 @@ impl TocPackage {
                     "the table of contents gives no digest for this chunk".into(),
                 ));
             };
+            if c.cend < file_end && r.archive.blob.round_trips() {
+                r.archive
+                    .blob
+                    .will_need(&[(c.cend, file_end.min(c.cend + FILE_AHEAD))]);
+            }
             let data = match self.flavour {
                 Flavour::ZstdChunked => unzstd(&*r.archive.blob, c)?,
                 Flavour::Estargz => ungzip(&*r.archive.blob, c)?,
@@ -845,7 +859,8 @@ impl Package for TocPackage {
             let c = chunks
                 .get(i)
                 .ok_or_else(|| Error::Corrupt(format!("offset {pos} is in no chunk")))?;
-            Ok((c.at, self.chunk(r, f.chunks.start + i as u32)?))
+            let file_end = chunks.last().map_or(c.cend, |l| l.cend);
+            Ok((c.at, self.chunk(r, f.chunks.start + i as u32, file_end)?))
         })
     }
 

@@ -70,10 +70,11 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     /// Keep any resource it holds (an open descriptor) for as long as it lives: it serves
     /// an older generation, and the object may be gone.
     fn pin(&self) {}
-    /// From now on fetch sparingly: sequential reads grow their fetches to a smaller
-    /// bound (a table of contents' chunks read with `--no-background-fetch`, where bytes
-    /// fetched unread are what the user chose to avoid).
-    fn fetch_sparingly(&self) {}
+    /// From now on fetch sparingly: sequential reads grow their fetches to
+    /// `sequential` bytes at most, 0 for none (a layer read through a table of contents
+    /// or a zTOC with `--no-background-fetch`, where bytes fetched unread are what the
+    /// user chose to avoid; a table of contents reads ahead within each file instead).
+    fn fetch_sparingly(&self, _sequential: u64) {}
     /// Its bytes proved wrong (they fail the digest they are named by): drop every copy
     /// kept of them (memory, disk cache), so that nothing serves them again and a later
     /// read asks the source afresh.
@@ -453,8 +454,8 @@ impl Blob for Slice {
         self.inner.forget();
     }
 
-    fn fetch_sparingly(&self) {
-        self.inner.fetch_sparingly();
+    fn fetch_sparingly(&self, sequential: u64) {
+        self.inner.fetch_sparingly(sequential);
     }
 
     /// What the blob it is a slice of fetched (a slice of all of one: a renamed blob).

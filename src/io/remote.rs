@@ -41,10 +41,11 @@ use crate::error::{Error, Result};
 
 /// Largest fetch a sequential reader grows to.
 pub const MAX_READ_AHEAD: u64 = 8 << 20;
-/// ... for a blob read sparingly ([`Blob::fetch_sparingly`]). Measured on a zstd:chunked
-/// image 40 ms away (docs/BENCHMARKS.md): python's first output after 11.5 s and 6.8 %
-/// of the layers fetched with no read-ahead, 3.8 s and 12 % at 256 KiB, 2.6 s and 19 %
-/// at 1 MiB, 2.3 s and 51 % at 8 MiB.
+/// ... for a zTOC layer's blob read sparingly ([`Blob::fetch_sparingly`]). Measured on
+/// a zstd:chunked image 40 ms away (docs/BENCHMARKS.md), before its chunks were read
+/// ahead by file: python's first output after 11.5 s and 6.8 % of the layers fetched
+/// with no read-ahead, 3.8 s and 12 % at 256 KiB, 2.6 s and 19 % at 1 MiB, 2.3 s and
+/// 51 % at 8 MiB: a read-ahead by offset runs into the files next in the layer.
 pub const SPARING_READ_AHEAD: u64 = 1 << 20;
 /// Background fetches in flight at most (all objects).
 const PREFETCHES: usize = 64;
@@ -1011,8 +1012,8 @@ impl Blob for RemoteBlob {
         let _ = self.gate.0.set(gate);
     }
 
-    fn fetch_sparingly(&self) {
-        self.read_ahead.store(SPARING_READ_AHEAD, Relaxed);
+    fn fetch_sparingly(&self, sequential: u64) {
+        self.read_ahead.store(sequential, Relaxed);
     }
 
     fn forget(&self) {

@@ -431,8 +431,8 @@ impl Blob for VerifiedBlob {
         self.inner.pin();
     }
 
-    fn fetch_sparingly(&self) {
-        self.inner.fetch_sparingly();
+    fn fetch_sparingly(&self, sequential: u64) {
+        self.inner.fetch_sparingly(sequential);
     }
 
     fn forget(&self) {

@@ -81,8 +81,12 @@ impl Candidate {
                 {
                     if l.background_fetch {
                         l.blob.will_need(&[(0, l.blob.size())]);
+                    } else if ix.archive.checked == format::Checked::Toc {
+                        // Its chunks read ahead within each file (`format::toc`).
+                        l.blob.fetch_sparingly(0);
                     } else {
-                        l.blob.fetch_sparingly();
+                        l.blob
+                            .fetch_sparingly(crate::io::remote::SPARING_READ_AHEAD);
                     }
                 }
                 r
