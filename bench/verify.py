@@ -16,7 +16,7 @@ the server is another machine's RAM):
   http-plain       `pkgfs mount http://…/pkgs-zip-all/` through examples/delayproxy adding
                    MS ms (default 20) each way, an empty disk cache, then read-all; the
                    mount time recorded apart
-  http-BLOCK       the same with --verify
+  http-BLOCK       the same with --verify, sealed with blocks of BLOCK
 
 All mounts with --no-index-cache, an empty --disk-cache and --io-uring off. Results to OUT.json, a summary to
 standard output. Needs root, nginx and bench/corpus.sh's corpus.
@@ -160,7 +160,8 @@ def main():
     for b in BLOCKS:
         steps[f"local-{b}"] = b
     steps["http-plain"] = None
-    steps["http-16K"] = "16K"
+    for b in BLOCKS:
+        steps[f"http-{b}"] = b
     r = {"rounds": ROUNDS, "delay_ms": DELAY, "archives": len(archives), "bytes": total,
          "measured": time.strftime("%Y-%m-%d %H:%M"),
          "build": subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
@@ -205,8 +206,10 @@ def main():
         print(f"  seal {b} / sha256sum: {m[f'seal-{b}'] / m['sha256sum']:.2f}x; "
               f"local read-all verified {b} / plain: "
               f"{(m[f'local-{b}'] + mm[f'local-{b}']) / (m['local-plain'] + mm['local-plain']):.2f}x")
-    print(f"  http read-all verified / plain: {(m['http-16K'] + mm['http-16K']) / (m['http-plain'] + mm['http-plain']):.2f}x; "
-          f"mount {mm['http-16K'] / mm['http-plain']:.2f}x")
+    for b in BLOCKS:
+        print(f"  http read-all verified {b} / plain: "
+              f"{(m[f'http-{b}'] + mm[f'http-{b}']) / (m['http-plain'] + mm['http-plain']):.2f}x; "
+              f"mount {mm[f'http-{b}'] / mm['http-plain']:.2f}x")
 
 
 if __name__ == "__main__":

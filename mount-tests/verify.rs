@@ -328,7 +328,13 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
         .trim()
         .parse()
         .unwrap();
-    let block = 16 * 1024;
+    let block: usize = fs::read_to_string(s.store().join("pkgfs.seal"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("block-size "))
+        .expect("a block-size line")
+        .parse()
+        .unwrap();
     let tampered = &served[at / block * block..(at / block + 1) * block];
     // The disk cache's writer stores fetched ranges a moment after they are served.
     let cached_bytes = || -> usize {

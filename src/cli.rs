@@ -275,7 +275,7 @@ struct SealArgs {
     /// Write the seal to FILE (FILE.sig and FILE.d/ beside it) instead of DIR/pkgfs.seal.
     #[arg(long, value_name = "FILE")]
     seal_file: Option<PathBuf>,
-    /// Bytes per hashed block (K, M suffixes; a power of two from 4K to 16M; default 16K).
+    /// Bytes per hashed block (K, M suffixes; a power of two from 4K to 16M; default 64K).
     #[arg(long, value_name = "SIZE")]
     block_size: Option<String>,
     /// Hashing threads (default: the number of CPUs).
