@@ -39,7 +39,7 @@ use serde::Deserialize;
 
 use self::auth::{Challenge, Credentials};
 use super::digest::Digest;
-use super::remote::{Ranges, Remote, describe};
+use super::remote::{LazyClient, Ranges, Remote, describe};
 use crate::error::{Error, Result};
 
 /// Most redirects followed for one request.
@@ -272,7 +272,7 @@ pub struct Registry {
     host: String,
     /// Where its API answers (`registry-1.docker.io` for `docker.io`).
     api_host: String,
-    client: reqwest::Client,
+    client: LazyClient,
     remote: Arc<Remote>,
     creds: Option<Credentials>,
     insecure: bool,
@@ -335,14 +335,6 @@ impl Registry {
         } else {
             host.to_string()
         };
-        let mut b = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(remote.config.connect_timeout)
-            .timeout(remote.config.read_timeout / 3)
-            .user_agent(concat!("pkgfs/", env!("CARGO_PKG_VERSION")));
-        if !config.tls_verify {
-            b = b.danger_accept_invalid_certs(true);
-        }
         let certs = match &config.cert_dir {
             Some(d) => Some(d.clone()),
             None => ["/etc/containers/certs.d", "/etc/docker/certs.d"]
@@ -350,12 +342,27 @@ impl Registry {
                 .map(|d| PathBuf::from(d).join(host))
                 .find(|d| d.is_dir()),
         };
-        if let Some(dir) = certs {
-            b = auth::add_certificates(b, &dir)?;
-        }
-        let client = b
-            .build()
-            .map_err(|e| io_error(format!("HTTP client for {host}: {}", describe(&e))))?;
+        // Made on first use: a warm mount pinned by digest sends no request.
+        let (connect, timeout) = (
+            remote.config.connect_timeout,
+            remote.config.read_timeout / 3,
+        );
+        let (who, insecure) = (host.to_string(), !config.tls_verify);
+        let client = LazyClient::new(move || {
+            let mut b = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(connect)
+                .timeout(timeout)
+                .user_agent(concat!("pkgfs/", env!("CARGO_PKG_VERSION")));
+            if insecure {
+                b = b.danger_accept_invalid_certs(true);
+            }
+            if let Some(dir) = &certs {
+                b = auth::add_certificates(b, dir).map_err(|e| e.to_string())?;
+            }
+            b.build()
+                .map_err(|e| format!("HTTP client for {who}: {}", describe(&e)))
+        });
         let creds = auth::credentials(host, config)?;
         Ok(Registry {
             host: host.to_string(),
@@ -368,6 +375,13 @@ impl Registry {
             state: Mutex::default(),
             multi: Default::default(),
         })
+    }
+
+    /// The HTTP client (made on first use).
+    fn http(&self) -> Result<&reqwest::Client> {
+        self.client
+            .get()
+            .map_err(|e| io_error(format!("registry {}: {e}", self.host)))
     }
 
     /// Whether lazily read layers are fetched whole in the background.
@@ -455,7 +469,7 @@ impl Registry {
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 0;
         let r = loop {
-            let mut req = self.client.get(url.clone());
+            let mut req = self.http()?.get(url.clone());
             if let Some(c) = &self.creds {
                 req = req.header(header::AUTHORIZATION, c.basic());
             }
@@ -546,9 +560,9 @@ impl Registry {
             let url = format!("{base}{path}");
             let auth = self.authorization(repo).await?;
             let mut req = if head {
-                self.client.head(&url)
+                self.http()?.head(&url)
             } else {
-                self.client.get(&url)
+                self.http()?.get(&url)
             }
             .headers(headers.clone());
             if let Some(a) = auth {
@@ -952,7 +966,7 @@ impl Registry {
         let mut r = match &url {
             Some(u) => {
                 self.count();
-                self.client
+                self.http()?
                     .get(u.clone())
                     .header(header::RANGE, value.clone())
                     .send()
@@ -979,7 +993,7 @@ impl Registry {
             url = Some(to.clone());
             self.count();
             r = self
-                .client
+                .http()?
                 .get(to)
                 .header(header::RANGE, value.clone())
                 .send()
@@ -1053,7 +1067,8 @@ impl Registry {
         loop {
             self.count();
             let r = match self
-                .client
+                .http()
+                .map_err(Refused::Error)?
                 .get(url.clone())
                 .header(header::RANGE, range_header(start, end))
                 .send()
