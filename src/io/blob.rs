@@ -144,6 +144,40 @@ fn descriptors() -> &'static Descriptors {
     })
 }
 
+/// Descriptors closed at once when an open finds none left: the budget is kept one
+/// open at a time, so the threads that index and read in parallel (256 for remote
+/// sources, and readers) may pass it together, beyond the reserve (a verified mount of
+/// 100,000 archives under a limit of 20,000 skipped 440 with `EMFILE`).
+const CLOSE_WHEN_OUT: usize = 512;
+
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// Close the [`CLOSE_WHEN_OUT`] least recently used local files (not `except`); they
+/// reopen on their next read.
+fn close_least_used(except: Option<u32>) {
+    let closing: Vec<Arc<LocalFile>> = {
+        let mut lru = lock(&descriptors().lru);
+        let mut out = Vec::new();
+        let mut kept = None;
+        while out.len() < CLOSE_WHEN_OUT {
+            match lru.pop_lru() {
+                Some((k, w)) if Some(k) == except => kept = Some((k, w)),
+                Some((_, w)) => out.extend(w.upgrade()),
+                None => break,
+            }
+        }
+        if let Some((k, w)) = kept {
+            lru.put(k, w);
+        }
+        out
+    };
+    for f in closing {
+        f.close();
+    }
+}
+
 /// A local file, opened once and checked on every read.
 #[derive(Debug)]
 pub struct LocalFile {
@@ -184,7 +218,13 @@ pub fn local_version(meta: &std::fs::Metadata) -> String {
 impl LocalFile {
     /// Open `path`. Fails for anything but a regular file (or a link to one).
     pub fn open(path: &Path) -> Result<Arc<LocalFile>> {
-        let file = File::open(path)?;
+        let file = match File::open(path) {
+            Err(e) if out_of_descriptors(&e) => {
+                close_least_used(None);
+                File::open(path)?
+            }
+            r => r?,
+        };
         let meta = file.metadata()?;
         if !meta.is_file() {
             return Err(Error::Format("not a regular file".into()));
@@ -232,32 +272,44 @@ impl LocalFile {
 
     /// The open file, reopening it by path if it was closed.
     fn file(&self) -> Result<Arc<File>> {
-        let opened;
-        let f = {
-            let mut slot = lock(&self.file);
-            match slot.as_ref() {
-                Some(f) => {
-                    opened = false;
-                    f.clone()
+        let mut evicted = false;
+        loop {
+            let got = {
+                let mut slot = lock(&self.file);
+                match slot.as_ref() {
+                    Some(f) => Some((f.clone(), false)),
+                    None => match File::open(&self.path) {
+                        // Out of descriptors: close others (not holding this one's
+                        // lock, which `track` of another thread may wait for) and
+                        // try once more.
+                        Err(e) if out_of_descriptors(&e) && !evicted => None,
+                        Err(e) => return Err(e.into()),
+                        Ok(f) => {
+                            let meta = f.metadata()?;
+                            if (meta.dev(), meta.ino()) != self.id {
+                                return Err(Error::Corrupt(
+                                    "the archive was replaced by another file while mounted".into(),
+                                ));
+                            }
+                            self.unchanged_in(&meta)?;
+                            let f = Arc::new(f);
+                            *slot = Some(f.clone());
+                            Some((f, true))
+                        }
+                    },
+                }
+            };
+            match got {
+                Some((f, opened)) => {
+                    self.track(opened);
+                    return Ok(f);
                 }
                 None => {
-                    let f = File::open(&self.path)?;
-                    let meta = f.metadata()?;
-                    if (meta.dev(), meta.ino()) != self.id {
-                        return Err(Error::Corrupt(
-                            "the archive was replaced by another file while mounted".into(),
-                        ));
-                    }
-                    self.unchanged_in(&meta)?;
-                    let f = Arc::new(f);
-                    *slot = Some(f.clone());
-                    opened = true;
-                    f
+                    close_least_used(Some(self.key));
+                    evicted = true;
                 }
             }
-        };
-        self.track(opened);
-        Ok(f)
+        }
     }
 
     /// Whether the descriptor is open.

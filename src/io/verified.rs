@@ -85,6 +85,12 @@ impl KeptBlocks {
     }
 }
 
+/// The version of the bytes of a blob of version `inner` read through the tree of root
+/// `tree` (hex): indexes cached from checked bytes are never taken for unchecked ones.
+pub fn sealed_version(inner: &str, tree: &str) -> String {
+    format!("{inner} sealed:{tree}")
+}
+
 /// Ids of verified blobs, unique in the process (the key of their kept blocks).
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -216,7 +222,7 @@ impl VerifiedBlob {
             gate.vouch(start, bytes, can_wait)
         }));
         VerifiedBlob {
-            version: format!("{} sealed:{tree}", inner.version()),
+            version: sealed_version(inner.version(), tree),
             inner,
             block,
             tree: t,

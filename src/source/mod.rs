@@ -44,6 +44,9 @@ pub struct Candidate {
     pub blob: Option<Arc<dyn crate::io::blob::Blob>>,
     /// Why it may not be mounted, though listed (`--verify`: not in the seal).
     pub refused: Option<Error>,
+    /// The seal a local file of a sealed source is read through, once it is opened (by
+    /// the indexing threads: not one by one while the source is listed).
+    pub sealed: Option<Arc<verify::SealedSource>>,
 }
 
 impl Candidate {
@@ -55,7 +58,12 @@ impl Candidate {
             (None, None) => {
                 use std::os::unix::fs::MetadataExt;
                 let m = std::fs::metadata(&self.path).ok()?;
-                Some((crate::io::blob::local_version(&m), m.mtime()))
+                let mut version = crate::io::blob::local_version(&m);
+                // As the version of the blob it is read through (`VerifiedBlob`).
+                if let Some(s) = &self.sealed {
+                    version = verify::sealed_version(&version, &s.tree_of(&self.path)?);
+                }
+                Some((version, m.mtime()))
             }
         }
     }
@@ -92,7 +100,15 @@ impl Candidate {
                 r
             }
             (None, Some(b)) => format::open(b.clone(), cx),
-            (None, None) => format::open_path(&self.path, cx),
+            (None, None) => match &self.sealed {
+                Some(s) => {
+                    let blob =
+                        crate::io::blob::LocalFile::open(&self.path).map_err(OpenError::Bad)?;
+                    let blob = s.wrap_local(&self.path, blob).map_err(OpenError::Bad)?;
+                    format::open(blob, cx)
+                }
+                None => format::open_path(&self.path, cx),
+            },
         }
     }
 }
@@ -148,6 +164,7 @@ pub fn discover(
                     layer: None,
                     blob: Some(blob.clone()),
                     refused: None,
+                    sealed: None,
                 })
                 .collect();
             match verify {
@@ -182,6 +199,7 @@ pub fn discover(
                 layer: Some(Arc::new(l.clone())),
                 blob: None,
                 refused: None,
+                sealed: None,
             }));
             images.push(img);
             continue;
@@ -197,6 +215,7 @@ pub fn discover(
                 layer: None,
                 blob: None,
                 refused: None,
+                sealed: None,
             });
             continue;
         }
@@ -225,6 +244,7 @@ pub fn discover(
             layer: None,
             blob: None,
             refused: None,
+            sealed: None,
         });
         match verify {
             Some(v) => {
@@ -1527,6 +1547,7 @@ mod tests {
                 layer: None,
                 blob: None,
                 refused: None,
+                sealed: None,
             })
             .collect()
     }

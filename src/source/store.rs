@@ -165,6 +165,7 @@ impl LayerStore {
                             layer: Some(layer.clone()),
                             blob: None,
                             refused: None,
+                            sealed: None,
                         },
                         version: l.check.digest.to_string(),
                         cx: self.cx.clone(),
