@@ -216,17 +216,28 @@ impl VerifiedBlob {
             leaves: Mutex::new(None),
             loading: Mutex::new(()),
         });
-        // Whatever the blob below fetches is kept (memory, disk cache) only once checked.
-        let gate = t.clone();
+        let id = NEXT_ID.fetch_add(1, Relaxed);
+        // Whatever the blob below fetches is kept (memory, disk cache) only once checked;
+        // the blocks that pass are kept as checked here too, so the read that wants them
+        // (or the read-ahead's fetch of them) neither reads nor hashes them again.
+        let (gate, vouched) = (t.clone(), checks.clone());
         inner.set_keep_gate(Arc::new(move |start, bytes, can_wait| {
-            gate.vouch(start, bytes, can_wait)
+            let ok = gate.vouch(start, bytes, can_wait);
+            for (i, c) in bytes[..ok].chunks(block as usize).enumerate() {
+                vouched.stats.blocks.fetch_add(1, Relaxed);
+                vouched.stats.bytes.fetch_add(c.len() as u64, Relaxed);
+                vouched
+                    .kept
+                    .put(id, start / block + i as u64, Arc::new(c.to_vec()));
+            }
+            ok
         }));
         VerifiedBlob {
             version: sealed_version(inner.version(), tree),
             inner,
             block,
             tree: t,
-            id: NEXT_ID.fetch_add(1, Relaxed),
+            id,
             checks,
         }
     }
@@ -257,21 +268,29 @@ impl VerifiedBlob {
         self.checks.kept.get(self.id, b)
     }
 
-    /// Keep the checked blocks `data`, blocks `first..` of the blob.
-    fn keep(&self, first: u64, data: &[u8]) {
-        for (i, c) in data.chunks(self.block as usize).enumerate() {
-            self.checks
-                .kept
-                .put(self.id, first + i as u64, Arc::new(c.to_vec()));
-        }
-    }
-
     /// The aligned range of blocks covering `[off, off + len)`.
     fn span(&self, off: u64, len: usize) -> (u64, u64) {
         let first = off / self.block;
         let end = (off + len as u64).min(self.inner.size());
         let last = end.saturating_sub(1) / self.block;
         (first, last)
+    }
+
+    /// Make `data`, blocks `first..` of the blob as read from below, checked bytes: a
+    /// block the blob below's keep gate checked as it fetched it (kept since) is taken
+    /// from what was kept, not hashed again; the others are checked and kept.
+    fn settle(&self, first: u64, data: &mut [u8], leaves: &[Hash]) -> Result<()> {
+        for (i, chunk) in data.chunks_mut(self.block as usize).enumerate() {
+            let b = first + i as u64;
+            match self.kept(b) {
+                Some(k) if k.len() == chunk.len() => chunk.copy_from_slice(&k),
+                _ => {
+                    self.check(b, chunk, leaves)?;
+                    self.checks.kept.put(self.id, b, Arc::new(chunk.to_vec()));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Check `data`, blocks `first..` of the blob, against the seal.
@@ -363,9 +382,8 @@ impl Blob for VerifiedBlob {
             }
             let (start, mut data) = self.aligned(b, run_end);
             let leaves = self.with_leaves(|| self.inner.read_exact_at(&mut data, start))?;
-            self.check(b, &data, &leaves)?;
+            self.settle(b, &mut data, &leaves)?;
             copy_block(buf, offset, end, start, &data);
-            self.keep(b, &data);
             b = run_end + 1;
         }
         Ok(())
@@ -407,9 +425,8 @@ impl Blob for VerifiedBlob {
                 .collect();
             self.with_leaves(|| self.inner.read_many(&mut inner))?
         };
-        for ((buf, off), (first, start, data)) in reads.iter_mut().zip(&spans) {
-            self.check(*first, data, &leaves)?;
-            self.keep(*first, data);
+        for ((buf, off), (first, start, data)) in reads.iter_mut().zip(spans.iter_mut()) {
+            self.settle(*first, data, &leaves)?;
             let at = (*off - *start) as usize;
             buf.copy_from_slice(&data[at..at + buf.len()]);
         }
