@@ -109,6 +109,15 @@ impl Sealed {
 
     /// `pkgfs mount --verify` that must fail: its standard error.
     fn refused(&self, source: &str, extra: &[&str]) -> String {
+        self.refused_in(source, extra, &[])
+    }
+
+    /// The same with `env` added.
+    fn refused_with_env(&self, source: &str, env: &[(&str, String)]) -> String {
+        self.refused_in(source, &[], env)
+    }
+
+    fn refused_in(&self, source: &str, extra: &[&str], env: &[(&str, String)]) -> String {
         let mp = tempfile::tempdir().unwrap();
         let out = pkgfs()
             .arg("mount")
@@ -117,6 +126,7 @@ impl Sealed {
             .arg(source)
             .arg(mp.path())
             .envs(self.env())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .output()
             .unwrap();
         if out.status.success() {
@@ -289,7 +299,8 @@ fn a_sealed_directory_mounts_checked_and_tampering_is_caught() {
 }
 
 /// A sealed store served by nginx mounts checked, equal to the local one; a byte
-/// flipped on the server fails that file's reads only.
+/// flipped on the server fails that file's reads only; an older seal restored on the
+/// server and a missing signature refuse the mount.
 #[test]
 fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
     if !tools() {
@@ -358,6 +369,24 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     assert_eq!(fs::read(m.path().join("f1.bin")).unwrap(), f1);
     drop(m);
+    // An older seal restored on the server: refused once a newer one was accepted.
+    let old_root = fs::read_to_string(s.store().join("pkgfs.seal")).unwrap();
+    let old_sig = fs::read(s.store().join("pkgfs.seal.sig")).unwrap();
+    let rev: u64 = old_root
+        .lines()
+        .find_map(|l| l.strip_prefix("revision "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    s.seal("key", &["--revision", &(rev + 1).to_string()]);
+    drop(s.mount(&url, &[], &[]));
+    fs::write(s.store().join("pkgfs.seal"), &old_root).unwrap();
+    fs::write(s.store().join("pkgfs.seal.sig"), &old_sig).unwrap();
+    let err = s.refused(&url, &[]);
+    assert!(
+        err.contains("older than revision") && err.contains("--allow-rollback"),
+        "{err}"
+    );
     // The seal is fetched by name, while the store is listed: a missing one is named.
     fs::remove_file(s.store().join("pkgfs.seal.sig")).unwrap();
     let err = s.refused(&url, &[]);
@@ -381,7 +410,8 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The same on S3 (moto): seal, trees and archives uploaded under a prefix; an archive
-/// replaced on the server by other bytes fails its reads, an unsealed one is skipped.
+/// replaced on the server by other bytes fails its reads, an unsealed one is skipped,
+/// an older seal uploaded again refuses the mount.
 #[test]
 fn a_sealed_store_on_s3_is_checked() {
     if !tools() {
@@ -415,6 +445,25 @@ fn a_sealed_store_on_s3_is_checked() {
     );
     let st = status_json(&m.path());
     assert!(st["skipped"].to_string().contains("zz-new.zip"), "{st}");
+    drop(m);
+    // A newer seal accepted, then the older one uploaded again: refused.
+    let seal_files = [store.join("pkgfs.seal"), store.join("pkgfs.seal.sig")];
+    let old: Vec<Vec<u8>> = seal_files.iter().map(|f| fs::read(f).unwrap()).collect();
+    let rev: u64 = String::from_utf8_lossy(&old[0])
+        .lines()
+        .find_map(|l| l.strip_prefix("revision ").map(str::to_string))
+        .unwrap()
+        .parse()
+        .unwrap();
+    s.seal("key", &["--revision", &(rev + 1).to_string()]);
+    upload(&moto, &store, &store_files(&store));
+    drop(s.mount("s3://pkgs/repo/", &[], &env));
+    for (f, bytes) in seal_files.iter().zip(&old) {
+        fs::write(f, bytes).unwrap();
+    }
+    upload(&moto, &store, &seal_files);
+    let err = s.refused_with_env("s3://pkgs/repo/", &env);
+    assert!(err.contains("older than revision"), "{err}");
 }
 
 /// A polled sealed store changes only together with a newer seal: an archive uploaded
