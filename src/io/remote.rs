@@ -681,18 +681,25 @@ impl RemoteBlob {
         }
     }
 
-    /// Copy `buf.len()` bytes at `offset` out of a kept extent, if one holds them all.
+    /// Copy `buf.len()` bytes at `offset` out of kept extents, if they hold them all
+    /// (one, or several one after another: a read across the boundary of two fetches
+    /// of the read-ahead went to the network, over half the fetches of a read-all
+    /// without a disk cache).
     fn copy_kept(&self, buf: &mut [u8], offset: u64) -> bool {
         let k = crate::sync::lock(&self.kept);
         let end = offset + buf.len() as u64;
-        for (start, bytes) in k.before(offset) {
-            if *start <= offset && end <= start + bytes.len() as u64 {
-                let at = (offset - start) as usize;
-                buf.copy_from_slice(&bytes[at..at + buf.len()]);
-                return true;
-            }
+        let mut pos = offset;
+        while pos < end {
+            let Some((start, bytes)) = k.before(pos).find(|(s, b)| **s + b.len() as u64 > pos)
+            else {
+                return false;
+            };
+            let upto = (start + bytes.len() as u64).min(end);
+            buf[(pos - offset) as usize..(upto - offset) as usize]
+                .copy_from_slice(&bytes[(pos - start) as usize..(upto - start) as usize]);
+            pos = upto;
         }
-        false
+        true
     }
 
     /// Served without the network: from a kept extent or the disk cache.
@@ -1084,6 +1091,53 @@ impl Blob for RemoteBlob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes in memory as ranges, each request counted.
+    #[derive(Debug)]
+    struct Counting(Arc<Vec<u8>>, Arc<AtomicU64>);
+
+    impl Ranges for Counting {
+        fn get(
+            &self,
+            start: u64,
+            end: u64,
+        ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> {
+            self.1.fetch_add(1, Relaxed);
+            let b = bytes::Bytes::copy_from_slice(&self.0[start as usize..end as usize]);
+            Box::pin(async move { Ok(b) })
+        }
+    }
+
+    #[test]
+    fn a_read_across_two_kept_extents_is_served_from_them() {
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7) as u8).collect();
+        let asked = Arc::new(AtomicU64::new(0));
+        let remote = Remote::new(RemoteConfig::default()).unwrap();
+        let blob = RemoteBlob::of(
+            "x.zip".into(),
+            Arc::new(Counting(Arc::new(data.clone()), asked.clone())),
+            data.len() as u64,
+            "v".into(),
+            0,
+            remote,
+        );
+        // Read-ahead of two ranges that touch, as a walk's advice is cut.
+        blob.will_need(&[(0, 8192), (8192, 16_384)]);
+        let start = std::time::Instant::now();
+        while !blob.kept.lock().unwrap().flights.is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(5), "read-ahead stuck");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(asked.load(Relaxed), 2);
+        let mut buf = vec![0u8; 1000];
+        blob.read_exact_at(&mut buf, 7_700).unwrap();
+        assert_eq!(buf, data[7_700..8_700]);
+        assert_eq!(
+            asked.load(Relaxed),
+            2,
+            "a read across the two went to the server"
+        );
+    }
 
     #[test]
     fn kept_extents_of_all_objects_share_one_budget_oldest_out() {
