@@ -464,6 +464,23 @@ fn images_in_a_registry_mount_equal_to_the_reference() {
     assert!(err.contains("--tls-verify=false"), "{err}");
 }
 
+/// A mount of `name` from `reg` that fetches only what is read (no background fetch,
+/// no directory read-ahead), with the disk cache `cache` and no index cache.
+fn lazy_mount(reg: &Registry, name: &str, cache: &Path) -> Mount {
+    Mount::new(
+        &[Path::new(&reg.reference(name))],
+        &[
+            "--tls-verify=false",
+            "--no-index-cache",
+            "--prefetch",
+            "0",
+            "--no-background-fetch",
+            "--disk-cache",
+            cache.to_str().unwrap(),
+        ],
+    )
+}
+
 /// Files read one after another from a table-of-contents layer with
 /// `--no-background-fetch` fetch their own chunks, not the files after them in the
 /// layer: the bytes sent past the tables are at most the files' sizes (compressed, they
@@ -478,18 +495,7 @@ fn lazy_table_of_contents_reads_stay_within_their_files() {
     reg.push("oci-zstd-chunked:latest", "pkgfs/chunked:lazy", None);
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("disk-cache");
-    let m = Mount::new(
-        &[Path::new(&reg.reference("pkgfs/chunked:lazy"))],
-        &[
-            "--tls-verify=false",
-            "--no-index-cache",
-            "--prefetch",
-            "0",
-            "--no-background-fetch",
-            "--disk-cache",
-            cache.to_str().unwrap(),
-        ],
-    );
+    let m = lazy_mount(&reg, "pkgfs/chunked:lazy", &cache);
     let at_mount = reg.blob_bytes();
     let (mut files, mut bytes) = (0u64, 0u64);
     for d in [
@@ -1035,18 +1041,7 @@ fn soci_indexes_spare_gzip_layers_their_pass() {
     let reference = images().join("reference/rootfs");
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("disk-cache");
-    let m = Mount::new(
-        &[Path::new(&reg.reference("pkgfs/soci:v2"))],
-        &[
-            "--tls-verify=false",
-            "--no-index-cache",
-            "--prefetch",
-            "0",
-            "--no-background-fetch",
-            "--disk-cache",
-            cache.to_str().unwrap(),
-        ],
-    );
+    let m = lazy_mount(&reg, "pkgfs/soci:v2", &cache);
     let st = status_json(&m.path());
     let layers: Vec<u64> = st["images"][0]["layers"]
         .as_array()

@@ -339,13 +339,7 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
         .trim()
         .parse()
         .unwrap();
-    let block: usize = fs::read_to_string(s.store().join("pkgfs.seal"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("block-size "))
-        .expect("a block-size line")
-        .parse()
-        .unwrap();
+    let block = seal_field(&s.store(), "block-size") as usize;
     let tampered = &served[at / block * block..(at / block + 1) * block];
     // The disk cache's writer stores fetched ranges a moment after they are served.
     let cached_bytes = || -> usize {
@@ -372,12 +366,7 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
     // An older seal restored on the server: refused once a newer one was accepted.
     let old_root = fs::read_to_string(s.store().join("pkgfs.seal")).unwrap();
     let old_sig = fs::read(s.store().join("pkgfs.seal.sig")).unwrap();
-    let rev: u64 = old_root
-        .lines()
-        .find_map(|l| l.strip_prefix("revision "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let rev = seal_field(&s.store(), "revision");
     s.seal("key", &["--revision", &(rev + 1).to_string()]);
     drop(s.mount(&url, &[], &[]));
     fs::write(s.store().join("pkgfs.seal"), &old_root).unwrap();
@@ -391,6 +380,15 @@ fn a_sealed_store_over_http_is_checked_and_tampering_on_the_server_is_caught() {
     fs::remove_file(s.store().join("pkgfs.seal.sig")).unwrap();
     let err = s.refused(&url, &[]);
     assert!(err.contains("no seal (pkgfs.seal.sig is missing)"), "{err}");
+}
+
+/// The number a header line of `store`'s seal gives (`revision`, `block-size`).
+fn seal_field(store: &Path, field: &str) -> u64 {
+    fs::read_to_string(store.join("pkgfs.seal"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} line in the seal"))
 }
 
 fn walk_files(dir: &Path) -> Vec<PathBuf> {
@@ -449,12 +447,7 @@ fn a_sealed_store_on_s3_is_checked() {
     // A newer seal accepted, then the older one uploaded again: refused.
     let seal_files = [store.join("pkgfs.seal"), store.join("pkgfs.seal.sig")];
     let old: Vec<Vec<u8>> = seal_files.iter().map(|f| fs::read(f).unwrap()).collect();
-    let rev: u64 = String::from_utf8_lossy(&old[0])
-        .lines()
-        .find_map(|l| l.strip_prefix("revision ").map(str::to_string))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let rev = seal_field(&store, "revision");
     s.seal("key", &["--revision", &(rev + 1).to_string()]);
     upload(&moto, &store, &store_files(&store));
     drop(s.mount("s3://pkgs/repo/", &[], &env));

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest as _, Sha256};
 
 use super::blob::Blob;
+use super::cache::{Block, BlockCache};
 use crate::error::{Error, Result};
 
 /// A block hash.
@@ -32,55 +33,40 @@ pub type Hash = [u8; 32];
 pub const KEPT_BYTES: u64 = 32 << 20;
 
 /// What the blobs of one sealed source share: the counts `pkgfs status` shows, and the
-/// blocks checked and kept in memory.
-#[derive(Debug, Default)]
+/// blocks checked and kept in memory: reads come in pieces smaller than a block and not
+/// in order (a ZIP's local header, its name, then its data; readers and the read-ahead
+/// at once), and a block kept (in trusted memory, by (blob, block), least recently used
+/// out past [`KEPT_BYTES`]) is neither read nor hashed again.
 pub struct Checks {
     /// The counts.
     pub stats: VerifyStats,
-    kept: KeptBlocks,
+    kept: BlockCache<(u64, u64)>,
 }
 
-/// Checked blocks by (blob, block).
-type BlockLru = lru::LruCache<(u64, u64), Arc<Vec<u8>>>;
-
-/// Blocks checked and kept in trusted memory, least recently used dropped past
-/// [`KEPT_BYTES`]: reads come in pieces smaller than a block and not in order (a ZIP's
-/// local header, its name, then its data; readers and the read-ahead at once), and a
-/// block kept is neither read nor hashed again.
-#[derive(Debug)]
-struct KeptBlocks {
-    /// (blob, block) → bytes, and the bytes held.
-    lru: Mutex<(BlockLru, u64)>,
-    budget: u64,
-}
-
-impl Default for KeptBlocks {
+impl Default for Checks {
     fn default() -> Self {
-        KeptBlocks {
-            lru: Mutex::new((lru::LruCache::unbounded(), 0)),
-            budget: KEPT_BYTES,
+        Checks {
+            stats: VerifyStats::default(),
+            kept: BlockCache::new(KEPT_BYTES),
         }
     }
 }
 
-impl KeptBlocks {
-    fn get(&self, blob: u64, block: u64) -> Option<Arc<Vec<u8>>> {
-        crate::sync::lock(&self.lru).0.get(&(blob, block)).cloned()
+impl std::fmt::Debug for Checks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checks")
+            .field("stats", &self.stats)
+            .field("kept_bytes", &self.kept.bytes())
+            .finish()
     }
+}
 
-    fn put(&self, blob: u64, block: u64, bytes: Arc<Vec<u8>>) {
-        let mut g = crate::sync::lock(&self.lru);
-        let (lru, held) = &mut *g;
-        if lru.contains(&(blob, block)) {
-            return;
-        }
-        *held += bytes.len() as u64;
-        lru.put((blob, block), bytes);
-        while *held > self.budget {
-            match lru.pop_lru() {
-                Some((_, b)) => *held -= b.len() as u64,
-                None => break,
-            }
+impl Checks {
+    /// Keep block `block` of blob `blob`, checked, unless it is kept already.
+    fn keep(&self, blob: u64, block: u64, bytes: &[u8]) {
+        if !self.kept.contains(&(blob, block)) {
+            self.kept
+                .insert((blob, block), Arc::new(Block::new(bytes.to_vec())));
         }
     }
 }
@@ -226,9 +212,7 @@ impl VerifiedBlob {
             for (i, c) in bytes[..ok].chunks(block as usize).enumerate() {
                 vouched.stats.blocks.fetch_add(1, Relaxed);
                 vouched.stats.bytes.fetch_add(c.len() as u64, Relaxed);
-                vouched
-                    .kept
-                    .put(id, start / block + i as u64, Arc::new(c.to_vec()));
+                vouched.keep(id, start / block + i as u64, c);
             }
             ok
         }));
@@ -264,8 +248,8 @@ impl VerifiedBlob {
         })
     }
 
-    fn kept(&self, b: u64) -> Option<Arc<Vec<u8>>> {
-        self.checks.kept.get(self.id, b)
+    fn kept(&self, b: u64) -> Option<Arc<Block>> {
+        self.checks.kept.get(&(self.id, b))
     }
 
     /// The aligned range of blocks covering `[off, off + len)`.
@@ -286,7 +270,7 @@ impl VerifiedBlob {
                 Some(k) if k.len() == chunk.len() => chunk.copy_from_slice(&k),
                 _ => {
                     self.check(b, chunk, leaves)?;
-                    self.checks.kept.put(self.id, b, Arc::new(chunk.to_vec()));
+                    self.checks.keep(self.id, b, chunk);
                 }
             }
         }

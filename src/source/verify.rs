@@ -87,15 +87,14 @@ impl SealedSource {
         self.wrap(&name, blob)
     }
 
-    /// Whether the seal lists the archive `name`; why not.
-    fn listed(&self, name: &str) -> Result<()> {
-        match self.seal.get(name) {
-            Some(_) => Ok(()),
-            None => Err(Error::Corrupt(format!(
+    /// The seal's line for the archive `name`; why there is none.
+    fn listed(&self, name: &str) -> Result<&Sealed> {
+        self.seal.get(name).ok_or_else(|| {
+            Error::Corrupt(format!(
                 "not in the seal of {} (unsealed archives are not mounted)",
                 self.source
-            ))),
-        }
+            ))
+        })
     }
 
     /// What status shows.
@@ -115,11 +114,7 @@ impl SealedSource {
     /// `blob` (the archive `name` of the source) checked against the seal, or why it
     /// may not be mounted.
     fn wrap(&self, name: &str, blob: Arc<dyn Blob>) -> Result<Arc<dyn Blob>> {
-        self.listed(name)?;
-        let a = self
-            .seal
-            .get(name)
-            .ok_or_else(|| Error::Internal("listed".into()))?;
+        let a = self.listed(name)?;
         if blob.size() != a.size {
             return Err(Error::Corrupt(format!(
                 "{} bytes, its seal says {}",
@@ -330,7 +325,7 @@ pub fn apply(sealed: &Arc<SealedSource>, candidates: Vec<Candidate>) -> Vec<Cand
             // parallel: opening 100,000 one after another here took a second.
             let wrapped = match c.blob.clone() {
                 Some(b) => sealed.wrap(&name, b).map(Some),
-                None => sealed.listed(&name).map(|()| None),
+                None => sealed.listed(&name).map(|_| None),
             };
             match wrapped {
                 Ok(Some(b)) => c.blob = Some(b),
