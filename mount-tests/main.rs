@@ -423,25 +423,48 @@ fn umount_refuses_what_is_not_a_fuse_mount() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not mounted"));
 }
 
+/// One mistake, one line: what is wrong, the path it is about and the fix, once; the
+/// exit status 1 (2 is for usage errors).
 #[test]
 fn mount_fails_clearly_on_a_missing_source_or_mountpoint() {
     let dir = tempfile::tempdir().unwrap();
+    let one_line = |out: &std::process::Output, want: &[&str]| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(lines.len(), 1, "one line wanted: {err}");
+        for w in want {
+            assert!(lines[0].contains(w), "{w:?} not in {err}");
+        }
+    };
+    let missing = dir.path().join("nope.zip");
     let out = pkgfs()
         .arg("mount")
-        .arg(dir.path().join("nope.zip"))
+        .arg(&missing)
         .arg(dir.path())
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nope.zip"));
+    one_line(&out, &[&missing.display().to_string(), "no such file"]);
+    let mountpoint = dir.path().join("no-such-mountpoint");
     let out = pkgfs()
         .arg("mount")
         .arg(set("basic"))
-        .arg(dir.path().join("no-such-mountpoint"))
+        .arg(&mountpoint)
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+    one_line(
+        &out,
+        &[&mountpoint.display().to_string(), "not a directory"],
+    );
+    // Found by the background daemon, not before it starts: still one line, its own.
+    let image = format!("oci:{}:latest", dir.path().join("no-image").display());
+    let out = pkgfs()
+        .arg("mount")
+        .arg(&image)
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    one_line(&out, &["no-image"]);
 }
 
 on_both_transports! {

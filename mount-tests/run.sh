@@ -36,4 +36,6 @@ if ((${#need[@]})); then
 fi
 
 export PKGFS_TEST_STRICT=1
-exec cargo test "$@"
+# A hang must fail with its output, not run into CI's limit: the whole run (build
+# included) gets PKGFS_TEST_TIMEOUT, 50 minutes unless set.
+exec timeout --kill-after=60 "${PKGFS_TEST_TIMEOUT:-50m}" cargo test "$@"

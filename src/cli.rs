@@ -1,49 +1,23 @@
 //! Command-line arguments (clap) and their translation into plain configuration.
 //!
-//! Stage one is [`Cli`], exactly what the user typed; stage two is [`Command`], validated
-//! values the rest of the program uses without knowing about clap (the ripgrep/fd split).
+//! Stage one is [`Cli`], exactly what the user typed; stage two is
+//! [`Command`](crate::config::Command), validated values in [`crate::config`] that the
+//! rest of the program uses without knowing about clap (the ripgrep/fd split). The
+//! mount(8) helper's command line and the `-o` options are [`crate::fstab`]'s.
 
-use crate::layout::{Config as LayoutConfig, Kind as LayoutKind};
-use std::ffi::OsString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::config::{
+    Access, Command, DEFAULT_CACHE, DEFAULT_DISK_CACHE, DEFAULT_PREFETCH, DEFAULT_REMOTE_TIMEOUT,
+    Merge, MountConfig, UsageError, default_threads, parse_duration, parse_size,
+};
 use crate::io::registry::RegistryConfig;
 use crate::io::remote::RemoteConfig;
-use crate::source::image::{ImageRef, Platform, Transport};
-use crate::tools::Merge;
-pub use crate::transport::ops::Access;
+use crate::layout::{Config as LayoutConfig, Kind as LayoutKind};
+use crate::source::image::{ImageRef, Platform};
 use crate::tree::Ownership;
-
-/// Arguments that parse but make no sense: exit status 2, as clap's own errors.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
-
-impl From<String> for UsageError {
-    fn from(s: String) -> Self {
-        UsageError(s)
-    }
-}
-
-impl From<&str> for UsageError {
-    fn from(s: &str) -> Self {
-        UsageError(s.to_string())
-    }
-}
-
-/// Default block cache budget.
-pub const DEFAULT_CACHE: &str = "256M";
-
-/// Default largest directory read-ahead window (`--prefetch`).
-pub const DEFAULT_PREFETCH: &str = "8M";
-/// Default byte budget of the disk cache of remote sources.
-pub const DEFAULT_DISK_CACHE: &str = "4G";
-/// Default bound on a remote read, seconds.
-pub const DEFAULT_REMOTE_TIMEOUT: &str = "30";
 
 /// pkgfs — serve package archives (ZIP, wheels, jars, tarballs…) and container images as one merged read-only tree.
 #[derive(Debug, Parser)]
@@ -415,7 +389,8 @@ struct LayoutArgs {
     /// package.json, or as npm ci lays out --lockfile), cargo (.crate files as cargo's
     /// registry/src/INDEX/, with .cargo-ok). each and cargo index a package when its
     /// directory is first looked into.
-    #[arg(long, value_name = "KIND", default_value = "merge", value_parser = ["merge", "each", "npm", "cargo"])]
+    #[arg(long, value_name = "KIND", default_value = LayoutKind::default().name(),
+          value_parser = clap::builder::PossibleValuesParser::new(LayoutKind::ALL.map(LayoutKind::name)))]
     layout: String,
     /// merge and each: drop the first N components of every path inside an archive, as
     /// tar's --strip-components does (shorter paths are left out).
@@ -542,233 +517,6 @@ struct CheckArgs {
     merge: MergeArgs,
 }
 
-/// Validated settings of `pkgfs mount`.
-#[derive(Debug, Clone)]
-pub struct MountConfig {
-    /// Sources in layer order.
-    pub sources: Vec<PathBuf>,
-    /// Where each package goes.
-    pub layout: LayoutConfig,
-    /// Mountpoint.
-    pub mountpoint: PathBuf,
-    /// Stay attached.
-    pub foreground: bool,
-    /// Cache budget, bytes.
-    pub cache_bytes: u64,
-    /// Largest directory read-ahead window, bytes (0: no read-ahead).
-    pub prefetch_bytes: u64,
-    /// FUSE worker threads.
-    pub threads: usize,
-    /// Ownership defaults and overrides.
-    pub owner: Ownership,
-    /// Who may access the mount.
-    pub access: Access,
-    /// Mount with `noexec`.
-    pub noexec: bool,
-    /// Mount with `noatime`.
-    pub noatime: bool,
-    /// Honour setuid/setgid bits (off: `nosuid`).
-    pub suid: bool,
-    /// Let device nodes be opened as devices (off: `nodev`).
-    pub dev: bool,
-    /// Name shown in /proc/mounts.
-    pub fsname: String,
-    /// Daemon log destination.
-    pub log_file: Option<PathBuf>,
-    /// Index cache directory for foreign seekable archives (None: no cache).
-    pub index_cache: Option<PathBuf>,
-    /// Watch source directories and activate packages as they come and go.
-    pub watch: bool,
-    /// Treat `.wh.` entries as OCI whiteouts.
-    pub whiteouts: bool,
-    /// The platform to take from a multi-platform image.
-    pub platform: Option<Platform>,
-    /// Use FUSE over io_uring if the kernel offers it.
-    pub io_uring: bool,
-    /// Timeouts, retries and disk cache of remote sources.
-    pub remote: RemoteConfig,
-    /// Registries: credentials, certificates, TLS.
-    pub registry: RegistryConfig,
-    /// List remote sources again this often (None: never).
-    pub poll: Option<Duration>,
-    /// `pkgfs store`: no sources; the tree grows as containers/storage looks up image
-    /// references and layers (`source::store`).
-    pub store: bool,
-    /// `--verify`: sources mount only under a seal by an allowed signer.
-    pub verify: Option<crate::source::verify::VerifyConfig>,
-}
-
-/// A validated command.
-#[derive(Debug, Clone)]
-pub enum Command {
-    /// Mount.
-    Mount(Box<MountConfig>),
-    /// Query a running mount.
-    Status {
-        /// The mountpoint.
-        mountpoint: PathBuf,
-        /// Text, text with every package, or JSON.
-        style: crate::status::Style,
-    },
-    /// Unmount.
-    Umount {
-        /// The mountpoint.
-        mountpoint: PathBuf,
-        /// Detach immediately.
-        lazy: bool,
-    },
-    /// List.
-    Ls {
-        /// Sources.
-        sources: Vec<PathBuf>,
-        /// Path inside the tree.
-        path: Vec<u8>,
-        /// How layers merge.
-        merge: Merge,
-    },
-    /// Print a file.
-    Cat {
-        /// Sources.
-        sources: Vec<PathBuf>,
-        /// Path inside the tree.
-        path: Vec<u8>,
-        /// How layers merge.
-        merge: Merge,
-    },
-    /// Verify.
-    Check {
-        /// Sources.
-        sources: Vec<PathBuf>,
-        /// How layers merge.
-        merge: Merge,
-    },
-    /// Pack a directory.
-    Pack(crate::tools::pack::PackConfig),
-    /// Seal a directory of archives.
-    Seal(Box<crate::tools::seal::SealConfig>),
-    /// Print a completion script for this shell.
-    Completions(clap_complete::Shell),
-    /// Write the man pages to this directory.
-    Manpages(PathBuf),
-}
-
-/// Parse a duration: `30` (seconds), `30s`, `500ms`, `5m`, `1h`.
-pub fn parse_duration(s: &str) -> Result<Duration, UsageError> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 30s, 500ms, 5m)"))?;
-    let d = match unit {
-        "" | "s" => Duration::from_secs(n),
-        "ms" => Duration::from_millis(n),
-        "m" | "min" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)").into()),
-    };
-    if d.is_zero() {
-        return Err(format!("{s:?}: a duration must be more than zero").into());
-    }
-    Ok(d)
-}
-
-/// Parse a byte size such as `512`, `64K`, `256M`, `2G` (binary multiples).
-pub fn parse_size(s: &str) -> Result<u64, UsageError> {
-    let t = s.trim();
-    let (digits, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => {
-                    return Err(
-                        format!("bad size {s:?}: unknown suffix {c:?} (use K, M, G)").into(),
-                    );
-                }
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    let n: u64 = digits.trim().parse().map_err(|_| {
-        format!("bad size {s:?}: expected a number with an optional K, M or G suffix")
-    })?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} is too large").into())
-}
-
-/// Names under which the binary acts as a mount(8) helper (`mount -t fuse.pkgfs` runs
-/// `/sbin/mount.fuse.pkgfs`, `mount -t pkgfs` runs `/sbin/mount.pkgfs`).
-pub const HELPER_NAMES: &[&str] = &["mount.fuse.pkgfs", "mount.pkgfs"];
-
-/// If the program was started as a mount helper, translate the helper's command line
-/// (`SOURCE MOUNTPOINT [-sfnv] [-o OPTIONS] [-t TYPE]`, as mount(8) passes it) into
-/// the equivalent `pkgfs mount` arguments. `SOURCE` may list several sources separated
-/// by `:`. Returns `None` for any other program name, and an empty list for `-f` (fake:
-/// do nothing).
-pub fn helper_args(
-    args: &[std::ffi::OsString],
-) -> Option<Result<Vec<std::ffi::OsString>, UsageError>> {
-    use std::ffi::OsString;
-    let name = std::path::Path::new(args.first()?).file_name()?.to_str()?;
-    if !HELPER_NAMES.contains(&name) {
-        return None;
-    }
-    let mut positional: Vec<OsString> = Vec::new();
-    let mut options: Vec<OsString> = Vec::new();
-    let mut fake = false;
-    let mut it = args.iter().skip(1);
-    while let Some(a) = it.next() {
-        match a.to_str() {
-            Some("-o") => match it.next() {
-                Some(o) => options.push(o.clone()),
-                None => return Some(Err("-o needs a value".into())),
-            },
-            // -t TYPE: the subtype is ours whatever it says.
-            Some("-t") => {
-                it.next();
-            }
-            Some(f) if f.starts_with('-') && f.len() > 1 => {
-                for c in f[1..].chars() {
-                    match c {
-                        // -f: fake (do everything but mount); -n: no mtab; -s: sloppy;
-                        // -v: verbose.
-                        'f' => fake = true,
-                        'n' | 's' | 'v' => {}
-                        _ => return Some(Err(format!("unknown helper flag -{c}").into())),
-                    }
-                }
-            }
-            _ => positional.push(a.clone()),
-        }
-    }
-    let [source, mountpoint] = positional.as_slice() else {
-        return Some(Err(format!(
-            "usage: {name} SOURCE MOUNTPOINT [-o OPTIONS] (got {} arguments)",
-            positional.len()
-        )
-        .into()));
-    };
-    if fake {
-        // Nothing to do: an empty command line.
-        return Some(Ok(Vec::new()));
-    }
-    let mut out: Vec<OsString> = vec!["pkgfs".into(), "mount".into()];
-    for o in options {
-        out.push("-o".into());
-        out.push(o);
-    }
-    // An fstab source field holds one word: several sources are `:`-separated. An image
-    // keeps its own colons: `oci:/img:latest:/pkgs` is the image `oci:/img:latest` (the
-    // parts after its path that are not absolute paths are its reference) and `/pkgs`.
-    out.extend(split_fstab_sources(source.as_encoded_bytes()));
-    out.push(mountpoint.clone());
-    Some(Ok(out))
-}
-
 /// Write the completion script of `shell` for pkgfs to `out`.
 pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
     let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -794,63 +542,6 @@ pub fn manpages(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
     }
     page(cmd, "pkgfs".into())?;
     Ok(written)
-}
-
-/// Split an fstab source field (see [`helper_args`]).
-fn split_fstab_sources(src: &[u8]) -> Vec<OsString> {
-    let parts: Vec<&[u8]> = src
-        .split(|&b| b == b':')
-        .filter(|p| !p.is_empty())
-        .collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < parts.len() {
-        let is_image = [
-            Transport::Oci,
-            Transport::OciArchive,
-            Transport::DockerArchive,
-        ]
-        .iter()
-        .any(|t| t.prefix().as_bytes() == parts[i]);
-        let is_registry =
-            parts[i] == b"docker" && parts.get(i + 1).is_some_and(|p| p.starts_with(b"//"));
-        let is_url = matches!(parts[i], b"s3" | b"http" | b"https")
-            && parts.get(i + 1).is_some_and(|p| p.starts_with(b"//"));
-        if is_url {
-            // SCHEME://HOST[:PORT]/PATH: a port is the digits after the host.
-            let mut word = [parts[i], parts[i + 1]].join(&b':');
-            i += 2;
-            let port = |p: &&[u8]| {
-                let d = p.iter().take_while(|b| b.is_ascii_digit()).count();
-                d > 0 && (d == p.len() || p[d] == b'/')
-            };
-            if parts.get(i).is_some_and(port) {
-                word.push(b':');
-                word.extend_from_slice(parts[i]);
-                i += 1;
-            }
-            out.push(std::ffi::OsStr::from_bytes(&word).to_os_string());
-        } else if (is_image || is_registry) && i + 1 < parts.len() {
-            let mut word = [parts[i], parts[i + 1]].join(&b':');
-            i += 2;
-            while i < parts.len() && !parts[i].starts_with(b"/") {
-                word.push(b':');
-                word.extend_from_slice(parts[i]);
-                i += 1;
-            }
-            out.push(std::ffi::OsStr::from_bytes(&word).to_os_string());
-        } else {
-            out.push(std::ffi::OsStr::from_bytes(parts[i]).to_os_string());
-            i += 1;
-        }
-    }
-    out
-}
-
-fn default_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(4, |n| n.get())
-        .max(4)
 }
 
 impl Cli {
@@ -961,7 +652,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
             .map_or_else(String::new, |p| p.display().to_string())
     );
     let mut cfg = serve_config(m.sources, m.mountpoint, fsname, &m.serve)?;
-    cfg.layout = m.layout.into_config()?;
+    cfg.merge.layout = m.layout.into_config()?;
     cfg.prefetch_bytes = parse_size(&m.prefetch)?;
     if let Some(uid) = m.uid {
         cfg.owner.uid = uid;
@@ -976,9 +667,9 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
     }
     cfg.watch = !m.no_watch;
     // Always for images: their layers say what they remove so.
-    cfg.whiteouts = m.whiteouts || any_image;
+    cfg.merge.whiteouts = m.whiteouts || any_image;
     cfg.poll = m.poll.as_deref().map(parse_duration).transpose()?;
-    cfg.verify = m.verify.into_config()?;
+    cfg.merge.verify = m.verify.into_config()?;
     finish_config(cfg, m.serve)
 }
 
@@ -1010,7 +701,7 @@ fn store_config(s: StoreArgs) -> Result<MountConfig, UsageError> {
     // Files are read once each by overlayfs on the way up: no directory read-ahead.
     cfg.prefetch_bytes = 0;
     let cfg = finish_config(cfg, s.serve)?;
-    if cfg.layout != LayoutConfig::default() || cfg.poll.is_some() || cfg.whiteouts {
+    if cfg.merge.layout != LayoutConfig::default() || cfg.poll.is_some() || cfg.merge.whiteouts {
         return Err("pkgfs store takes no layout, poll or whiteouts options".into());
     }
     Ok(cfg)
@@ -1028,7 +719,10 @@ fn serve_config(
     Ok(MountConfig {
         fsname,
         sources,
-        layout: LayoutConfig::default(),
+        merge: Merge {
+            platform: platform(s.platform.clone())?,
+            ..Merge::default()
+        },
         mountpoint,
         foreground: s.foreground,
         cache_bytes: parse_size(&s.cache_size)?,
@@ -1054,8 +748,6 @@ fn serve_config(
                 .or_else(crate::format::IndexCache::default_dir)
         },
         watch: false,
-        whiteouts: false,
-        platform: platform(s.platform.clone())?,
         io_uring: s.io_uring == "auto",
         remote: RemoteConfig {
             read_timeout: parse_duration(&s.remote_timeout)?,
@@ -1071,131 +763,32 @@ fn serve_config(
             ..RemoteConfig::default()
         },
         poll: None,
-        registry: RegistryConfig::default(),
         store: false,
-        verify: None,
     })
 }
 
 /// The registry settings and the `-o` options (last: they override flags), checked.
 fn finish_config(mut cfg: MountConfig, s: ServeArgs) -> Result<MountConfig, UsageError> {
-    cfg.registry = s.registry.into_config()?;
+    cfg.merge.registry = s.registry.into_config()?;
     for opt in s
         .options
         .iter()
         .flat_map(|o| o.split(','))
         .filter(|o| !o.is_empty())
     {
-        apply_option(&mut cfg, opt)?;
+        crate::fstab::apply_option(&mut cfg, opt)?;
     }
     if cfg.threads == 0 {
         return Err("--threads must be at least 1".into());
     }
-    cfg.layout = check_layout(cfg.layout)?;
+    cfg.merge.layout = check_layout(cfg.merge.layout)?;
     Ok(cfg)
-}
-
-/// Apply one `-o` option (`key` or `key=value`) to `cfg`.
-fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> {
-    let (key, value) = match opt.split_once('=') {
-        Some((k, v)) => (k, Some(v)),
-        None => (opt, None),
-    };
-    let need = || value.ok_or_else(|| format!("mount option {key} needs a value"));
-    let number = || -> Result<u32, String> {
-        need()?
-            .parse()
-            .map_err(|_| format!("mount option {key} needs a number"))
-    };
-    match key {
-        "allow_other" => cfg.access = Access::All,
-        "allow_root" => cfg.access = Access::RootAndOwner,
-        "noexec" => cfg.noexec = true,
-        "exec" => cfg.noexec = false,
-        "noatime" => cfg.noatime = true,
-        "suid" => cfg.suid = true,
-        "nosuid" => cfg.suid = false,
-        "dev" => cfg.dev = true,
-        "nodev" => cfg.dev = false,
-        "atime" | "relatime" | "strictatime" => cfg.noatime = false,
-        "fsname" => cfg.fsname = need()?.to_string(),
-        "uid" => {
-            cfg.owner.uid = number()?;
-            cfg.owner.force_uid = true;
-        }
-        "gid" => {
-            cfg.owner.gid = number()?;
-            cfg.owner.force_gid = true;
-        }
-        "cache_size" => cfg.cache_bytes = parse_size(need()?)?,
-        "prefetch" => cfg.prefetch_bytes = parse_size(need()?)?,
-        "threads" => cfg.threads = number()? as usize,
-        "log_file" => cfg.log_file = Some(PathBuf::from(need()?)),
-        "foreground" => cfg.foreground = true,
-        "no_watch" | "nowatch" => cfg.watch = false,
-        "watch" => cfg.watch = true,
-        "index_cache" => cfg.index_cache = Some(PathBuf::from(need()?)),
-        "no_index_cache" => cfg.index_cache = None,
-        "whiteouts" => cfg.whiteouts = true,
-        "no_io_uring" => cfg.io_uring = false,
-        "disk_cache" => {
-            let budget = cfg
-                .remote
-                .disk_cache
-                .as_ref()
-                .map_or(parse_size(DEFAULT_DISK_CACHE)?, |(_, b)| *b);
-            cfg.remote.disk_cache = Some((PathBuf::from(need()?), budget));
-        }
-        "disk_cache_size" => {
-            let budget = parse_size(need()?)?;
-            if let Some((_, b)) = cfg.remote.disk_cache.as_mut() {
-                *b = budget;
-            }
-        }
-        "no_disk_cache" => cfg.remote.disk_cache = None,
-        "remote_timeout" => cfg.remote.read_timeout = parse_duration(need()?)?,
-        "poll" => cfg.poll = Some(parse_duration(need()?)?),
-        "layout" => {
-            cfg.layout.kind = LayoutKind::parse(need()?)
-                .ok_or_else(|| format!("unknown layout {:?}", value.unwrap_or("")))?;
-        }
-        "strip_components" => cfg.layout.strip = number()? as usize,
-        "lockfile" => cfg.layout.lockfile = Some(PathBuf::from(need()?)),
-        "allow_missing" => cfg.layout.allow_missing = true,
-        "authfile" => cfg.registry.auth_file = Some(PathBuf::from(need()?)),
-        "cert_dir" => cfg.registry.cert_dir = Some(PathBuf::from(need()?)),
-        "no_background_fetch" => cfg.registry.background_fetch = false,
-        "tls_verify" => {
-            cfg.registry.tls_verify = match value.unwrap_or("true") {
-                "true" | "1" | "yes" => true,
-                "false" | "0" | "no" => false,
-                v => return Err(format!("tls_verify={v}: true or false").into()),
-            }
-        }
-        // Always in force, or meaningless for a read-only FUSE mount: accepted so
-        // fstab lines and mount(8) helpers work.
-        "ro"
-        | "rw"
-        | "defaults"
-        | "auto"
-        | "noauto"
-        | "user"
-        | "users"
-        | "nouser"
-        | "nofail"
-        | "_netdev"
-        | "default_permissions"
-        | "async"
-        | "sync" => {}
-        k if k.starts_with("x-") || k.starts_with("comment=") => {}
-        _ => return Err(format!("unknown mount option {opt:?}").into()),
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fstab::helper_args;
 
     fn cli(args: &[&str]) -> Result<Command, String> {
         Cli::try_parse_from(args)
@@ -1222,7 +815,7 @@ mod tests {
             v.extend_from_slice(args);
             v.extend_from_slice(&["/pkgs", "/m"]);
             match cli(&v) {
-                Ok(Command::Mount(c)) => Ok(c.layout),
+                Ok(Command::Mount(c)) => Ok(c.merge.layout),
                 Ok(_) => panic!("not a mount"),
                 Err(e) => Err(e),
             }
@@ -1281,13 +874,13 @@ mod tests {
         assert_eq!(c.cache_bytes, 1 << 20);
         assert_eq!(c.prefetch_bytes, 0);
         assert_eq!(c.threads, 3);
-        assert!(!c.whiteouts);
+        assert!(!c.merge.whiteouts);
         for opts in [["-o", "ro,whiteouts"], ["--whiteouts", "-f"]] {
             let Ok(Command::Mount(c)) = cli(&["pkgfs", "mount", "a", "/m", opts[0], opts[1]])
             else {
                 panic!("not a mount")
             };
-            assert!(c.whiteouts, "{opts:?}");
+            assert!(c.merge.whiteouts, "{opts:?}");
         }
         assert!(!c.suid && !c.dev, "nosuid,nodev unless asked");
         let Ok(Command::Mount(c)) = cli(&["pkgfs", "mount", "a", "/m", "-o", "suid,dev,nodev"])
@@ -1356,37 +949,6 @@ mod tests {
     }
 
     #[test]
-    fn fstab_source_fields_keep_an_image_s_colons() {
-        let split = |s: &str| -> Vec<String> {
-            split_fstab_sources(s.as_bytes())
-                .into_iter()
-                .map(|o| o.into_string().unwrap())
-                .collect()
-        };
-        assert_eq!(split("/a:/b"), ["/a", "/b"]);
-        assert_eq!(split("oci:/img:latest:/pkgs"), ["oci:/img:latest", "/pkgs"]);
-        assert_eq!(
-            split("/base:docker-archive:/x.tar:pkgfs/debian:latest"),
-            ["/base", "docker-archive:/x.tar:pkgfs/debian:latest"]
-        );
-        assert_eq!(split("oci-archive:/i.tar"), ["oci-archive:/i.tar"]);
-        assert_eq!(
-            split("/base:http://h:8080/pkgs/:s3://b/p/:https://h/x.zip"),
-            [
-                "/base",
-                "http://h:8080/pkgs/",
-                "s3://b/p/",
-                "https://h/x.zip"
-            ]
-        );
-        assert_eq!(split("http://h:80"), ["http://h:80"]);
-        assert_eq!(
-            split("docker://127.0.0.1:5000/a/b:v1:/pkgs"),
-            ["docker://127.0.0.1:5000/a/b:v1", "/pkgs"]
-        );
-    }
-
-    #[test]
     fn man_pages_and_completions_come_from_the_definitions() {
         let dir = tempfile::tempdir().unwrap();
         let pages = manpages(dir.path()).unwrap();
@@ -1438,12 +1000,12 @@ mod tests {
         ]) else {
             panic!("store did not parse");
         };
-        assert!(c.store && c.sources.is_empty() && !c.watch && !c.whiteouts);
+        assert!(c.store && c.sources.is_empty() && !c.watch && !c.merge.whiteouts);
         assert_eq!(c.mountpoint, PathBuf::from("/var/lib/pkgfs-store"));
         assert_eq!(c.prefetch_bytes, 0);
-        assert!(!c.registry.tls_verify);
+        assert!(!c.merge.registry.tls_verify);
         assert_eq!(c.access, Access::All);
-        assert_eq!(c.platform.unwrap().architecture, "arm64");
+        assert_eq!(c.merge.platform.unwrap().architecture, "arm64");
         assert_eq!(c.remote.disk_cache.unwrap().1, 1 << 30);
         // What only a mount of sources means is refused.
         let err = cli(&["pkgfs", "store", "/m", "-o", "layout=npm"]).unwrap_err();

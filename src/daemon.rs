@@ -25,16 +25,16 @@ use std::time::{Duration, SystemTime};
 
 use log::{info, warn};
 
-use crate::cli::MountConfig;
+use crate::config::MountConfig;
 use crate::format::IndexCache;
 use crate::fs::prefetch::{self, HINT_QUEUE};
 use crate::fs::{KernelCache, PkgFs};
-use crate::progress::IndexBars;
+use crate::source::live::Activity;
 use crate::source::live::{Activator, Live, skipped_list};
 use crate::source::store::{LayerStore, StoreOptions};
 use crate::source::watch::Watcher;
-use crate::source::{LoadOptions, Packages, Progress};
-use crate::status::{self, Activity, MountInfo};
+use crate::source::{LoadOptions, Packages};
+use crate::status::{self, MountInfo};
 use crate::transport::fuse::{Fuse, KernelNotifier};
 use crate::transport::ops::{AccessRule, Handler};
 use crate::transport::session::{self, MountOptions, SessionError};
@@ -74,17 +74,34 @@ pub enum DaemonError {
         /// Why.
         source: std::io::Error,
     },
+    /// A source that is a local path cannot be used.
+    #[error("source {path}: {why}")]
+    BadSource {
+        /// The source as given.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        why: String,
+    },
+    /// FUSE cannot be used here (`/dev/fuse` or `fusermount3`).
+    #[error("{0}")]
+    NoFuse(String),
     /// The background daemon ended before reporting the mount ready.
     #[error("the daemon exited before the mount was ready ({0})")]
     Exited(std::process::ExitStatus),
+    /// The background daemon failed and said why on the terminal (one line): nothing more
+    /// to print, only the exit status.
+    #[error("the daemon failed")]
+    Reported,
 }
 
 /// `pkgfs mount`: mount in the foreground, or start a background daemon and wait for it.
 /// `args` is the `pkgfs mount …` command line (after any mount-helper translation); the
 /// background daemon is started with it.
 pub fn mount(cfg: &MountConfig, args: &[std::ffi::OsString]) -> Result<(), DaemonError> {
+    check_sources(cfg)?;
     session::prepare_mountpoint(&cfg.mountpoint)?;
     refuse_hidden_sources(cfg)?;
+    check_fuse()?;
     if cfg.foreground || std::env::var_os(READY_ENV).is_some() {
         run_foreground(cfg)
     } else {
@@ -95,6 +112,74 @@ pub fn mount(cfg: &MountConfig, args: &[std::ffi::OsString]) -> Result<(), Daemo
 /// `pkgfs umount`.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), DaemonError> {
     Ok(session::unmount(mountpoint, lazy)?)
+}
+
+/// Local sources that do not exist or cannot be read, found before any daemon starts
+/// (images and remote stores are checked when they are opened).
+fn check_sources(cfg: &MountConfig) -> Result<(), DaemonError> {
+    use std::io::ErrorKind;
+    for s in &cfg.sources {
+        let remote = s
+            .to_str()
+            .and_then(crate::source::remote::RemoteRef::parse)
+            .is_some();
+        if remote || crate::source::image::ImageRef::parse(s.as_os_str()).is_some() {
+            continue;
+        }
+        let readable = std::fs::metadata(s).and_then(|m| {
+            if m.is_dir() {
+                std::fs::read_dir(s).map(drop)
+            } else {
+                std::fs::File::open(s).map(drop)
+            }
+        });
+        let why = match readable {
+            Ok(()) => continue,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                "no such file or directory (give archives, directories of archives, image \
+                 references or URLs)"
+                    .to_string()
+            }
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+                "permission denied (it must be readable by the user who mounts)".to_string()
+            }
+            Err(e) => e.to_string(),
+        };
+        return Err(DaemonError::BadSource {
+            path: s.clone(),
+            why,
+        });
+    }
+    Ok(())
+}
+
+/// What FUSE needs here: `/dev/fuse` that can be opened, and for a user who is not root,
+/// the `fusermount3` helper that mounts on their behalf.
+fn check_fuse() -> Result<(), DaemonError> {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        return Err(DaemonError::NoFuse(format!(
+            "cannot open /dev/fuse: {e} (load the module: modprobe fuse; in a container, \
+             pass the device: --device /dev/fuse)"
+        )));
+    }
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+    };
+    if !root && !on_path("fusermount3") {
+        return Err(DaemonError::NoFuse(
+            "fusermount3 is not on PATH: a user who is not root mounts through it \
+             (install the fuse3 package)"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A source at or under the mountpoint would be hidden by the mount: the daemon would
@@ -144,6 +229,10 @@ fn spawn_background(args: &[std::ffi::OsString]) -> Result<(), DaemonError> {
         return Ok(());
     }
     let status = child.wait().map_err(|e| start("the daemon", e))?;
+    // A daemon that exited with an error said why on the terminal (its stderr is ours).
+    if status.code().is_some_and(|c| c != 0) {
+        return Err(DaemonError::Reported);
+    }
     Err(DaemonError::Exited(status))
 }
 
@@ -217,16 +306,17 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         mountpoint: session::mount_path(&cfg.mountpoint),
         sources: cfg.sources.clone(),
         watching: watcher.is_some(),
-        whiteouts: cfg.whiteouts,
-        layout: cfg.layout.kind,
+        whiteouts: cfg.merge.whiteouts,
+        layout: cfg.merge.layout.kind,
         started: SystemTime::now(),
         rings,
         remote: packages.remote_made(),
         store,
         seals: cfg
+            .merge
             .verify
             .is_some()
-            .then(|| packages.seals() as Arc<dyn crate::status::SealState>),
+            .then(|| packages.seals() as Arc<dyn crate::source::verify::SealState>),
     };
     match session::raise_readahead(&cfg.mountpoint) {
         Some(dev) => {
@@ -256,21 +346,15 @@ fn prepare_process() -> libc::sigset_t {
 
 /// How a mount's packages are loaded.
 fn load_options(cfg: &MountConfig) -> LoadOptions {
-    LoadOptions {
-        threads: std::thread::available_parallelism()
+    cfg.merge.load_options(
+        std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .max(MIN_INDEX_THREADS),
-        owner: cfg.owner,
-        cache_bytes: cfg.cache_bytes,
-        index_cache: cfg.index_cache.clone().map(IndexCache::new),
-        whiteouts: cfg.whiteouts,
-        platform: cfg.platform.clone(),
-        remote: cfg.remote.clone(),
-        progress: Some(Progress(Arc::new(IndexBars::default()))),
-        layout: cfg.layout.clone(),
-        verify: cfg.verify.clone(),
-        registry: cfg.registry.clone(),
-    }
+        cfg.owner,
+        cfg.cache_bytes,
+        cfg.index_cache.clone(),
+        cfg.remote.clone(),
+    )
 }
 
 /// Stage 2: the watcher of the source directories (and the poll), if the mount is live.
@@ -337,7 +421,7 @@ fn open_store(cfg: &MountConfig, packages: &Packages) -> Result<StoreServed, Dae
         StoreOptions {
             owner: cfg.owner,
             index_cache: cfg.index_cache.clone().map(IndexCache::new),
-            platform: cfg.platform.clone(),
+            platform: cfg.merge.platform.clone(),
         },
         Box::new(move || Ok(registries.clone())),
     ));
@@ -354,7 +438,7 @@ fn open_store(cfg: &MountConfig, packages: &Packages) -> Result<StoreServed, Dae
 }
 
 /// A store's filesystem and what its status shows.
-type StoreServed = (Arc<PkgFs>, Arc<dyn crate::status::StoreState>);
+type StoreServed = (Arc<PkgFs>, Arc<dyn crate::source::store::StoreState>);
 
 /// What serving a mount starts: the session, the kernel's caches through its notifier,
 /// and the rings' state.

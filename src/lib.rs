@@ -22,11 +22,14 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod app;
 pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod format;
 pub mod fs;
+pub mod fstab;
 pub mod io;
 pub mod layout;
 pub mod progress;

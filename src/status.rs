@@ -30,6 +30,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use log::{debug, warn};
 
 use crate::fs::PkgFs;
+use crate::source::image::ImageSummary;
+use crate::source::live::Activity;
+use crate::source::store::{StoreLayerRow, StoreState};
+use crate::source::verify::{SealRow, SealState};
 
 /// What the daemon knows about its mount, beyond the filesystem itself.
 #[derive(Debug, Clone)]
@@ -54,92 +58,6 @@ pub struct MountInfo {
     pub store: Option<Arc<dyn StoreState>>,
     /// `--verify`: the seals of the sources.
     pub seals: Option<Arc<dyn SealState>>,
-}
-
-/// The seals a verified mount took (`source::verify` keeps them).
-pub trait SealState: Send + Sync + std::fmt::Debug {
-    /// One row per sealed source.
-    fn seals(&self) -> Vec<SealRow>;
-}
-
-/// What the report says of a sealed source.
-#[derive(Debug, Clone, Serialize)]
-pub struct SealRow {
-    /// The source.
-    pub source: String,
-    /// Who signed it (the allowed signer's principals).
-    pub signer: String,
-    /// Its revision.
-    pub revision: u64,
-    /// Archives it lists.
-    pub archives: usize,
-    /// Blocks checked so far.
-    pub blocks_checked: u64,
-    /// Their bytes.
-    pub bytes_checked: u64,
-    /// Blocks that did not match the seal.
-    pub failures: u64,
-}
-
-/// What `pkgfs store` has resolved, as the report shows it (`source::store` keeps it).
-pub trait StoreState: Send + Sync + std::fmt::Debug {
-    /// The images looked up so far.
-    fn images(&self) -> Vec<ImageSummary>;
-    /// Their layers.
-    fn layers(&self) -> Vec<StoreLayerRow>;
-}
-
-/// One layer of a `pkgfs store`.
-#[derive(Debug, Clone, Serialize)]
-pub struct StoreLayerRow {
-    /// The image reference, as containers/storage names it.
-    pub reference: String,
-    /// The layer's digest.
-    pub digest: String,
-    /// Its media type.
-    pub media_type: String,
-    /// `diff` has been indexed.
-    pub indexed: bool,
-    /// Why its index failed, if it did.
-    pub error: Option<String>,
-    /// Times containers/storage took it into use (`use` created).
-    pub uses: u64,
-    /// Times it was released (`rmdir`).
-    pub released: u64,
-    /// Bytes of it fetched from the registry by this process.
-    pub fetched_bytes: u64,
-}
-
-/// What happened since the mount: kept by the daemon, shown by `status`.
-#[derive(Debug, Clone, Default)]
-pub struct Activity {
-    /// Activations done (package sets swapped in).
-    pub activations: u64,
-    /// When the last one happened, and what it changed.
-    pub last: Option<(SystemTime, String)>,
-    /// Archives skipped by the last scan, with the reason.
-    pub skipped: Vec<(PathBuf, String)>,
-    /// Rescans that failed (a source directory could not be read).
-    pub failed_scans: u64,
-    /// Archives being indexed in the background (not active yet).
-    pub indexing: Vec<PathBuf>,
-    /// The images among the sources.
-    pub images: Vec<ImageSummary>,
-}
-
-/// What the report says of an image among the sources.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ImageSummary {
-    /// How it was named (`oci:DIR:TAG`…).
-    pub reference: String,
-    /// The digest of its manifest, if it has one.
-    pub manifest: Option<String>,
-    /// The digest of its config.
-    pub config: Option<String>,
-    /// The platform its config names.
-    pub platform: Option<String>,
-    /// Its layers, bottom first: digest, media type, size in bytes.
-    pub layers: Vec<(String, String, u64)>,
 }
 
 fn secs(t: SystemTime) -> u64 {
@@ -357,28 +275,7 @@ struct LayoutRow {
 /// Gather the report of `fs`.
 fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
     let view = fs.view();
-    let mut packages: Vec<PackageRow> = view
-        .layers
-        .iter()
-        .map(|l| PackageRow {
-            path: l.archive.path.display().to_string(),
-            format: l.archive.format(),
-            index: l.archive.origin,
-            entries: l.entries,
-            checked: l.archive.checked,
-            wins: 0,
-            loses: 0,
-            fetched_bytes: l.archive.blob.fetched(),
-        })
-        .collect();
-    for c in &view.tree.conflicts {
-        if let Some(r) = packages.get_mut(c.winner as usize) {
-            r.wins += 1;
-        }
-        if let Some(r) = packages.get_mut(c.loser as usize) {
-            r.loses += 1;
-        }
-    }
+    let packages = package_rows(&view);
     let cache = fs.io().cache();
     let rs = &fs.io().stats;
     let ops = &fs.stats;
@@ -403,26 +300,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             .iter()
             .map(|s| s.display().to_string())
             .collect(),
-        images: activity
-            .images
-            .iter()
-            .chain(&store_images)
-            .map(|i| ImageRow {
-                reference: i.reference.clone(),
-                manifest: i.manifest.clone(),
-                config: i.config.clone(),
-                platform: i.platform.clone(),
-                layers: i
-                    .layers
-                    .iter()
-                    .map(|(digest, media_type, size)| LayerRow {
-                        digest: digest.clone(),
-                        media_type: media_type.clone(),
-                        size: *size,
-                    })
-                    .collect(),
-            })
-            .collect(),
+        images: image_rows(activity.images.iter().chain(&store_images)),
         generation: view.generation,
         activations: activity.activations,
         failed_scans: activity.failed_scans,
@@ -446,13 +324,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
             .collect(),
         inodes: view.tree.len(),
         inodes_retired: fs.retired_count(),
-        cache: CacheReport {
-            bytes: cache.bytes(),
-            budget: cache.budget(),
-            hits: cache.stats.hits.load(Relaxed),
-            misses: cache.stats.misses.load(Relaxed),
-            released: cache.stats.released.load(Relaxed),
-        },
+        cache: cache_report(cache),
         archive_bytes_read: rs.archive_bytes.load(Relaxed),
         bytes_decompressed: rs.decompressed_bytes.load(Relaxed),
         streams_started: rs.streams_started.load(Relaxed),
@@ -467,16 +339,78 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         errors: ops.errors.load(Relaxed),
         transport: info.rings.transport(),
         io_uring_requests: info.rings.requests.load(Relaxed),
-        requests: Requests {
-            lookup: ops.lookups.load(Relaxed),
-            getattr: ops.getattrs.load(Relaxed),
-            readdir: ops.readdirs.load(Relaxed),
-            readlink: ops.readlinks.load(Relaxed),
-            read: ops.reads.load(Relaxed),
-        },
+        requests: requests(ops),
         remote: info.remote.as_deref().map(remote_report),
         store: info.store.as_ref().map(|s| s.layers()),
         seals: info.seals.as_ref().map(|s| s.seals()),
+    }
+}
+
+/// One row per active package, with the path conflicts it wins and loses.
+fn package_rows(view: &crate::tree::view::View) -> Vec<PackageRow> {
+    let mut packages: Vec<PackageRow> = view
+        .layers
+        .iter()
+        .map(|l| PackageRow {
+            path: l.archive.path.display().to_string(),
+            format: l.archive.format(),
+            index: l.archive.origin,
+            entries: l.entries,
+            checked: l.archive.checked,
+            wins: 0,
+            loses: 0,
+            fetched_bytes: l.archive.blob.fetched(),
+        })
+        .collect();
+    for c in &view.tree.conflicts {
+        if let Some(r) = packages.get_mut(c.winner as usize) {
+            r.wins += 1;
+        }
+        if let Some(r) = packages.get_mut(c.loser as usize) {
+            r.loses += 1;
+        }
+    }
+    packages
+}
+
+/// The images among the sources and those a store looked up.
+fn image_rows<'a>(images: impl Iterator<Item = &'a ImageSummary>) -> Vec<ImageRow> {
+    images
+        .map(|i| ImageRow {
+            reference: i.reference.clone(),
+            manifest: i.manifest.clone(),
+            config: i.config.clone(),
+            platform: i.platform.clone(),
+            layers: i
+                .layers
+                .iter()
+                .map(|(digest, media_type, size)| LayerRow {
+                    digest: digest.clone(),
+                    media_type: media_type.clone(),
+                    size: *size,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn cache_report(cache: &crate::io::cache::BlockCache<crate::io::BlockKey>) -> CacheReport {
+    CacheReport {
+        bytes: cache.bytes(),
+        budget: cache.budget(),
+        hits: cache.stats.hits.load(Relaxed),
+        misses: cache.stats.misses.load(Relaxed),
+        released: cache.stats.released.load(Relaxed),
+    }
+}
+
+fn requests(ops: &crate::fs::OpStats) -> Requests {
+    Requests {
+        lookup: ops.lookups.load(Relaxed),
+        getattr: ops.getattrs.load(Relaxed),
+        readdir: ops.readdirs.load(Relaxed),
+        readlink: ops.readlinks.load(Relaxed),
+        read: ops.reads.load(Relaxed),
     }
 }
 
@@ -524,6 +458,17 @@ pub fn report(fs: &PkgFs, info: &MountInfo, activity: &Activity, style: Style) -
 /// The text form of a report.
 fn text(r: &Report, activity: &Activity, all: bool) -> String {
     let mut o = String::new();
+    text_mount(&mut o, r);
+    text_sources(&mut o, r);
+    text_generation(&mut o, r, activity);
+    text_caches(&mut o, r);
+    text_work(&mut o, r);
+    package_table(&mut o, &r.packages, &r.skipped, all);
+    o
+}
+
+/// The mount, its process and its sources.
+fn text_mount(o: &mut String, r: &Report) {
     let _ = writeln!(
         o,
         "pkgfs at {} (pid {}, up {} s)",
@@ -540,6 +485,10 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
             (false, true) => "fixed set; whiteouts honoured",
         }
     );
+}
+
+/// Images, seals and store layers among the sources.
+fn text_sources(o: &mut String, r: &Report) {
     for i in &r.images {
         let _ = writeln!(
             o,
@@ -588,6 +537,10 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
             }
         );
     }
+}
+
+/// Generations, activations, the layout's counts, packages and inodes.
+fn text_generation(o: &mut String, r: &Report, activity: &Activity) {
     let _ = write!(
         o,
         "generation {}: {} activations",
@@ -601,7 +554,8 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
         let _ = write!(o, ", {} failed rescans", r.failed_scans);
     }
     o.push('\n');
-    if r.layout.kind != crate::layout::Kind::Merge {
+    // The default layout needs no line of its own.
+    if r.layout.kind != crate::layout::Kind::default() {
         let _ = writeln!(
             o,
             "layout: {}; {} packages listed, {} indexed, {} failed",
@@ -622,6 +576,10 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
     if !r.indexing.is_empty() {
         let _ = writeln!(o, "indexing in the background: {}", r.indexing.join(" "));
     }
+}
+
+/// The block cache, remote fetches and the disk cache.
+fn text_caches(o: &mut String, r: &Report) {
     let c = &r.cache;
     let rate = hit_rate(c.hits, c.misses);
     let _ = writeln!(
@@ -668,6 +626,10 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
             }
         }
     }
+}
+
+/// Bytes read and decompressed, the transport, requests, prefetch and errors.
+fn text_work(o: &mut String, r: &Report) {
     let _ = writeln!(
         o,
         "archives: {} read, {} decompressed, {} streams started, {} resumed from checkpoints",
@@ -703,8 +665,6 @@ fn text(r: &Report, activity: &Activity, all: bool) -> String {
         if r.prefetch_idle { "idle" } else { "busy" }
     );
     let _ = writeln!(o, "errors: {}", r.errors);
-    package_table(&mut o, &r.packages, &r.skipped, all);
-    o
 }
 
 /// How many packages, and how many skipped archives, the text report lists without

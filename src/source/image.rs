@@ -222,8 +222,8 @@ pub struct Image {
 
 impl Image {
     /// What `pkgfs status` says of it.
-    pub fn summary(&self) -> crate::status::ImageSummary {
-        crate::status::ImageSummary {
+    pub fn summary(&self) -> ImageSummary {
+        ImageSummary {
             reference: self.reference.to_string(),
             manifest: self.manifest.as_ref().map(ToString::to_string),
             config: self.config.as_ref().map(ToString::to_string),
@@ -1207,6 +1207,21 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
         platform,
         layers,
     })
+}
+
+/// What `pkgfs status` says of an image among the sources.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageSummary {
+    /// How it was named (`oci:DIR:TAG`…).
+    pub reference: String,
+    /// The digest of its manifest, if it has one.
+    pub manifest: Option<String>,
+    /// The digest of its config.
+    pub config: Option<String>,
+    /// The platform its config names.
+    pub platform: Option<String>,
+    /// Its layers, bottom first: digest, media type, size in bytes.
+    pub layers: Vec<(String, String, u64)>,
 }
 
 #[cfg(test)]

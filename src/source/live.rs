@@ -17,7 +17,6 @@ use log::{debug, error, info, warn};
 use super::watch::Watcher;
 use super::{LoadReport, Packages};
 use crate::fs::{KernelCache, PkgFs};
-use crate::status::Activity;
 use crate::sync::lock;
 use crate::tree::view::Invalidation;
 
@@ -183,6 +182,24 @@ pub fn skipped_list(report: &LoadReport) -> Vec<(PathBuf, String)> {
         .iter()
         .map(|(p, e)| (p.clone(), e.to_string()))
         .collect()
+}
+
+/// What happened since the mount: kept by the daemon and the [`Activator`], shown by
+/// `pkgfs status`.
+#[derive(Debug, Clone, Default)]
+pub struct Activity {
+    /// Activations done (package sets swapped in).
+    pub activations: u64,
+    /// When the last one happened, and what it changed.
+    pub last: Option<(SystemTime, String)>,
+    /// Archives skipped by the last scan, with the reason.
+    pub skipped: Vec<(PathBuf, String)>,
+    /// Rescans that failed (a source directory could not be read).
+    pub failed_scans: u64,
+    /// Archives being indexed in the background (not active yet).
+    pub indexing: Vec<PathBuf>,
+    /// The images among the sources.
+    pub images: Vec<crate::source::image::ImageSummary>,
 }
 
 #[cfg(test)]

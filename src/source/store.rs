@@ -46,7 +46,6 @@ use crate::format::{self, Entry, EntryKind, Indexed, Loc};
 use crate::fs::{Generation, Grow};
 use crate::io::registry::Registries;
 use crate::layout::inline_file;
-use crate::status::{StoreLayerRow, StoreState};
 use crate::sync::lock;
 use crate::tree::view::{Graft, GraftSource, Layer};
 use crate::tree::{OPAQUE_WHITEOUT, Ownership, Tree, TreeBuilder, WHITEOUT_PREFIX};
@@ -97,7 +96,7 @@ struct RefDir {
     layers: BTreeMap<String, Arc<StoreLayer>>,
     resolved: Instant,
     /// The image as last resolved (for `pkgfs status`).
-    summary: crate::status::ImageSummary,
+    summary: crate::source::image::ImageSummary,
 }
 
 /// One layer of the store.
@@ -319,7 +318,7 @@ impl LayerStore {
 }
 
 impl StoreState for LayerStore {
-    fn images(&self) -> Vec<crate::status::ImageSummary> {
+    fn images(&self) -> Vec<crate::source::image::ImageSummary> {
         lock(&self.state)
             .refs
             .values()
@@ -573,6 +572,35 @@ impl std::fmt::Debug for LayerStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LayerStore").finish_non_exhaustive()
     }
+}
+
+/// What `pkgfs store` has resolved, as `pkgfs status` shows it.
+pub trait StoreState: Send + Sync + std::fmt::Debug {
+    /// The images looked up so far.
+    fn images(&self) -> Vec<crate::source::image::ImageSummary>;
+    /// Their layers.
+    fn layers(&self) -> Vec<StoreLayerRow>;
+}
+
+/// One layer of a `pkgfs store`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StoreLayerRow {
+    /// The image reference, as containers/storage names it.
+    pub reference: String,
+    /// The layer's digest.
+    pub digest: String,
+    /// Its media type.
+    pub media_type: String,
+    /// `diff` has been indexed.
+    pub indexed: bool,
+    /// Why its index failed, if it did.
+    pub error: Option<String>,
+    /// Times containers/storage took it into use (`use` created).
+    pub uses: u64,
+    /// Times it was released (`rmdir`).
+    pub released: u64,
+    /// Bytes of it fetched from the registry by this process.
+    pub fetched_bytes: u64,
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@ use crate::io::remote::Remote;
 use crate::io::verified::{Checks, VerifiedBlob};
 use crate::seal::sign::AllowedSigners;
 use crate::seal::{self, Seal, Sealed};
-use crate::status::{SealRow, SealState};
 
 /// How a mount verifies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -359,4 +358,29 @@ fn file_name(c: &Candidate) -> String {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
     }
+}
+
+/// The seals a verified mount took, as `pkgfs status` shows them (kept by [`Seals`]).
+pub trait SealState: Send + Sync + std::fmt::Debug {
+    /// One row per sealed source.
+    fn seals(&self) -> Vec<SealRow>;
+}
+
+/// What the report says of a sealed source.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SealRow {
+    /// The source.
+    pub source: String,
+    /// Who signed it (the allowed signer's principals).
+    pub signer: String,
+    /// Its revision.
+    pub revision: u64,
+    /// Archives it lists.
+    pub archives: usize,
+    /// Blocks checked so far.
+    pub blocks_checked: u64,
+    /// Their bytes.
+    pub bytes_checked: u64,
+    /// Blocks that did not match the seal.
+    pub failures: u64,
 }

@@ -1,4 +1,5 @@
-//! Offline tools on the same core as the mount: `ls`, `cat` and `check`.
+//! Offline tools on the same core as the mount: `ls`, `cat` and `check`; `pack` and `seal`
+//! (their own modules) write packages and seals.
 //!
 //! They build the very same merged tree and read through the very same read path as the
 //! FUSE daemon, so what `pkgfs ls` and `pkgfs cat` show is what a mount would serve, and
@@ -11,10 +12,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use crate::config::Merge;
 use crate::error::Error;
 use crate::format::{IndexCache, OpenContext};
 use crate::fs::PkgFs;
-use crate::source::{self, LoadOptions, LoadReport, display_archive};
+use crate::source::{self, LoadReport, display_archive};
 use crate::tree::view::View;
 use crate::tree::{Kind, Ownership, ROOT_INO};
 
@@ -47,39 +49,16 @@ pub enum ToolError {
     Output(#[from] std::io::Error),
 }
 
-/// How the offline tools merge layers (as the matching `mount` options do).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Merge {
-    /// Treat `.wh.` entries as OCI whiteouts.
-    pub whiteouts: bool,
-    /// The platform to take from a multi-platform image.
-    pub platform: Option<crate::source::image::Platform>,
-    /// Where each package goes.
-    pub layout: crate::layout::Config,
-    /// How registries are reached (`docker://` sources).
-    pub registry: crate::io::registry::RegistryConfig,
-    /// `--verify`: only what a seal lists, every byte checked.
-    pub verify: Option<crate::source::verify::VerifyConfig>,
-}
-
 fn load(sources: &[PathBuf], merge: &Merge) -> Result<(PkgFs, LoadReport), ToolError> {
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let opts = LoadOptions {
-        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-        owner: Ownership::defaults(uid, gid),
-        cache_bytes: 64 << 20,
-        index_cache: IndexCache::default_dir().map(IndexCache::new),
-        whiteouts: merge.whiteouts,
-        platform: merge.platform.clone(),
-        remote: Default::default(),
-        progress: Some(source::Progress(std::sync::Arc::new(
-            crate::progress::IndexBars::default(),
-        ))),
-        layout: merge.layout.clone(),
-        verify: merge.verify.clone(),
-        registry: merge.registry.clone(),
-    };
+    let opts = merge.load_options(
+        std::thread::available_parallelism().map_or(2, |n| n.get()),
+        Ownership::defaults(uid, gid),
+        64 << 20,
+        IndexCache::default_dir(),
+        Default::default(),
+    );
     Ok(source::load(sources, &opts)?)
 }
 

@@ -89,6 +89,21 @@ pub struct PackStats {
     pub frames: u64,
 }
 
+impl PackStats {
+    /// The line `pkgfs pack` prints when it is done.
+    pub fn summary(&self, output: &Path) -> String {
+        format!(
+            "{}: {} entries, {} bytes of data, {} frames, {} bytes ({:.1}% of the tar stream)",
+            output.display(),
+            self.entries,
+            self.data_bytes,
+            self.frames,
+            self.output_bytes,
+            100.0 * self.output_bytes as f64 / self.stream_bytes.max(1) as f64
+        )
+    }
+}
+
 /// One entry found by the walk.
 struct Item {
     rel: Vec<u8>,

@@ -40,6 +40,20 @@ pub struct SealReport {
     pub path: PathBuf,
 }
 
+/// The line `pkgfs seal` prints when it is done.
+impl std::fmt::Display for SealReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: revision {}, {} archives, {} bytes sealed",
+            self.path.display(),
+            self.revision,
+            self.archives,
+            self.bytes
+        )
+    }
+}
+
 /// Seal `cfg.dir`.
 pub fn seal(cfg: &SealConfig) -> Result<SealReport> {
     let root = cfg

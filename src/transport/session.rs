@@ -51,7 +51,7 @@ pub struct MountOptions {
 #[non_exhaustive]
 pub enum SessionError {
     /// The mountpoint is missing or not a directory.
-    #[error("mountpoint {0} is not a directory")]
+    #[error("mountpoint {0} is not a directory (make one: mkdir -p {0})")]
     NotADirectory(PathBuf),
     /// Something live is mounted there already.
     #[error("{0} is already a FUSE mount (pkgfs umount it first)")]

@@ -1,0 +1,249 @@
+//! The plain configuration every command runs on: what [`crate::cli`] (or the mount(8)
+//! helper's options, [`crate::fstab`]) validated, with no trace of clap.
+//!
+//! The daemon and the offline tools read these structs and nothing else of the command
+//! line, as mountpoint-s3 keeps its `config.rs` apart from its `cli.rs`. [`Merge`] holds the
+//! options that `mount`, `ls`, `cat` and `check` share, and makes the
+//! [`LoadOptions`] both load with.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::format::IndexCache;
+use crate::io::registry::RegistryConfig;
+use crate::io::remote::RemoteConfig;
+use crate::layout::Config as LayoutConfig;
+use crate::source::LoadOptions;
+use crate::source::image::Platform;
+pub use crate::transport::ops::Access;
+use crate::tree::Ownership;
+
+/// Arguments that parse but make no sense: exit status 2, as clap's own errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+impl From<String> for UsageError {
+    fn from(s: String) -> Self {
+        UsageError(s)
+    }
+}
+
+impl From<&str> for UsageError {
+    fn from(s: &str) -> Self {
+        UsageError(s.to_string())
+    }
+}
+
+/// Default block cache budget.
+pub const DEFAULT_CACHE: &str = "256M";
+
+/// Default largest directory read-ahead window (`--prefetch`).
+pub const DEFAULT_PREFETCH: &str = "8M";
+/// Default byte budget of the disk cache of remote sources.
+pub const DEFAULT_DISK_CACHE: &str = "4G";
+/// Default bound on a remote read, seconds.
+pub const DEFAULT_REMOTE_TIMEOUT: &str = "30";
+
+/// How layers merge and where packages go: the options `mount` and the offline tools
+/// (`ls`, `cat`, `check`) share.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Merge {
+    /// Treat `.wh.` entries as OCI whiteouts.
+    pub whiteouts: bool,
+    /// The platform to take from a multi-platform image.
+    pub platform: Option<Platform>,
+    /// Where each package goes.
+    pub layout: LayoutConfig,
+    /// How registries are reached (`docker://` sources).
+    pub registry: RegistryConfig,
+    /// `--verify`: only what a seal lists, every byte checked.
+    pub verify: Option<crate::source::verify::VerifyConfig>,
+}
+
+impl Merge {
+    /// The options a load of sources takes under these merge settings; the rest (threads,
+    /// owner, caches, remote settings) is the caller's.
+    pub fn load_options(
+        &self,
+        threads: usize,
+        owner: Ownership,
+        cache_bytes: u64,
+        index_cache: Option<PathBuf>,
+        remote: RemoteConfig,
+    ) -> LoadOptions {
+        LoadOptions {
+            threads,
+            owner,
+            cache_bytes,
+            index_cache: index_cache.map(IndexCache::new),
+            whiteouts: self.whiteouts,
+            platform: self.platform.clone(),
+            remote,
+            progress: Some(crate::source::Progress(Arc::new(
+                crate::progress::IndexBars::default(),
+            ))),
+            layout: self.layout.clone(),
+            verify: self.verify.clone(),
+            registry: self.registry.clone(),
+        }
+    }
+}
+
+/// Validated settings of `pkgfs mount`.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Sources in layer order.
+    pub sources: Vec<PathBuf>,
+    /// How layers merge and where packages go (the options the offline tools share).
+    pub merge: Merge,
+    /// Mountpoint.
+    pub mountpoint: PathBuf,
+    /// Stay attached.
+    pub foreground: bool,
+    /// Cache budget, bytes.
+    pub cache_bytes: u64,
+    /// Largest directory read-ahead window, bytes (0: no read-ahead).
+    pub prefetch_bytes: u64,
+    /// FUSE worker threads.
+    pub threads: usize,
+    /// Ownership defaults and overrides.
+    pub owner: Ownership,
+    /// Who may access the mount.
+    pub access: Access,
+    /// Mount with `noexec`.
+    pub noexec: bool,
+    /// Mount with `noatime`.
+    pub noatime: bool,
+    /// Honour setuid/setgid bits (off: `nosuid`).
+    pub suid: bool,
+    /// Let device nodes be opened as devices (off: `nodev`).
+    pub dev: bool,
+    /// Name shown in /proc/mounts.
+    pub fsname: String,
+    /// Daemon log destination.
+    pub log_file: Option<PathBuf>,
+    /// Index cache directory for foreign seekable archives (None: no cache).
+    pub index_cache: Option<PathBuf>,
+    /// Watch source directories and activate packages as they come and go.
+    pub watch: bool,
+    /// Use FUSE over io_uring if the kernel offers it.
+    pub io_uring: bool,
+    /// Timeouts, retries and disk cache of remote sources.
+    pub remote: RemoteConfig,
+    /// List remote sources again this often (None: never).
+    pub poll: Option<Duration>,
+    /// `pkgfs store`: no sources; the tree grows as containers/storage looks up image
+    /// references and layers (`source::store`).
+    pub store: bool,
+}
+
+/// A validated command.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// Mount.
+    Mount(Box<MountConfig>),
+    /// Query a running mount.
+    Status {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Text, text with every package, or JSON.
+        style: crate::status::Style,
+    },
+    /// Unmount.
+    Umount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Detach immediately.
+        lazy: bool,
+    },
+    /// List.
+    Ls {
+        /// Sources.
+        sources: Vec<PathBuf>,
+        /// Path inside the tree.
+        path: Vec<u8>,
+        /// How layers merge.
+        merge: Merge,
+    },
+    /// Print a file.
+    Cat {
+        /// Sources.
+        sources: Vec<PathBuf>,
+        /// Path inside the tree.
+        path: Vec<u8>,
+        /// How layers merge.
+        merge: Merge,
+    },
+    /// Verify.
+    Check {
+        /// Sources.
+        sources: Vec<PathBuf>,
+        /// How layers merge.
+        merge: Merge,
+    },
+    /// Pack a directory.
+    Pack(crate::tools::pack::PackConfig),
+    /// Seal a directory of archives.
+    Seal(Box<crate::tools::seal::SealConfig>),
+    /// Print a completion script for this shell.
+    Completions(clap_complete::Shell),
+    /// Write the man pages to this directory.
+    Manpages(PathBuf),
+}
+
+/// Parse a duration: `30` (seconds), `30s`, `500ms`, `5m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, UsageError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 30s, 500ms, 5m)"))?;
+    let d = match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" | "min" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)").into()),
+    };
+    if d.is_zero() {
+        return Err(format!("{s:?}: a duration must be more than zero").into());
+    }
+    Ok(d)
+}
+
+/// Parse a byte size such as `512`, `64K`, `256M`, `2G` (binary multiples).
+pub fn parse_size(s: &str) -> Result<u64, UsageError> {
+    let t = s.trim();
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => {
+                    return Err(
+                        format!("bad size {s:?}: unknown suffix {c:?} (use K, M, G)").into(),
+                    );
+                }
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| {
+        format!("bad size {s:?}: expected a number with an optional K, M or G suffix")
+    })?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large").into())
+}
+
+/// FUSE worker threads by default: one a core, at least four.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .max(4)
+}
