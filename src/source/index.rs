@@ -9,7 +9,7 @@
 //! tree; the scan says what to index ([`Job`]) and what to do with each result.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use log::info;
@@ -262,7 +262,7 @@ impl Background {
     }
 
     /// Whether `path` is queued at stamp `st` (still being indexed).
-    pub(super) fn is_queued(&self, path: &PathBuf, st: &Option<Stamp>) -> bool {
+    pub(super) fn is_queued(&self, path: &Path, st: &Option<Stamp>) -> bool {
         self.queued.get(path).is_some_and(|q| q == st)
     }
 

@@ -67,8 +67,8 @@ pub struct LoadOptions {
     pub cache_bytes: u64,
     /// Where to keep indexes that cost a pass over an archive (None: no cache).
     pub index_cache: Option<IndexCache>,
-    /// Treat `.wh.` entries as OCI whiteouts ([`TreeBuilder::with_whiteouts`]; always
-    /// when an image is among the sources).
+    /// Treat `.wh.` entries as OCI whiteouts (always when an image is among the
+    /// sources; see [`TreeBuilder::with_whiteouts`](crate::tree::TreeBuilder::with_whiteouts)).
     pub whiteouts: bool,
     /// Which platform's image to take from a multi-platform image (None: this machine's).
     pub platform: Option<image::Platform>,
