@@ -1043,14 +1043,9 @@ fn image_of(
                 .map(|v| Digest::parse(v))
                 .transpose()
         };
-        let name = PathBuf::from(format!(
-            "{r} layer {}/{n} ({}:{})",
-            i + 1,
-            digest.algorithm_name(),
-            digest.short()
-        ));
+        let (name, blob) = layer_named(r, i, n, &digest, blob);
         layers.push(ImageLayer {
-            blob: renamed(blob, &name),
+            blob,
             name,
             check: LayerCheck {
                 digest,
@@ -1084,13 +1079,27 @@ fn image_of(
     })
 }
 
-/// `blob`, named `name` in messages (a slice of itself).
-fn renamed(blob: Arc<dyn Blob>, name: &std::path::Path) -> Arc<dyn Blob> {
+/// The name of layer `i` (from 0) of the `n` of image `r`, `REF layer 2/3 (sha256:…)`,
+/// and `blob` under that name in messages (a slice of itself).
+fn layer_named(
+    r: &ImageRef,
+    i: usize,
+    n: usize,
+    digest: &Digest,
+    blob: Arc<dyn Blob>,
+) -> (PathBuf, Arc<dyn Blob>) {
+    let name = PathBuf::from(format!(
+        "{r} layer {}/{n} ({}:{})",
+        i + 1,
+        digest.algorithm_name(),
+        digest.short()
+    ));
     let len = blob.size();
-    match Slice::new(blob.clone(), 0, len, name.to_path_buf()) {
+    let blob: Arc<dyn Blob> = match Slice::new(blob.clone(), 0, len, name.clone()) {
         Ok(s) => Arc::new(s),
         Err(_) => blob,
-    }
+    };
+    (name, blob)
 }
 
 fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
@@ -1176,14 +1185,9 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
                 i + 1
             ))
         })?;
-        let name = PathBuf::from(format!(
-            "{r} layer {}/{n} ({}:{})",
-            i + 1,
-            digest.algorithm_name(),
-            digest.short()
-        ));
+        let (name, blob) = layer_named(r, i, n, &digest, blob);
         layers.push(ImageLayer {
-            blob: renamed(blob, &name),
+            blob,
             name,
             check: LayerCheck {
                 digest,

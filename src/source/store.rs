@@ -39,8 +39,10 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use log::{info, warn};
 
+use super::candidate::Candidate;
 use super::image::{self, ImageLayer, ImageRef, Platform};
-use super::{Candidate, LazyContext};
+use super::lazy::LazyContext;
+use super::report::log_graft;
 use crate::error::{Error, Result};
 use crate::format::{self, Entry, EntryKind, Indexed, Loc};
 use crate::fs::{Generation, Grow};
@@ -480,7 +482,7 @@ impl GraftSource for LayerDiff {
         let mut b = TreeBuilder::new(self.cx.owner);
         b.add_layer(0, mtime, &entries);
         let tree = b.finish();
-        super::log_graft(&self.cand.path, &tree, entries.len(), started);
+        log_graft(&self.cand.path, &tree, entries.len(), started);
         Ok((
             tree,
             vec![Layer {

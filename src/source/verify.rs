@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::Candidate;
+use super::candidate::Candidate;
 use super::remote::{self, RemoteRef};
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
