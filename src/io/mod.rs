@@ -187,7 +187,7 @@ impl Io {
     }
 
     /// Keep a checkpoint of unit (archive, unit) at output position `out_pos` (once per
-    /// position; `make` is called only if there is none), within [`MAX_CHECKPOINTS`].
+    /// position; `make` is called only if there is none), within `MAX_CHECKPOINTS` (512).
     pub fn save_checkpoint(
         &self,
         unit: (u32, u64),
