@@ -15,9 +15,11 @@
 //! error, sync             errors and the one errno table; poison-tolerant locks
 //! ```
 //!
-//! Only [`transport`] knows the FUSE protocol (and only its `fuse` codec and its
-//! `session` module the `fuser` crate); everything else is tested without a mount. `docs/ARCHITECTURE.md` describes
-//! the modules, `docs/SEMANTICS.md` what users see.
+//! Only [`transport`] knows the FUSE protocol; the `fuser` crate is used by its `fuse`
+//! codec and its `session` module, and by [`daemon`], which holds the
+//! `fuser::BackgroundSession` that `session` starts and joins it to learn when the mount
+//! ends. Everything else is tested without a mount. `docs/ARCHITECTURE.md` describes the
+//! modules, `docs/SEMANTICS.md` what users see.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

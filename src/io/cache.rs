@@ -28,7 +28,8 @@
 //! (docs/BENCHMARKS.md, "Blocks the kernel holds").
 //!
 //! This cache only stores and evicts. Sharing one decompression between concurrent misses
-//! is the job of the caller ([`crate::read`]), which serialises fills per member.
+//! is the job of the caller, [`crate::io::Io::block`], which serialises fills per unit (a
+//! member or a frame) under that unit's fill slot.
 
 use std::collections::VecDeque;
 use std::hash::Hash;

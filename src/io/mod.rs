@@ -5,7 +5,11 @@
 //!   mount and every generation of it;
 //! - [`digest`]: content digests (`sha256:…`) and the hashing that checks them;
 //! - [`remote`] and [`registry`]: objects on S3 and HTTP servers, and blobs of container
-//!   registries, as blobs (ranges fetched, kept, cached on disk);
+//!   registries, as blobs (ranges fetched, kept in memory, cached on disk);
+//! - [`diskcache`]: the disk cache of remote sources, fetched ranges kept as files and
+//!   shared by mounts and across them;
+//! - [`verified`]: `--verify`'s blobs, whose reads are widened to whole blocks and checked
+//!   against a seal's hashes before anything is returned;
 //! - [`inflate`]: deflate decoders that can be copied mid-stream, and the one-call one;
 //! - [`Io`] (here): the cache with its fill slots (concurrent misses on one block share
 //!   one decompression, and a decoder parks in its slot between reads), the store of
@@ -183,7 +187,7 @@ impl Io {
     }
 
     /// Keep a checkpoint of unit (archive, unit) at output position `out_pos` (once per
-    /// position; `make` is called only if there is none), within [`MAX_CHECKPOINTS`].
+    /// position; `make` is called only if there is none), within `MAX_CHECKPOINTS` (512).
     pub fn save_checkpoint(
         &self,
         unit: (u32, u64),
