@@ -28,7 +28,6 @@
 //! (zeros, as tape blocking leaves, silently). An archive whose first member is
 //! unusable before any tar header is skipped.
 
-use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -36,14 +35,15 @@ use log::warn;
 
 use super::floor::Cursor;
 use super::floor::gzip::{MAX_HEADER, gzip_header};
+use super::floor::pass::{PassDigest, PassReader, Produce};
 use super::{
-    Archive, DigestOf, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package,
-    Probe, Reading,
+    Archive, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe,
+    Reading,
 };
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
 use crate::io::cache::Block;
-use crate::io::digest::{Hasher, mismatch};
+use crate::io::digest::mismatch;
 use crate::io::inflate::{Inflater, OneShot, WINDOW};
 use crate::io::{BLOCK_SIZE, BlockKey, ReadData, Span, gather};
 
@@ -362,7 +362,7 @@ fn pass(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
     }
     let mut ix = Indexer::new(blob, cx);
     let mut capped = super::floor::Capped::default();
-    let scanned = super::floor::tar::each(&mut ix, |te, _| capped.push(te));
+    let scanned = super::floor::tar::each(PassReader(&mut ix), |te, _| capped.push(te));
     let entries = capped.entries;
     if let Err(e) = scanned
         && ix.problems.is_empty()
@@ -378,7 +378,9 @@ fn pass(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
     while ix.produce()? {
         ix.ostart = ix.oend;
     }
-    ix.check_digest()?;
+    if let Some(d) = ix.digest.take() {
+        d.check(blob)?;
+    }
     if let Some(p) = cx.progress
         && blob.size() > REPORT_EVERY
     {
@@ -441,11 +443,8 @@ struct Indexer<'a> {
     member_point: bool,
     /// The next member starts a point (the one before failed).
     force_point: bool,
-    /// The hash of the blob so far, and how many bytes it covers (an image layer's
-    /// digest of the blob is checked by the pass).
-    blob_hash: Option<(Hasher, u64)>,
-    /// The hash of the output so far (a digest of the tar stream).
-    out_hash: Option<Hasher>,
+    /// An image layer's digest (of the blob or of the tar stream), checked by the pass.
+    digest: Option<PassDigest<'a>>,
 }
 
 impl<'a> Indexer<'a> {
@@ -471,41 +470,8 @@ impl<'a> Indexer<'a> {
             member_seg_crc: crc32fast::Hasher::new(),
             member_point: false,
             force_point: false,
-            blob_hash: cx
-                .layer
-                .filter(|l| l.of == DigestOf::Blob)
-                .map(|l| (l.digest.hasher(), 0)),
-            out_hash: cx
-                .layer
-                .filter(|l| l.of == DigestOf::Tar)
-                .map(|l| l.digest.hasher()),
+            digest: cx.layer.map(|l| PassDigest::new(&l.digest, l.of)),
         }
-    }
-
-    /// Check an image layer's digest (after the pass): the bytes the pass did not read
-    /// (garbage after the end) are hashed too.
-    fn check_digest(&mut self) -> Result<()> {
-        let Some(layer) = self.cx.layer else {
-            return Ok(());
-        };
-        let got = match (self.blob_hash.take(), self.out_hash.take()) {
-            (Some((mut h, mut at)), _) => {
-                let mut buf = vec![0u8; PASS_CHUNK];
-                while at < self.size {
-                    let n = (self.size - at).min(PASS_CHUNK as u64) as usize;
-                    self.blob.read_exact_at(&mut buf[..n], at)?;
-                    h.update(&buf[..n]);
-                    at += n as u64;
-                }
-                h.finish()
-            }
-            (None, Some(h)) => h.finish(),
-            (None, None) => return Ok(()),
-        };
-        if got != layer.digest {
-            return Err(mismatch("the layer", &layer.digest, &got));
-        }
-        Ok(())
     }
 
     /// Blob offset of the next unconsumed byte.
@@ -530,11 +496,8 @@ impl<'a> Indexer<'a> {
             let at = self.input.len();
             self.input.resize(at + take, 0);
             self.blob.read_exact_at(&mut self.input[at..], end)?;
-            if let Some((h, hashed)) = &mut self.blob_hash
-                && *hashed == end
-            {
-                h.update(&self.input[at..]);
-                *hashed += take as u64;
+            if let Some(d) = &mut self.digest {
+                d.blob(end, &self.input[at..]);
             }
             if let Some(p) = self.cx.progress
                 && end + take as u64 >= self.next_report
@@ -571,8 +534,8 @@ impl<'a> Indexer<'a> {
 
     fn output(&mut self, n: usize) {
         let bytes = &self.obuf[self.oend..self.oend + n];
-        if let Some(h) = &mut self.out_hash {
-            h.update(bytes);
+        if let Some(d) = &mut self.digest {
+            d.tar(bytes);
         }
         self.member_crc.update(bytes);
         self.seg_crc.update(bytes);
@@ -842,19 +805,17 @@ impl<'a> Indexer<'a> {
     }
 }
 
-impl Read for Indexer<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.ostart == self.oend {
-            match self.produce() {
-                Ok(true) => {}
-                Ok(false) => return Ok(0),
-                Err(e) => return Err(std::io::Error::other(e)),
-            }
-        }
-        let n = buf.len().min(self.oend - self.ostart);
-        buf[..n].copy_from_slice(&self.obuf[self.ostart..self.ostart + n]);
+impl Produce for Indexer<'_> {
+    fn produce(&mut self) -> Result<bool> {
+        Indexer::produce(self)
+    }
+
+    fn unread(&self) -> &[u8] {
+        &self.obuf[self.ostart..self.oend]
+    }
+
+    fn consume(&mut self, n: usize) {
         self.ostart += n;
-        Ok(n)
     }
 }
 
@@ -1132,7 +1093,7 @@ impl TarGzPackage {
 
     fn key(r: &Reading<'_>, si: usize, block: u64) -> BlockKey {
         BlockKey {
-            archive: r.archive.key,
+            archive: r.key,
             unit: si as u64,
             block,
         }
@@ -1143,9 +1104,9 @@ impl TarGzPackage {
         let key = Self::key(r, si, 0);
         r.io.block(key, |_| {
             let p = &self.idx.points[si];
-            self.check_span(&*r.archive.blob, si)?;
+            self.check_span(r.blob, si)?;
             let mut out = Block::empty(p.len as usize);
-            let read = self.decode_whole(&*r.archive.blob, si, &mut out)?;
+            let read = self.decode_whole(r.blob, si, &mut out)?;
             r.io.count_read(read);
             if !self.crc_ok(p, crc32fast::hash(&out)) {
                 return Err(Error::Corrupt(format!(
@@ -1206,7 +1167,7 @@ impl TarGzPackage {
     fn piece(&self, r: &Reading<'_>, si: usize, bi: u64) -> Result<Arc<Block>> {
         r.io.block(Self::key(r, si, bi), |parked| {
             let p = &self.idx.points[si];
-            let blob = &*r.archive.blob;
+            let blob = r.blob;
             let mut stream = match parked
                 .take()
                 .and_then(|b| b.downcast::<(u64, Stream)>().ok())
@@ -1447,7 +1408,7 @@ impl Package for TarGzPackage {
             .idx
             .points
             .get(last + 1)
-            .map_or(r.archive.blob.size(), |p| p.bit.div_ceil(8));
+            .map_or(r.blob.size(), |p| p.bit.div_ceil(8));
         Some((from, to))
     }
 
@@ -1667,7 +1628,8 @@ mod tests {
         // Extents lie within the archive and cover the data's compressed bytes.
         let r = Reading {
             io: &io,
-            archive: &a,
+            blob: &*a.blob,
+            key: a.key,
             loc: &e.data,
             size: e.size,
         };

@@ -668,7 +668,7 @@ impl TocPackage {
     /// chunk in the layer) and [`FILE_AHEAD`] bytes, are asked for in the background.
     fn chunk(&self, r: &Reading<'_>, ci: u32, file_end: u64) -> Result<Arc<Block>> {
         let key = BlockKey {
-            archive: r.archive.key,
+            archive: r.key,
             unit: u64::from(ci),
             block: 0,
         };
@@ -686,18 +686,17 @@ impl TocPackage {
                     "the table of contents gives no digest for this chunk".into(),
                 ));
             };
-            if c.cend < file_end && r.archive.blob.round_trips() {
-                r.archive
-                    .blob
+            if c.cend < file_end && r.blob.round_trips() {
+                r.blob
                     .will_need(&[(c.cend, file_end.min(c.cend + FILE_AHEAD))]);
             }
             let data = match self.flavour {
-                Flavour::ZstdChunked => unzstd(&*r.archive.blob, c)?,
-                Flavour::Estargz => ungzip(&*r.archive.blob, c)?,
+                Flavour::ZstdChunked => unzstd(r.blob, c)?,
+                Flavour::Estargz => ungzip(r.blob, c)?,
             };
             if let Err(e) = digest.check(&data, &format!("chunk at {} of the layer", c.coff)) {
                 // Not kept for the next read: it may come right from the source.
-                r.archive.blob.forget();
+                r.blob.forget();
                 return Err(e);
             }
             r.io.count_read((c.cend - c.coff) as usize);
@@ -880,7 +879,7 @@ impl Package for TocPackage {
             if c.at < end && c.at + c.len > start {
                 let given = (c.at + c.len).min(end) - c.at.max(start);
                 let key = BlockKey {
-                    archive: r.archive.key,
+                    archive: r.key,
                     unit: u64::from(ci),
                     block: 0,
                 };

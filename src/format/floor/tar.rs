@@ -15,6 +15,8 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 
+use super::{Entry, EntryKind, Loc, Xattrs};
+
 /// Largest pax extended header or GNU long name accepted.
 pub const MAX_EXTENSION: u64 = 1 << 20;
 /// Most extended attributes one entry may have.
@@ -62,17 +64,13 @@ pub struct TarEntry {
     /// A device's number (`makedev(devmajor, devminor)`); 0 otherwise.
     pub rdev: u64,
     /// Extended attributes from pax `SCHILY.xattr.NAME` records.
-    pub xattrs: crate::format::Xattrs,
+    pub xattrs: Xattrs,
 }
 
 impl TarEntry {
     /// The index entry of this tar entry; a regular file's data is at `loc(data_offset)`
     /// (its place in the format holding the tar stream).
-    pub fn into_entry(
-        self,
-        loc: impl FnOnce(u64) -> crate::format::Loc,
-    ) -> std::result::Result<crate::format::Entry, String> {
-        use crate::format::{Entry, EntryKind, Loc};
+    pub fn into_entry(self, loc: impl FnOnce(u64) -> Loc) -> std::result::Result<Entry, String> {
         let kind = match self.kind {
             TarKind::File => EntryKind::File,
             TarKind::Dir => EntryKind::Dir,
@@ -360,7 +358,7 @@ struct Overrides {
     /// followed by the non-hole parts, not the file's bytes.
     sparse: bool,
     /// `SCHILY.xattr.NAME=VALUE` records.
-    xattrs: crate::format::Xattrs,
+    xattrs: Xattrs,
 }
 
 impl Overrides {
@@ -1111,14 +1109,9 @@ t.close()
         );
         let kinds: Vec<_> = got
             .iter()
-            .map(|e| {
-                e.clone()
-                    .into_entry(|_| crate::format::Loc::None)
-                    .unwrap()
-                    .kind
-            })
+            .map(|e| e.clone().into_entry(|_| Loc::None).unwrap().kind)
             .collect();
-        use crate::format::EntryKind as K;
+        use EntryKind as K;
         assert_eq!(kinds, [K::CharDev, K::BlockDev, K::Fifo, K::File]);
     }
 }
