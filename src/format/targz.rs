@@ -609,145 +609,164 @@ impl<'a> Indexer<'a> {
         loop {
             match self.phase {
                 Phase::Done => return Ok(false),
-                Phase::Header => {
-                    let at = self.pos();
-                    if at >= self.size {
-                        self.phase = Phase::Done;
-                        continue;
-                    }
-                    let have = self.fill(MAX_HEADER)?;
-                    match gzip_header(&self.input[self.in_pos..self.in_pos + have]) {
-                        Ok(Some(h)) => {
-                            let first = self.idx.members.is_empty();
-                            self.idx.members.push(Member {
-                                header: at,
-                                data: at + h as u64,
-                                end: 0,
-                                out: self.out,
-                                len: 0,
-                                ok: false,
-                            });
-                            self.in_pos += h;
-                            self.inflater = Some(Inflater::new()?);
-                            self.member_crc = crc32fast::Hasher::new();
-                            self.member_point = first
-                                || self.force_point
-                                || self.out - self.last_point_out() >= SPACING;
-                            if self.member_point {
-                                self.point(8 * (at + h as u64), None);
-                            } else {
-                                self.member_seg_crc = self.seg_crc.clone();
-                            }
-                            self.force_point = false;
-                            self.phase = Phase::Body;
-                        }
-                        Ok(None) if self.idx.members.is_empty() => {
-                            return Err(Error::Format("truncated gzip header".into()));
-                        }
-                        Err(e) if self.idx.members.is_empty() => {
-                            return Err(Error::Format(e));
-                        }
-                        _ => {
-                            // Past the last member: zeros (tape blocking) are fine,
-                            // anything else is ignored with a warning.
-                            let rest = self.size - at;
-                            if !self.zeros_to_end()? {
-                                self.problems.push(format!(
-                                    "{rest} bytes of garbage after the end of the gzip stream (at offset {at}) are ignored"
-                                ));
-                            }
-                            self.phase = Phase::Done;
-                        }
-                    }
-                }
+                Phase::Header => self.header()?,
                 Phase::Body => {
-                    let have = self.fill(1)?;
-                    if have == 0 {
-                        self.member_fails(format!(
-                            "the gzip stream is truncated (at offset {}): the last member's bytes cannot be checked, they read as EIO",
-                            self.size
-                        ));
-                        continue;
-                    }
-                    if self.oend == self.obuf.len() {
-                        return Ok(true);
-                    }
-                    let Some(mut inflater) = self.inflater.take() else {
-                        return Err(Error::Format("no decoder for a gzip member".into()));
-                    };
-                    let input = &self.input[self.in_pos..];
-                    let step = inflater.step_to_block(input, &mut self.obuf[self.oend..]);
-                    let p = match step {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let at = self.pos();
-                            self.member_fails(format!(
-                                "bad deflate data in the gzip member at offset {} (near {at}): {e}; its bytes read as EIO",
-                                self.idx.members.last().map_or(0, |m| m.header)
-                            ));
-                            continue;
-                        }
-                    };
-                    self.in_pos += p.consumed;
-                    self.output(p.produced);
-                    let boundary = inflater
-                        .boundary()
-                        .filter(|_| !p.ended && self.out - self.last_point_out() >= SPACING);
-                    let window = match boundary {
-                        Some(_) => Some(inflater.window()?),
-                        None => None,
-                    };
-                    self.inflater = Some(inflater);
-                    if p.ended {
-                        self.phase = Phase::Trailer;
-                    } else if let Some(bits) = boundary {
-                        let bit = 8 * self.pos() - u64::from(bits);
-                        self.point(bit, window);
-                    } else if p.consumed == 0 && p.produced == 0 && self.pos() >= self.size {
-                        self.member_fails(format!(
-                            "the gzip stream is truncated (at offset {}): the last member's bytes cannot be checked, they read as EIO",
-                            self.size
-                        ));
-                        continue;
-                    }
-                    if self.oend > self.ostart {
+                    if self.body()? {
                         return Ok(true);
                     }
                 }
-                Phase::Trailer => {
-                    let have = self.fill(8)?;
-                    if have < 8 {
-                        self.member_fails(
-                            "the gzip stream ends inside a member's trailer: its bytes cannot be checked, they read as EIO".into(),
-                        );
-                        continue;
-                    }
-                    let t = &self.input[self.in_pos..self.in_pos + 8];
-                    let crc = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
-                    let isize = u32::from_le_bytes([t[4], t[5], t[6], t[7]]);
-                    self.in_pos += 8;
-                    let end = self.pos();
-                    let out = self.out;
-                    let actual = std::mem::take(&mut self.member_crc).finalize();
-                    let Some(m) = self.idx.members.last_mut() else {
-                        return Err(Error::Format("a trailer without a member".into()));
-                    };
-                    m.end = end;
-                    m.len = out - m.out;
-                    m.ok = crc == actual && isize == m.len as u32;
-                    let (header, m_out, m_len, ok) = (m.header, m.out, m.len, m.ok);
-                    if !ok {
-                        self.problems.push(format!(
-                            "the gzip member at offset {header} fails its check (CRC-32 {actual:08x}, trailer says {crc:08x}; size {m_len}, trailer says {isize}): its bytes read as EIO"
-                        ));
-                        self.isolate_member();
-                    } else if m_len <= WHOLE_MEMBER {
-                        self.merge_points_inside(m_out);
-                    }
-                    self.phase = Phase::Header;
-                }
+                Phase::Trailer => self.trailer()?,
             }
         }
+    }
+
+    /// At a member's start: its header parsed and its decoding begun (a point if one is
+    /// due), or the end of the stream found (zeros or garbage after the last member).
+    fn header(&mut self) -> Result<()> {
+        let at = self.pos();
+        if at >= self.size {
+            self.phase = Phase::Done;
+            return Ok(());
+        }
+        let have = self.fill(MAX_HEADER)?;
+        match gzip_header(&self.input[self.in_pos..self.in_pos + have]) {
+            Ok(Some(h)) => {
+                let first = self.idx.members.is_empty();
+                self.idx.members.push(Member {
+                    header: at,
+                    data: at + h as u64,
+                    end: 0,
+                    out: self.out,
+                    len: 0,
+                    ok: false,
+                });
+                self.in_pos += h;
+                self.inflater = Some(Inflater::new()?);
+                self.member_crc = crc32fast::Hasher::new();
+                self.member_point =
+                    first || self.force_point || self.out - self.last_point_out() >= SPACING;
+                if self.member_point {
+                    self.point(8 * (at + h as u64), None);
+                } else {
+                    self.member_seg_crc = self.seg_crc.clone();
+                }
+                self.force_point = false;
+                self.phase = Phase::Body;
+            }
+            Ok(None) if self.idx.members.is_empty() => {
+                return Err(Error::Format("truncated gzip header".into()));
+            }
+            Err(e) if self.idx.members.is_empty() => {
+                return Err(Error::Format(e));
+            }
+            _ => {
+                // Past the last member: zeros (tape blocking) are fine,
+                // anything else is ignored with a warning.
+                let rest = self.size - at;
+                if !self.zeros_to_end()? {
+                    self.problems.push(format!(
+                        "{rest} bytes of garbage after the end of the gzip stream (at offset {at}) are ignored"
+                    ));
+                }
+                self.phase = Phase::Done;
+            }
+        }
+        Ok(())
+    }
+
+    /// Inside a member: decode up to the next deflate block boundary into `obuf`, a point
+    /// there if one is due. Whether there is output to hand over (or `obuf` is full).
+    fn body(&mut self) -> Result<bool> {
+        let have = self.fill(1)?;
+        if have == 0 {
+            self.member_fails(format!(
+                "the gzip stream is truncated (at offset {}): the last member's bytes cannot be checked, they read as EIO",
+                self.size
+            ));
+            return Ok(false);
+        }
+        if self.oend == self.obuf.len() {
+            return Ok(true);
+        }
+        let Some(mut inflater) = self.inflater.take() else {
+            return Err(Error::Format("no decoder for a gzip member".into()));
+        };
+        let input = &self.input[self.in_pos..];
+        let step = inflater.step_to_block(input, &mut self.obuf[self.oend..]);
+        let p = match step {
+            Ok(p) => p,
+            Err(e) => {
+                let at = self.pos();
+                self.member_fails(format!(
+                    "bad deflate data in the gzip member at offset {} (near {at}): {e}; its bytes read as EIO",
+                    self.idx.members.last().map_or(0, |m| m.header)
+                ));
+                return Ok(false);
+            }
+        };
+        self.in_pos += p.consumed;
+        self.output(p.produced);
+        let boundary = inflater
+            .boundary()
+            .filter(|_| !p.ended && self.out - self.last_point_out() >= SPACING);
+        let window = match boundary {
+            Some(_) => Some(inflater.window()?),
+            None => None,
+        };
+        self.inflater = Some(inflater);
+        if p.ended {
+            self.phase = Phase::Trailer;
+        } else if let Some(bits) = boundary {
+            let bit = 8 * self.pos() - u64::from(bits);
+            self.point(bit, window);
+        } else if p.consumed == 0 && p.produced == 0 && self.pos() >= self.size {
+            self.member_fails(format!(
+                "the gzip stream is truncated (at offset {}): the last member's bytes cannot be checked, they read as EIO",
+                self.size
+            ));
+            return Ok(false);
+        }
+        if self.oend > self.ostart {
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// At a member's end: its trailer checked against the CRC-32 and size of its output
+    /// (a member that fails is split off; a small one that passes loses its inner
+    /// points).
+    fn trailer(&mut self) -> Result<()> {
+        let have = self.fill(8)?;
+        if have < 8 {
+            self.member_fails(
+                "the gzip stream ends inside a member's trailer: its bytes cannot be checked, they read as EIO".into(),
+            );
+            return Ok(());
+        }
+        let t = &self.input[self.in_pos..self.in_pos + 8];
+        let crc = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
+        let isize = u32::from_le_bytes([t[4], t[5], t[6], t[7]]);
+        self.in_pos += 8;
+        let end = self.pos();
+        let out = self.out;
+        let actual = std::mem::take(&mut self.member_crc).finalize();
+        let Some(m) = self.idx.members.last_mut() else {
+            return Err(Error::Format("a trailer without a member".into()));
+        };
+        m.end = end;
+        m.len = out - m.out;
+        m.ok = crc == actual && isize == m.len as u32;
+        let (header, m_out, m_len, ok) = (m.header, m.out, m.len, m.ok);
+        if !ok {
+            self.problems.push(format!(
+                "the gzip member at offset {header} fails its check (CRC-32 {actual:08x}, trailer says {crc:08x}; size {m_len}, trailer says {isize}): its bytes read as EIO"
+            ));
+            self.isolate_member();
+        } else if m_len <= WHOLE_MEMBER {
+            self.merge_points_inside(m_out);
+        }
+        self.phase = Phase::Header;
+        Ok(())
     }
 
     /// Drop the points inside the member whose output starts at `m_out` (a small member
