@@ -142,7 +142,7 @@ impl Package for TarPackage {
     }
 
     fn read(&self, r: &Reading<'_>, offset: u64, end: u64, _span: Span) -> Result<ReadData> {
-        plain::read_from(&*r.archive.blob, r, offset, end)
+        plain::read_from(r.blob, r, offset, end)
     }
 
     fn extent(&self, r: &Reading<'_>) -> Option<(u64, u64)> {

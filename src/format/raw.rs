@@ -51,7 +51,7 @@ impl Package for Raw {
         Ok(vec![self.entry.clone()])
     }
     fn read(&self, r: &Reading<'_>, offset: u64, end: u64, _: Span) -> Result<ReadData> {
-        plain::read_from(&*r.archive.blob, r, offset, end)
+        plain::read_from(r.blob, r, offset, end)
     }
     fn extent(&self, r: &Reading<'_>) -> Option<(u64, u64)> {
         plain::extent(r)

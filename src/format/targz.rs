@@ -28,7 +28,6 @@
 //! (zeros, as tape blocking leaves, silently). An archive whose first member is
 //! unusable before any tar header is skipped.
 
-use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -36,14 +35,15 @@ use log::warn;
 
 use super::floor::Cursor;
 use super::floor::gzip::{MAX_HEADER, gzip_header};
+use super::floor::pass::{PassDigest, PassReader, Produce};
 use super::{
-    Archive, DigestOf, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package,
-    Probe, Reading,
+    Archive, Entry, EntryKind, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe,
+    Reading,
 };
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
 use crate::io::cache::Block;
-use crate::io::digest::{Hasher, mismatch};
+use crate::io::digest::mismatch;
 use crate::io::inflate::{Inflater, OneShot, WINDOW};
 use crate::io::{BLOCK_SIZE, BlockKey, ReadData, Span, gather};
 
@@ -362,7 +362,7 @@ fn pass(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
     }
     let mut ix = Indexer::new(blob, cx);
     let mut capped = super::floor::Capped::default();
-    let scanned = super::floor::tar::each(&mut ix, |te, _| capped.push(te));
+    let scanned = super::floor::tar::each(PassReader(&mut ix), |te, _| capped.push(te));
     let entries = capped.entries;
     if let Err(e) = scanned
         && ix.problems.is_empty()
@@ -378,7 +378,9 @@ fn pass(blob: &dyn Blob, cx: &OpenContext) -> Result<(GzIndex, Vec<Entry>)> {
     while ix.produce()? {
         ix.ostart = ix.oend;
     }
-    ix.check_digest()?;
+    if let Some(d) = ix.digest.take() {
+        d.check(blob)?;
+    }
     if let Some(p) = cx.progress
         && blob.size() > REPORT_EVERY
     {
@@ -441,11 +443,8 @@ struct Indexer<'a> {
     member_point: bool,
     /// The next member starts a point (the one before failed).
     force_point: bool,
-    /// The hash of the blob so far, and how many bytes it covers (an image layer's
-    /// digest of the blob is checked by the pass).
-    blob_hash: Option<(Hasher, u64)>,
-    /// The hash of the output so far (a digest of the tar stream).
-    out_hash: Option<Hasher>,
+    /// An image layer's digest (of the blob or of the tar stream), checked by the pass.
+    digest: Option<PassDigest<'a>>,
 }
 
 impl<'a> Indexer<'a> {
@@ -471,41 +470,8 @@ impl<'a> Indexer<'a> {
             member_seg_crc: crc32fast::Hasher::new(),
             member_point: false,
             force_point: false,
-            blob_hash: cx
-                .layer
-                .filter(|l| l.of == DigestOf::Blob)
-                .map(|l| (l.digest.hasher(), 0)),
-            out_hash: cx
-                .layer
-                .filter(|l| l.of == DigestOf::Tar)
-                .map(|l| l.digest.hasher()),
+            digest: cx.layer.map(|l| PassDigest::new(&l.digest, l.of)),
         }
-    }
-
-    /// Check an image layer's digest (after the pass): the bytes the pass did not read
-    /// (garbage after the end) are hashed too.
-    fn check_digest(&mut self) -> Result<()> {
-        let Some(layer) = self.cx.layer else {
-            return Ok(());
-        };
-        let got = match (self.blob_hash.take(), self.out_hash.take()) {
-            (Some((mut h, mut at)), _) => {
-                let mut buf = vec![0u8; PASS_CHUNK];
-                while at < self.size {
-                    let n = (self.size - at).min(PASS_CHUNK as u64) as usize;
-                    self.blob.read_exact_at(&mut buf[..n], at)?;
-                    h.update(&buf[..n]);
-                    at += n as u64;
-                }
-                h.finish()
-            }
-            (None, Some(h)) => h.finish(),
-            (None, None) => return Ok(()),
-        };
-        if got != layer.digest {
-            return Err(mismatch("the layer", &layer.digest, &got));
-        }
-        Ok(())
     }
 
     /// Blob offset of the next unconsumed byte.
@@ -530,11 +496,8 @@ impl<'a> Indexer<'a> {
             let at = self.input.len();
             self.input.resize(at + take, 0);
             self.blob.read_exact_at(&mut self.input[at..], end)?;
-            if let Some((h, hashed)) = &mut self.blob_hash
-                && *hashed == end
-            {
-                h.update(&self.input[at..]);
-                *hashed += take as u64;
+            if let Some(d) = &mut self.digest {
+                d.blob(end, &self.input[at..]);
             }
             if let Some(p) = self.cx.progress
                 && end + take as u64 >= self.next_report
@@ -571,8 +534,8 @@ impl<'a> Indexer<'a> {
 
     fn output(&mut self, n: usize) {
         let bytes = &self.obuf[self.oend..self.oend + n];
-        if let Some(h) = &mut self.out_hash {
-            h.update(bytes);
+        if let Some(d) = &mut self.digest {
+            d.tar(bytes);
         }
         self.member_crc.update(bytes);
         self.seg_crc.update(bytes);
@@ -646,145 +609,164 @@ impl<'a> Indexer<'a> {
         loop {
             match self.phase {
                 Phase::Done => return Ok(false),
-                Phase::Header => {
-                    let at = self.pos();
-                    if at >= self.size {
-                        self.phase = Phase::Done;
-                        continue;
-                    }
-                    let have = self.fill(MAX_HEADER)?;
-                    match gzip_header(&self.input[self.in_pos..self.in_pos + have]) {
-                        Ok(Some(h)) => {
-                            let first = self.idx.members.is_empty();
-                            self.idx.members.push(Member {
-                                header: at,
-                                data: at + h as u64,
-                                end: 0,
-                                out: self.out,
-                                len: 0,
-                                ok: false,
-                            });
-                            self.in_pos += h;
-                            self.inflater = Some(Inflater::new()?);
-                            self.member_crc = crc32fast::Hasher::new();
-                            self.member_point = first
-                                || self.force_point
-                                || self.out - self.last_point_out() >= SPACING;
-                            if self.member_point {
-                                self.point(8 * (at + h as u64), None);
-                            } else {
-                                self.member_seg_crc = self.seg_crc.clone();
-                            }
-                            self.force_point = false;
-                            self.phase = Phase::Body;
-                        }
-                        Ok(None) if self.idx.members.is_empty() => {
-                            return Err(Error::Format("truncated gzip header".into()));
-                        }
-                        Err(e) if self.idx.members.is_empty() => {
-                            return Err(Error::Format(e));
-                        }
-                        _ => {
-                            // Past the last member: zeros (tape blocking) are fine,
-                            // anything else is ignored with a warning.
-                            let rest = self.size - at;
-                            if !self.zeros_to_end()? {
-                                self.problems.push(format!(
-                                    "{rest} bytes of garbage after the end of the gzip stream (at offset {at}) are ignored"
-                                ));
-                            }
-                            self.phase = Phase::Done;
-                        }
-                    }
-                }
+                Phase::Header => self.header()?,
                 Phase::Body => {
-                    let have = self.fill(1)?;
-                    if have == 0 {
-                        self.member_fails(format!(
-                            "the gzip stream is truncated (at offset {}): the last member's bytes cannot be checked, they read as EIO",
-                            self.size
-                        ));
-                        continue;
-                    }
-                    if self.oend == self.obuf.len() {
-                        return Ok(true);
-                    }
-                    let Some(mut inflater) = self.inflater.take() else {
-                        return Err(Error::Format("no decoder for a gzip member".into()));
-                    };
-                    let input = &self.input[self.in_pos..];
-                    let step = inflater.step_to_block(input, &mut self.obuf[self.oend..]);
-                    let p = match step {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let at = self.pos();
-                            self.member_fails(format!(
-                                "bad deflate data in the gzip member at offset {} (near {at}): {e}; its bytes read as EIO",
-                                self.idx.members.last().map_or(0, |m| m.header)
-                            ));
-                            continue;
-                        }
-                    };
-                    self.in_pos += p.consumed;
-                    self.output(p.produced);
-                    let boundary = inflater
-                        .boundary()
-                        .filter(|_| !p.ended && self.out - self.last_point_out() >= SPACING);
-                    let window = match boundary {
-                        Some(_) => Some(inflater.window()?),
-                        None => None,
-                    };
-                    self.inflater = Some(inflater);
-                    if p.ended {
-                        self.phase = Phase::Trailer;
-                    } else if let Some(bits) = boundary {
-                        let bit = 8 * self.pos() - u64::from(bits);
-                        self.point(bit, window);
-                    } else if p.consumed == 0 && p.produced == 0 && self.pos() >= self.size {
-                        self.member_fails(format!(
-                            "the gzip stream is truncated (at offset {}): the last member's bytes cannot be checked, they read as EIO",
-                            self.size
-                        ));
-                        continue;
-                    }
-                    if self.oend > self.ostart {
+                    if self.body()? {
                         return Ok(true);
                     }
                 }
-                Phase::Trailer => {
-                    let have = self.fill(8)?;
-                    if have < 8 {
-                        self.member_fails(
-                            "the gzip stream ends inside a member's trailer: its bytes cannot be checked, they read as EIO".into(),
-                        );
-                        continue;
-                    }
-                    let t = &self.input[self.in_pos..self.in_pos + 8];
-                    let crc = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
-                    let isize = u32::from_le_bytes([t[4], t[5], t[6], t[7]]);
-                    self.in_pos += 8;
-                    let end = self.pos();
-                    let out = self.out;
-                    let actual = std::mem::take(&mut self.member_crc).finalize();
-                    let Some(m) = self.idx.members.last_mut() else {
-                        return Err(Error::Format("a trailer without a member".into()));
-                    };
-                    m.end = end;
-                    m.len = out - m.out;
-                    m.ok = crc == actual && isize == m.len as u32;
-                    let (header, m_out, m_len, ok) = (m.header, m.out, m.len, m.ok);
-                    if !ok {
-                        self.problems.push(format!(
-                            "the gzip member at offset {header} fails its check (CRC-32 {actual:08x}, trailer says {crc:08x}; size {m_len}, trailer says {isize}): its bytes read as EIO"
-                        ));
-                        self.isolate_member();
-                    } else if m_len <= WHOLE_MEMBER {
-                        self.merge_points_inside(m_out);
-                    }
-                    self.phase = Phase::Header;
-                }
+                Phase::Trailer => self.trailer()?,
             }
         }
+    }
+
+    /// At a member's start: its header parsed and its decoding begun (a point if one is
+    /// due), or the end of the stream found (zeros or garbage after the last member).
+    fn header(&mut self) -> Result<()> {
+        let at = self.pos();
+        if at >= self.size {
+            self.phase = Phase::Done;
+            return Ok(());
+        }
+        let have = self.fill(MAX_HEADER)?;
+        match gzip_header(&self.input[self.in_pos..self.in_pos + have]) {
+            Ok(Some(h)) => {
+                let first = self.idx.members.is_empty();
+                self.idx.members.push(Member {
+                    header: at,
+                    data: at + h as u64,
+                    end: 0,
+                    out: self.out,
+                    len: 0,
+                    ok: false,
+                });
+                self.in_pos += h;
+                self.inflater = Some(Inflater::new()?);
+                self.member_crc = crc32fast::Hasher::new();
+                self.member_point =
+                    first || self.force_point || self.out - self.last_point_out() >= SPACING;
+                if self.member_point {
+                    self.point(8 * (at + h as u64), None);
+                } else {
+                    self.member_seg_crc = self.seg_crc.clone();
+                }
+                self.force_point = false;
+                self.phase = Phase::Body;
+            }
+            Ok(None) if self.idx.members.is_empty() => {
+                return Err(Error::Format("truncated gzip header".into()));
+            }
+            Err(e) if self.idx.members.is_empty() => {
+                return Err(Error::Format(e));
+            }
+            _ => {
+                // Past the last member: zeros (tape blocking) are fine,
+                // anything else is ignored with a warning.
+                let rest = self.size - at;
+                if !self.zeros_to_end()? {
+                    self.problems.push(format!(
+                        "{rest} bytes of garbage after the end of the gzip stream (at offset {at}) are ignored"
+                    ));
+                }
+                self.phase = Phase::Done;
+            }
+        }
+        Ok(())
+    }
+
+    /// Inside a member: decode up to the next deflate block boundary into `obuf`, a point
+    /// there if one is due. Whether there is output to hand over (or `obuf` is full).
+    fn body(&mut self) -> Result<bool> {
+        let have = self.fill(1)?;
+        if have == 0 {
+            self.member_fails(format!(
+                "the gzip stream is truncated (at offset {}): the last member's bytes cannot be checked, they read as EIO",
+                self.size
+            ));
+            return Ok(false);
+        }
+        if self.oend == self.obuf.len() {
+            return Ok(true);
+        }
+        let Some(mut inflater) = self.inflater.take() else {
+            return Err(Error::Format("no decoder for a gzip member".into()));
+        };
+        let input = &self.input[self.in_pos..];
+        let step = inflater.step_to_block(input, &mut self.obuf[self.oend..]);
+        let p = match step {
+            Ok(p) => p,
+            Err(e) => {
+                let at = self.pos();
+                self.member_fails(format!(
+                    "bad deflate data in the gzip member at offset {} (near {at}): {e}; its bytes read as EIO",
+                    self.idx.members.last().map_or(0, |m| m.header)
+                ));
+                return Ok(false);
+            }
+        };
+        self.in_pos += p.consumed;
+        self.output(p.produced);
+        let boundary = inflater
+            .boundary()
+            .filter(|_| !p.ended && self.out - self.last_point_out() >= SPACING);
+        let window = match boundary {
+            Some(_) => Some(inflater.window()?),
+            None => None,
+        };
+        self.inflater = Some(inflater);
+        if p.ended {
+            self.phase = Phase::Trailer;
+        } else if let Some(bits) = boundary {
+            let bit = 8 * self.pos() - u64::from(bits);
+            self.point(bit, window);
+        } else if p.consumed == 0 && p.produced == 0 && self.pos() >= self.size {
+            self.member_fails(format!(
+                "the gzip stream is truncated (at offset {}): the last member's bytes cannot be checked, they read as EIO",
+                self.size
+            ));
+            return Ok(false);
+        }
+        if self.oend > self.ostart {
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// At a member's end: its trailer checked against the CRC-32 and size of its output
+    /// (a member that fails is split off; a small one that passes loses its inner
+    /// points).
+    fn trailer(&mut self) -> Result<()> {
+        let have = self.fill(8)?;
+        if have < 8 {
+            self.member_fails(
+                "the gzip stream ends inside a member's trailer: its bytes cannot be checked, they read as EIO".into(),
+            );
+            return Ok(());
+        }
+        let t = &self.input[self.in_pos..self.in_pos + 8];
+        let crc = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
+        let isize = u32::from_le_bytes([t[4], t[5], t[6], t[7]]);
+        self.in_pos += 8;
+        let end = self.pos();
+        let out = self.out;
+        let actual = std::mem::take(&mut self.member_crc).finalize();
+        let Some(m) = self.idx.members.last_mut() else {
+            return Err(Error::Format("a trailer without a member".into()));
+        };
+        m.end = end;
+        m.len = out - m.out;
+        m.ok = crc == actual && isize == m.len as u32;
+        let (header, m_out, m_len, ok) = (m.header, m.out, m.len, m.ok);
+        if !ok {
+            self.problems.push(format!(
+                "the gzip member at offset {header} fails its check (CRC-32 {actual:08x}, trailer says {crc:08x}; size {m_len}, trailer says {isize}): its bytes read as EIO"
+            ));
+            self.isolate_member();
+        } else if m_len <= WHOLE_MEMBER {
+            self.merge_points_inside(m_out);
+        }
+        self.phase = Phase::Header;
+        Ok(())
     }
 
     /// Drop the points inside the member whose output starts at `m_out` (a small member
@@ -842,19 +824,17 @@ impl<'a> Indexer<'a> {
     }
 }
 
-impl Read for Indexer<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.ostart == self.oend {
-            match self.produce() {
-                Ok(true) => {}
-                Ok(false) => return Ok(0),
-                Err(e) => return Err(std::io::Error::other(e)),
-            }
-        }
-        let n = buf.len().min(self.oend - self.ostart);
-        buf[..n].copy_from_slice(&self.obuf[self.ostart..self.ostart + n]);
+impl Produce for Indexer<'_> {
+    fn produce(&mut self) -> Result<bool> {
+        Indexer::produce(self)
+    }
+
+    fn unread(&self) -> &[u8] {
+        &self.obuf[self.ostart..self.oend]
+    }
+
+    fn consume(&mut self, n: usize) {
         self.ostart += n;
-        Ok(n)
     }
 }
 
@@ -1132,7 +1112,7 @@ impl TarGzPackage {
 
     fn key(r: &Reading<'_>, si: usize, block: u64) -> BlockKey {
         BlockKey {
-            archive: r.archive.key,
+            archive: r.key,
             unit: si as u64,
             block,
         }
@@ -1143,9 +1123,9 @@ impl TarGzPackage {
         let key = Self::key(r, si, 0);
         r.io.block(key, |_| {
             let p = &self.idx.points[si];
-            self.check_span(&*r.archive.blob, si)?;
+            self.check_span(r.blob, si)?;
             let mut out = Block::empty(p.len as usize);
-            let read = self.decode_whole(&*r.archive.blob, si, &mut out)?;
+            let read = self.decode_whole(r.blob, si, &mut out)?;
             r.io.count_read(read);
             if !self.crc_ok(p, crc32fast::hash(&out)) {
                 return Err(Error::Corrupt(format!(
@@ -1206,7 +1186,7 @@ impl TarGzPackage {
     fn piece(&self, r: &Reading<'_>, si: usize, bi: u64) -> Result<Arc<Block>> {
         r.io.block(Self::key(r, si, bi), |parked| {
             let p = &self.idx.points[si];
-            let blob = &*r.archive.blob;
+            let blob = r.blob;
             let mut stream = match parked
                 .take()
                 .and_then(|b| b.downcast::<(u64, Stream)>().ok())
@@ -1447,7 +1427,7 @@ impl Package for TarGzPackage {
             .idx
             .points
             .get(last + 1)
-            .map_or(r.archive.blob.size(), |p| p.bit.div_ceil(8));
+            .map_or(r.blob.size(), |p| p.bit.div_ceil(8));
         Some((from, to))
     }
 
@@ -1667,7 +1647,8 @@ mod tests {
         // Extents lie within the archive and cover the data's compressed bytes.
         let r = Reading {
             io: &io,
-            archive: &a,
+            blob: &*a.blob,
+            key: a.key,
             loc: &e.data,
             size: e.size,
         };

@@ -515,14 +515,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
     }
     // Compressed data ends where the table starts; every chunk starts before.
     let data_end = f.offset;
-    let mut starts: Vec<u64> = toc
-        .entries
-        .iter()
-        .filter(|e| matches!(e.kind.as_str(), "reg" | "chunk") && (e.size > 0 || e.chunk_size > 0))
-        .map(|e| e.offset)
-        .collect();
-    starts.sort_unstable();
-    starts.dedup();
+    let starts = chunk_starts(&toc.entries);
     let next_start = |coff: u64| -> u64 {
         let i = starts.partition_point(|&s| s <= coff);
         starts.get(i).copied().unwrap_or(data_end).min(data_end)
@@ -569,25 +562,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
         let data = if kind == EntryKind::File && e.size > 0 {
             let fi = files.len();
             let first = chunks.len() as u32;
-            // The first chunk is described by the file's own entry; without chunkSize it
-            // is the whole file.
-            let len = if e.chunk_size > 0 {
-                e.chunk_size
-            } else {
-                e.size
-            };
-            let digest = if !e.chunk_digest.is_empty() {
-                &e.chunk_digest
-            } else if len == e.size {
-                &e.digest
-            } else {
-                &e.chunk_digest
-            };
-            let mut c = chunk(e, 0, len, digest, &next_start, blob_size)?;
-            if e.end_offset > e.offset && len == e.size {
-                c.cend = c.cend.min(e.end_offset);
-            }
-            chunks.push(c);
+            chunks.push(first_chunk(e, &next_start, blob_size)?);
             files.push(File {
                 chunks: first..chunks.len() as u32,
                 broken: None,
@@ -600,6 +575,53 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
         entries.push(entry_of(e, kind, data, xattrs)?);
     }
     close(&mut open, &mut files, &chunks);
+    warn_broken(&files, &entries);
+    Ok((
+        entries,
+        TocPackage {
+            flavour: f.flavour,
+            files,
+            chunks,
+        },
+    ))
+}
+
+/// Where the table's chunks start in the layer, sorted, each once.
+fn chunk_starts(entries: &[TocEntry]) -> Vec<u64> {
+    let mut starts: Vec<u64> = entries
+        .iter()
+        .filter(|e| matches!(e.kind.as_str(), "reg" | "chunk") && (e.size > 0 || e.chunk_size > 0))
+        .map(|e| e.offset)
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    starts
+}
+
+/// The first chunk of file `e`, which its own entry describes (without `chunkSize`, the
+/// whole file).
+fn first_chunk(e: &TocEntry, next_start: &dyn Fn(u64) -> u64, blob_size: u64) -> Result<Chunk> {
+    let len = if e.chunk_size > 0 {
+        e.chunk_size
+    } else {
+        e.size
+    };
+    let digest = if !e.chunk_digest.is_empty() {
+        &e.chunk_digest
+    } else if len == e.size {
+        &e.digest
+    } else {
+        &e.chunk_digest
+    };
+    let mut c = chunk(e, 0, len, digest, next_start, blob_size)?;
+    if e.end_offset > e.offset && len == e.size {
+        c.cend = c.cend.min(e.end_offset);
+    }
+    Ok(c)
+}
+
+/// A warning for each file whose chunks cannot serve it.
+fn warn_broken(files: &[File], entries: &[Entry]) {
     for (fi, file) in files.iter().enumerate() {
         if let Some(why) = &file.broken {
             let path = entries
@@ -610,14 +632,6 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
             warn!("{path:?} cannot be read: {why}");
         }
     }
-    Ok((
-        entries,
-        TocPackage {
-            flavour: f.flavour,
-            files,
-            chunks,
-        },
-    ))
 }
 
 /// A chunk from a table entry.
@@ -668,7 +682,7 @@ impl TocPackage {
     /// chunk in the layer) and [`FILE_AHEAD`] bytes, are asked for in the background.
     fn chunk(&self, r: &Reading<'_>, ci: u32, file_end: u64) -> Result<Arc<Block>> {
         let key = BlockKey {
-            archive: r.archive.key,
+            archive: r.key,
             unit: u64::from(ci),
             block: 0,
         };
@@ -686,18 +700,17 @@ impl TocPackage {
                     "the table of contents gives no digest for this chunk".into(),
                 ));
             };
-            if c.cend < file_end && r.archive.blob.round_trips() {
-                r.archive
-                    .blob
+            if c.cend < file_end && r.blob.round_trips() {
+                r.blob
                     .will_need(&[(c.cend, file_end.min(c.cend + FILE_AHEAD))]);
             }
             let data = match self.flavour {
-                Flavour::ZstdChunked => unzstd(&*r.archive.blob, c)?,
-                Flavour::Estargz => ungzip(&*r.archive.blob, c)?,
+                Flavour::ZstdChunked => unzstd(r.blob, c)?,
+                Flavour::Estargz => ungzip(r.blob, c)?,
             };
             if let Err(e) = digest.check(&data, &format!("chunk at {} of the layer", c.coff)) {
                 // Not kept for the next read: it may come right from the source.
-                r.archive.blob.forget();
+                r.blob.forget();
                 return Err(e);
             }
             r.io.count_read((c.cend - c.coff) as usize);
@@ -880,7 +893,7 @@ impl Package for TocPackage {
             if c.at < end && c.at + c.len > start {
                 let given = (c.at + c.len).min(end) - c.at.max(start);
                 let key = BlockKey {
-                    archive: r.archive.key,
+                    archive: r.key,
                     unit: u64::from(ci),
                     block: 0,
                 };

@@ -22,7 +22,7 @@
 //! the blob's version; an image layer's digest (of the blob, or of its tar stream) is
 //! checked by the pass, and a cached index of a layer is one whose pass checked it.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -30,14 +30,13 @@ use log::{info, warn};
 use zstd::zstd_safe;
 
 use super::floor::frames::{Frame, FrameReader, SeekTable};
+use super::floor::pass::{PassDigest, PassReader, Produce};
 use super::floor::plain;
 use super::{
-    Checked, DigestOf, Entry, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe,
-    Reading,
+    Checked, Entry, Format, IndexOrigin, Loc, OpenContext, Opened, Package, Probe, Reading,
 };
 use crate::error::{Error, Result};
 use crate::io::blob::{Blob, LocalFile};
-use crate::io::digest::{Hasher, mismatch};
 use crate::io::{ReadData, Span};
 
 /// Frames up to this many bytes of output are served in place; an archive with a larger
@@ -328,8 +327,8 @@ struct Pass<'a> {
     /// Where the current frame started (compressed, decompressed), if inside one.
     frame_start: Option<(u64, u64)>,
     ended: bool,
-    blob_hash: Option<Hasher>,
-    out_hash: Option<Hasher>,
+    /// An image layer's digest, checked by the pass.
+    digest: Option<PassDigest<'a>>,
     copy: Option<Copy>,
     /// Output kept while the copy is not yet known to be needed.
     held: Vec<u8>,
@@ -358,14 +357,7 @@ impl<'a> Pass<'a> {
             frames: Vec::new(),
             frame_start: None,
             ended: false,
-            blob_hash: cx
-                .layer
-                .filter(|l| l.of == DigestOf::Blob)
-                .map(|l| l.digest.hasher()),
-            out_hash: cx
-                .layer
-                .filter(|l| l.of == DigestOf::Tar)
-                .map(|l| l.digest.hasher()),
+            digest: cx.layer.map(|l| PassDigest::new(&l.digest, l.of)),
             copy: None,
             held: Vec::new(),
             copy_to,
@@ -393,8 +385,8 @@ impl<'a> Pass<'a> {
                 let n = (self.size - at).min(PASS_CHUNK as u64) as usize;
                 self.input.resize(n, 0);
                 self.blob.read_exact_at(&mut self.input, at)?;
-                if let Some(h) = &mut self.blob_hash {
-                    h.update(&self.input);
+                if let Some(d) = &mut self.digest {
+                    d.blob(at, &self.input);
                 }
                 self.in_off = at;
                 self.in_pos = 0;
@@ -445,9 +437,8 @@ impl<'a> Pass<'a> {
                 }
             }
         }
-        let bytes = &self.out[..self.oend];
-        if let Some(h) = &mut self.out_hash {
-            h.update(bytes);
+        if let Some(d) = &mut self.digest {
+            d.tar(&self.out[..self.oend]);
         }
         self.keep(self.oend)?;
         Ok(self.oend > 0)
@@ -490,35 +481,19 @@ impl<'a> Pass<'a> {
             }
         }
     }
-
-    fn check_digest(&mut self) -> Result<()> {
-        let Some(layer) = self.cx.layer else {
-            return Ok(());
-        };
-        let Some(h) = self.blob_hash.take().or_else(|| self.out_hash.take()) else {
-            return Ok(());
-        };
-        let got = h.finish();
-        if got != layer.digest {
-            return Err(mismatch("the layer", &layer.digest, &got));
-        }
-        Ok(())
-    }
 }
 
-impl Read for Pass<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.ostart == self.oend {
-            match self.produce() {
-                Ok(true) => {}
-                Ok(false) => return Ok(0),
-                Err(e) => return Err(std::io::Error::other(e.to_string())),
-            }
-        }
-        let n = buf.len().min(self.oend - self.ostart);
-        buf[..n].copy_from_slice(&self.out[self.ostart..self.ostart + n]);
+impl Produce for Pass<'_> {
+    fn produce(&mut self) -> Result<bool> {
+        Pass::produce(self)
+    }
+
+    fn unread(&self) -> &[u8] {
+        &self.out[self.ostart..self.oend]
+    }
+
+    fn consume(&mut self, n: usize) {
         self.ostart += n;
-        Ok(n)
     }
 }
 
@@ -535,7 +510,7 @@ fn pass(
     }
     let mut p = Pass::new(blob, cx, copy_to);
     let mut capped = super::floor::Capped::default();
-    let scanned = super::floor::tar::each(&mut p, |te, _| capped.push(te));
+    let scanned = super::floor::tar::each(PassReader(&mut p), |te, _| capped.push(te));
     let entries = capped.entries;
     if let Err(e) = scanned {
         return Err(Error::Corrupt(format!(
@@ -545,7 +520,9 @@ fn pass(
     }
     // The rest of the stream (end blocks, trailing frames): the whole stream must decode.
     while p.produce()? {}
-    p.check_digest()?;
+    if let Some(d) = p.digest.take() {
+        d.check(blob)?;
+    }
     if let Some(pr) = cx.progress
         && blob.size() > REPORT_EVERY
     {

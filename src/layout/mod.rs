@@ -275,6 +275,16 @@ pub fn own_archive(name: &str, entries: Vec<Entry>) -> Arc<Archive> {
 }
 
 /// The package of a layout's own entries: every byte is in its index.
+///
+/// Why a layout implements `format::Package`: the tree serves every entry as a `Loc` of
+/// some [`Archive`] among its layers, and a layout's own entries (`.cargo-ok`, npm's
+/// `.bin` links) have no archive of their own, so the layout makes one. It is not a
+/// format (no file is ever probed as one, it is not in `format::FORMATS`), and it needs
+/// nothing of a format's read path: its files' bytes are `Loc::Inline`, which
+/// `Archive::read` serves before a package is asked, so `read` here is unreachable and
+/// `entries` only gives the index again for a rescan. Kept here, beside the entries it
+/// serves, rather than in `format/`: it knows nothing of any format, and the formats
+/// need not know that layouts exist.
 #[derive(Debug)]
 struct Own {
     entries: Vec<Entry>,

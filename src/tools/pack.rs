@@ -507,12 +507,7 @@ fn write_package(
     feed: impl FnOnce(&mut Put) -> Result<(), PackError>,
 ) -> Result<PackStats, PackError> {
     let mut entries: Vec<Entry> = Vec::new();
-    let out_dir = cfg
-        .output
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(out_dir).map_err(|e| ctx("temporary file", e))?;
+    let mut tmp = temp_beside(&cfg.output)?;
     let progress = crate::progress::pack_spinner();
     let mut stats = PackStats::default();
     let frames = Rc::new(RefCell::new(Frames {
@@ -525,35 +520,7 @@ fn write_package(
     let out = tmp.as_file_mut();
 
     std::thread::scope(|s| -> Result<(), PackError> {
-        // Compression workers: frames go out numbered, come back numbered, and are written
-        // in order.
-        let (job_tx, job_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(cfg.threads * 2);
-        let job_rx = std::sync::Arc::new(std::sync::Mutex::new(job_rx));
-        let (done_tx, done_rx) = mpsc::channel::<(u64, std::io::Result<Vec<u8>>, u32)>();
-        for _ in 0..cfg.threads.max(1) {
-            let (rx, tx) = (job_rx.clone(), done_tx.clone());
-            let level = cfg.level;
-            s.spawn(move || {
-                let mut c = match zstd::bulk::Compressor::new(level) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = tx.send((0, Err(e), 0));
-                        return;
-                    }
-                };
-                let _ = c.include_checksum(true);
-                let _ = c.include_contentsize(true);
-                loop {
-                    let job = rx.lock().map(|r| r.recv());
-                    let Ok(Ok((n, data))) = job else { break };
-                    let r = c.compress(&data);
-                    if tx.send((n, r, data.len() as u32)).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        drop(done_tx);
+        let (job_tx, done_rx) = spawn_compressors(s, cfg);
         let writer = s.spawn(move || write_in_order(done_rx, out));
 
         let mut sent = 0u64;
@@ -591,21 +558,9 @@ fn write_package(
                 })
                 .map_err(|err| ctx("tar", err))?;
             if e.kind == EntryKind::File {
-                let mut left = e.size;
-                while left > 0 {
-                    let n = data
-                        .read(&mut buf[..left.min(CHUNK as u64) as usize])
-                        .map_err(|err| ctx(&String::from_utf8_lossy(&e.path), err))?;
-                    if n == 0 {
-                        return Err(ctx(
-                            &String::from_utf8_lossy(&e.path),
-                            std::io::ErrorKind::UnexpectedEof.into(),
-                        ));
-                    }
-                    tar.data(&buf[..n]).map_err(|err| ctx("tar", err))?;
-                    left -= n as u64;
-                    send_done(&frames, &mut sent)?;
-                }
+                copy_data(&e, data, &mut buf, &mut tar, || {
+                    send_done(&frames, &mut sent)
+                })?;
                 e.data = Loc::Stream(data_offset);
                 stats.data_bytes += e.size;
             }
@@ -644,10 +599,94 @@ fn write_package(
     Ok(stats)
 }
 
+/// A temporary file in the directory of `output`, to be renamed to it.
+fn temp_beside(output: &Path) -> Result<tempfile::NamedTempFile, PackError> {
+    let out_dir = output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    tempfile::NamedTempFile::new_in(out_dir).map_err(|e| ctx("temporary file", e))
+}
+
+/// A frame to compress, numbered; a frame compressed (or why not), with its number and
+/// decompressed size.
+type Job = (u64, Vec<u8>);
+type Done = (u64, std::io::Result<Vec<u8>>, u32);
+
+/// The compression workers, `cfg.threads` of them in `s`: frames go out numbered through
+/// the sender returned, come back numbered through the receiver, and are written in
+/// order ([`write_in_order`]).
+fn spawn_compressors<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    cfg: &PackConfig,
+) -> (mpsc::SyncSender<Job>, mpsc::Receiver<Done>) {
+    let (job_tx, job_rx) = mpsc::sync_channel::<Job>(cfg.threads * 2);
+    let job_rx = std::sync::Arc::new(std::sync::Mutex::new(job_rx));
+    let (done_tx, done_rx) = mpsc::channel::<Done>();
+    for _ in 0..cfg.threads.max(1) {
+        let (rx, tx) = (job_rx.clone(), done_tx.clone());
+        let level = cfg.level;
+        s.spawn(move || compress_frames(&rx, &tx, level));
+    }
+    (job_tx, done_rx)
+}
+
+/// One compression worker: frames from `jobs` compressed at `level` until it closes.
+fn compress_frames(
+    jobs: &std::sync::Mutex<mpsc::Receiver<Job>>,
+    done: &mpsc::Sender<Done>,
+    level: i32,
+) {
+    let mut c = match zstd::bulk::Compressor::new(level) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = done.send((0, Err(e), 0));
+            return;
+        }
+    };
+    let _ = c.include_checksum(true);
+    let _ = c.include_contentsize(true);
+    loop {
+        let job = jobs.lock().map(|r| r.recv());
+        let Ok(Ok((n, data))) = job else { break };
+        let r = c.compress(&data);
+        if done.send((n, r, data.len() as u32)).is_err() {
+            break;
+        }
+    }
+}
+
+/// Copy the `e.size` bytes of file `e` from `data` into the tar stream through `buf`,
+/// calling `chunk_done` after each chunk (full frames go to the workers as they fill).
+fn copy_data(
+    e: &Entry,
+    data: &mut dyn Read,
+    buf: &mut [u8],
+    tar: &mut TarWriter<FrameSink>,
+    mut chunk_done: impl FnMut() -> Result<(), PackError>,
+) -> Result<(), PackError> {
+    let mut left = e.size;
+    while left > 0 {
+        let n = data
+            .read(&mut buf[..left.min(CHUNK as u64) as usize])
+            .map_err(|err| ctx(&String::from_utf8_lossy(&e.path), err))?;
+        if n == 0 {
+            return Err(ctx(
+                &String::from_utf8_lossy(&e.path),
+                std::io::ErrorKind::UnexpectedEof.into(),
+            ));
+        }
+        tar.data(&buf[..n]).map_err(|err| ctx("tar", err))?;
+        left -= n as u64;
+        chunk_done()?;
+    }
+    Ok(())
+}
+
 /// The compressed frames as the workers hand them back (numbered), written to `out` in
 /// order: their (compressed, decompressed) sizes.
 fn write_in_order(
-    done: mpsc::Receiver<(u64, std::io::Result<Vec<u8>>, u32)>,
+    done: mpsc::Receiver<Done>,
     out: &mut std::fs::File,
 ) -> Result<Vec<(u32, u32)>, PackError> {
     let mut pending = BTreeMap::new();

@@ -942,20 +942,61 @@ impl TreeBuilder {
     /// Freeze into the immutable [`Tree`], numbering inodes breadth-first.
     pub fn finish(self) -> Tree {
         let TreeBuilder {
-            mut nodes,
-            mut dirs,
+            nodes,
+            dirs,
             conflicts,
             skipped,
             grafts: graft_nodes,
             ..
         } = self;
-        let mut grafts = HashMap::new();
-        let mut out: Vec<Node> = Vec::with_capacity(nodes.len());
-        let mut names = Vec::new();
-        let mut members = Vec::new();
-        let mut total_bytes = 0u64;
-        let mut extras: HashMap<u64, Box<Extra>> = HashMap::new();
-        let mut groups: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        let mut f = Frozen::breadth_first(nodes, dirs, &graft_nodes);
+        f.link_groups();
+        f.dir_link_counts();
+        let has_xattrs = f.extras.values().any(|x| !x.xattrs.is_empty());
+        Tree {
+            nodes: f.nodes,
+            names: f.names,
+            members: f.members,
+            conflicts,
+            skipped,
+            total_bytes: f.total_bytes,
+            extras: f.extras,
+            has_xattrs,
+            grafts: f.grafts,
+        }
+    }
+}
+
+/// A tree being frozen by [`TreeBuilder::finish`]: its nodes in inode order and what
+/// goes with them.
+struct Frozen {
+    nodes: Vec<Node>,
+    names: Vec<u8>,
+    members: Vec<Member>,
+    total_bytes: u64,
+    extras: HashMap<u64, Box<Extra>>,
+    /// The inodes of each hard-link group, in order.
+    groups: BTreeMap<u32, Vec<u64>>,
+    grafts: HashMap<u64, u32>,
+}
+
+impl Frozen {
+    /// The nodes of a builder numbered breadth-first (each directory's children sorted
+    /// by name, so they are consecutive and in order).
+    fn breadth_first(
+        mut nodes: Vec<Building>,
+        mut dirs: Vec<HashMap<Vec<u8>, usize>>,
+        graft_nodes: &HashMap<usize, u32>,
+    ) -> Frozen {
+        let mut f = Frozen {
+            nodes: Vec::with_capacity(nodes.len()),
+            names: Vec::new(),
+            members: Vec::new(),
+            total_bytes: 0,
+            extras: HashMap::new(),
+            groups: BTreeMap::new(),
+            grafts: HashMap::new(),
+        };
         // Queue of (building index, parent inode, name); the output index is the queue
         // position.
         let mut queue: Vec<(usize, u64, Vec<u8>)> = Vec::with_capacity(nodes.len());
@@ -979,61 +1020,77 @@ impl TreeBuilder {
             for (kid_name, k) in kids {
                 queue.push((k, ino, kid_name));
             }
-            let b = &mut nodes[bi];
-            let name_off = names.len() as u32;
-            names.extend_from_slice(&name);
-            if let Some(g) = b.group {
-                groups.entry(g).or_default().push(ino);
-            }
-            if let Some(x) = b.extra.take() {
-                extras.insert(ino, x);
-            }
             if !graft_nodes.is_empty()
                 && let Some(&g) = graft_nodes.get(&bi)
             {
-                grafts.insert(ino, g);
+                f.grafts.insert(ino, g);
             }
-            let (a, count, nlink) = match (b.kind, b.member.take()) {
-                (Kind::Dir, _) => (first_child, count, 0),
-                (_, Some(m)) => {
-                    total_bytes += m.size;
-                    members.push(m);
-                    ((members.len() - 1) as u64, 0, 1)
-                }
-                // Devices, FIFOs and sockets: no data.
-                (_, None) => (u64::MAX, 0, 1),
-            };
-            out.push(Node {
-                name_off,
-                name_len: name.len() as u32,
-                parent,
-                kind: b.kind,
-                perm: b.perm,
-                nlink,
-                uid: b.uid,
-                gid: b.gid,
-                mtime: b.mtime,
-                size: b.size,
-                archive: b.archive,
-                a,
-                b: count,
-                alias: 0,
-            });
+            f.push(&mut nodes[bi], ino, parent, &name, (first_child, count));
         }
-        // Hard links: every name of a group shares the inode of its first name; the data
-        // is counted once.
-        for inos in groups.values() {
+        f
+    }
+
+    /// Node `ino` named `name` in `parent`, from `b`; a directory's `children` are its
+    /// first child's inode and their count.
+    fn push(&mut self, b: &mut Building, ino: u64, parent: u64, name: &[u8], children: (u64, u32)) {
+        let name_off = self.names.len() as u32;
+        self.names.extend_from_slice(name);
+        if let Some(g) = b.group {
+            self.groups.entry(g).or_default().push(ino);
+        }
+        if let Some(x) = b.extra.take() {
+            self.extras.insert(ino, x);
+        }
+        let (a, count, nlink) = match (b.kind, b.member.take()) {
+            (Kind::Dir, _) => (children.0, children.1, 0),
+            (_, Some(m)) => {
+                self.total_bytes += m.size;
+                self.members.push(m);
+                ((self.members.len() - 1) as u64, 0, 1)
+            }
+            // Devices, FIFOs and sockets: no data.
+            (_, None) => (u64::MAX, 0, 1),
+        };
+        self.nodes.push(Node {
+            name_off,
+            name_len: name.len() as u32,
+            parent,
+            kind: b.kind,
+            perm: b.perm,
+            nlink,
+            uid: b.uid,
+            gid: b.gid,
+            mtime: b.mtime,
+            size: b.size,
+            archive: b.archive,
+            a,
+            b: count,
+            alias: 0,
+        });
+    }
+
+    /// Hard links: every name of a group shares the inode of its first name (and its
+    /// extras); the data is counted once.
+    fn link_groups(&mut self) {
+        for inos in self.groups.values() {
             let canonical = inos[0];
             for &ino in inos {
-                let n = &mut out[ino as usize - 1];
+                let n = &mut self.nodes[ino as usize - 1];
                 n.nlink = inos.len() as u32;
                 if ino != canonical {
                     n.alias = canonical;
-                    total_bytes -= n.size;
+                    self.total_bytes -= n.size;
                 }
             }
+            for &ino in &inos[1..] {
+                self.extras.remove(&ino);
+            }
         }
-        // Directory link counts: 2 plus one per subdirectory.
+    }
+
+    /// Directory link counts: 2 plus one per subdirectory.
+    fn dir_link_counts(&mut self) {
+        let out = &mut self.nodes;
         for i in 0..out.len() {
             if out[i].kind == Kind::Dir {
                 let first = out[i].a as usize;
@@ -1044,24 +1101,6 @@ impl TreeBuilder {
                     .count();
                 out[i].nlink = 2 + subdirs as u32;
             }
-        }
-        // A hard link's names share the first name's extras (as they share its inode).
-        for inos in groups.values() {
-            for &ino in &inos[1..] {
-                extras.remove(&ino);
-            }
-        }
-        let has_xattrs = extras.values().any(|x| !x.xattrs.is_empty());
-        Tree {
-            nodes: out,
-            names,
-            members,
-            conflicts,
-            skipped,
-            total_bytes,
-            extras,
-            has_xattrs,
-            grafts,
         }
     }
 }

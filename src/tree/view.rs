@@ -406,7 +406,6 @@ pub fn carry_over(
     generation: u64,
     next_ino: &AtomicU64,
 ) -> (View, Vec<Invalidation>) {
-    use std::sync::atomic::Ordering::Relaxed;
     let members = (0..tree.member_count())
         .map(|_| MemberState::default())
         .collect();
@@ -418,131 +417,204 @@ pub fn carry_over(
         numbering: Numbering::Identity,
         grafts,
     };
-    let len = view.tree.len();
-    let mut to_global = vec![0u64; len];
-    to_global[0] = ROOT_INO;
-    // Names present in both generations whose fate depends on the final numbering:
-    // (parent inode, name, old inode, new local node).
-    let mut pairs: Vec<(u64, Vec<u8>, u64, u64)> = Vec::new();
-    let mut inval = Vec::new();
-    let mut changed_dirs: Vec<u64> = Vec::new();
-    // Directories present at the same path in both: (old local, new local).
-    let mut stack = vec![(ROOT_INO, ROOT_INO)];
-    while let Some((ol, nl)) = stack.pop() {
-        let (Some(od), Some(nd)) = (old.tree.node(ol), view.tree.node(nl)) else {
-            continue;
-        };
-        let dir_ino = old.global(ol);
-        let mut dir_changed = !same_dir_attrs(od, nd);
-        let mut oc = old.tree.children(od).peekable();
-        let mut nc = view.tree.children(nd).peekable();
-        loop {
-            let order = match (oc.peek(), nc.peek()) {
-                (None, None) => break,
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some((_, o)), Some((_, n))) => old.tree.name(o).cmp(view.tree.name(n)),
-            };
-            match order {
-                std::cmp::Ordering::Less => {
-                    // Gone.
-                    let Some((oi, o)) = oc.next() else { break };
-                    delete_entry(old, dir_ino, oi, o, &mut inval);
-                    dir_changed = true;
-                }
-                std::cmp::Ordering::Greater => {
-                    // New (also clears a cached negative entry).
-                    let Some((_, n)) = nc.next() else { break };
-                    inval.push(Invalidation::Entry {
-                        parent: dir_ino,
-                        name: view.tree.name(n).to_vec(),
-                    });
-                    dir_changed = true;
-                }
-                std::cmp::Ordering::Equal => {
-                    let (Some((oi, o)), Some((ni, n))) = (oc.next(), nc.next()) else {
-                        break;
-                    };
-                    let old_ino = old.global(oi);
-                    let same_graft = match (old.graft_at(oi), view.graft_at(ni)) {
-                        (None, None) => true,
-                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                        _ => false,
-                    };
-                    match (o.kind, n.kind) {
-                        (Kind::Dir, Kind::Dir) if same_graft => {
-                            to_global[ni as usize - 1] = old_ino;
-                            if old.graft_at(oi).is_none() {
-                                stack.push((oi, ni));
-                            }
-                        }
-                        (Kind::Dir, _) | (_, Kind::Dir) => {
-                            delete_entry(old, dir_ino, oi, o, &mut inval);
-                            dir_changed = true;
-                        }
-                        _ => {
-                            let oc_l = old.tree.canonical(oi);
-                            let nc_l = view.tree.canonical(ni);
-                            let (Some(ocn), Some(ncn)) =
-                                (old.tree.node(oc_l), view.tree.node(nc_l))
-                            else {
-                                continue;
-                            };
-                            let slot = &mut to_global[nc_l as usize - 1];
-                            if *slot == 0 && same_file(old, ocn, &view, ncn) {
-                                *slot = old_ino;
-                            }
-                            pairs.push((dir_ino, view.tree.name(n).to_vec(), old_ino, ni));
-                        }
-                    }
-                }
-            }
-        }
-        if dir_changed {
-            changed_dirs.push(dir_ino);
-        }
+    let mut carry = Carry::new(view.tree.len());
+    while let Some((ol, nl)) = carry.stack.pop() {
+        carry.dir(old, &view, ol, nl);
     }
-    // Everything not carried over gets a fresh number (aliases share their canonical's).
-    for l in 1..=len as u64 {
-        if view.tree.canonical(l) == l && to_global[l as usize - 1] == 0 {
-            to_global[l as usize - 1] = next_ino.fetch_add(1, Relaxed);
-        }
-    }
-    for l in 1..=len as u64 {
-        let c = view.tree.canonical(l);
-        if c != l {
-            to_global[l as usize - 1] = to_global[c as usize - 1];
-        }
-    }
-    // A name kept in both whose inode changed is stale too, and so is its directory's
-    // listing (readdir caches inode numbers).
-    for (parent, name, old_ino, ni) in pairs {
-        let c = view.tree.canonical(ni);
-        if to_global[c as usize - 1] != old_ino {
-            inval.push(Invalidation::Delete {
-                parent,
-                name,
-                old: old_ino,
-            });
-            if changed_dirs.last() != Some(&parent) && !changed_dirs.contains(&parent) {
-                changed_dirs.push(parent);
-            }
-        }
-    }
-    inval.extend(changed_dirs.into_iter().map(Invalidation::Dir));
-    let mut to_local = InoMap::default();
-    to_local.reserve(len);
-    for (i, &g) in to_global.iter().enumerate() {
-        let l = i as u64 + 1;
-        if view.tree.canonical(l) == l {
-            to_local.insert(g, l);
-        }
-    }
+    carry.number_the_rest(&view.tree, next_ino);
+    let (to_global, inval) = carry.invalidations(&view.tree);
+    let to_local = local_numbers(&view.tree, &to_global);
     view.numbering = Numbering::Mapped {
         to_global,
         to_local,
     };
     (view, inval)
+}
+
+/// The numbering of a new generation as [`carry_over`] makes it: a walk of the
+/// directories present at the same path in both generations, then fresh numbers for the
+/// rest, then what the kernel must forget.
+struct Carry {
+    /// The global inode number of each local node of the new tree (`l - 1`), 0 while
+    /// not yet known.
+    to_global: Vec<u64>,
+    /// Names present in both generations whose fate depends on the final numbering:
+    /// (parent inode, name, old inode, new local node).
+    pairs: Vec<(u64, Vec<u8>, u64, u64)>,
+    /// The invalidations found so far.
+    inval: Vec<Invalidation>,
+    /// Directories whose attributes or listing changed (inode numbers).
+    changed_dirs: Vec<u64>,
+    /// Directories present at the same path in both still to compare: (old local, new
+    /// local).
+    stack: Vec<(u64, u64)>,
+}
+
+impl Carry {
+    /// Nothing known yet of a new tree of `len` nodes but its root.
+    fn new(len: usize) -> Self {
+        let mut to_global = vec![0u64; len];
+        to_global[0] = ROOT_INO;
+        Carry {
+            to_global,
+            pairs: Vec::new(),
+            inval: Vec::new(),
+            changed_dirs: Vec::new(),
+            stack: vec![(ROOT_INO, ROOT_INO)],
+        }
+    }
+
+    /// Compare old directory `ol` with new directory `nl` (the same path), name by name
+    /// in their sorted order.
+    fn dir(&mut self, old: &View, new: &View, ol: u64, nl: u64) {
+        let (Some(od), Some(nd)) = (old.tree.node(ol), new.tree.node(nl)) else {
+            return;
+        };
+        let dir_ino = old.global(ol);
+        let mut dir_changed = !same_dir_attrs(od, nd);
+        let mut oc = old.tree.children(od).peekable();
+        let mut nc = new.tree.children(nd).peekable();
+        loop {
+            let order = match (oc.peek(), nc.peek()) {
+                (None, None) => break,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some((_, o)), Some((_, n))) => old.tree.name(o).cmp(new.tree.name(n)),
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    // Gone.
+                    let Some((oi, o)) = oc.next() else { break };
+                    delete_entry(old, dir_ino, oi, o, &mut self.inval);
+                    dir_changed = true;
+                }
+                std::cmp::Ordering::Greater => {
+                    // New (also clears a cached negative entry).
+                    let Some((_, n)) = nc.next() else { break };
+                    self.inval.push(Invalidation::Entry {
+                        parent: dir_ino,
+                        name: new.tree.name(n).to_vec(),
+                    });
+                    dir_changed = true;
+                }
+                std::cmp::Ordering::Equal => {
+                    let (Some(o), Some(n)) = (oc.next(), nc.next()) else {
+                        break;
+                    };
+                    dir_changed |= self.same_name(old, new, dir_ino, o, n);
+                }
+            }
+        }
+        if dir_changed {
+            self.changed_dirs.push(dir_ino);
+        }
+    }
+
+    /// A name of directory `dir_ino` in both generations, old node `oi` and new `ni`:
+    /// a directory is carried over (and compared later), a file keeps its number if it
+    /// is the same file, anything else is deleted. Whether the directory's listing
+    /// changed.
+    fn same_name(
+        &mut self,
+        old: &View,
+        new: &View,
+        dir_ino: u64,
+        (oi, o): (u64, &Node),
+        (ni, n): (u64, &Node),
+    ) -> bool {
+        let old_ino = old.global(oi);
+        let same_graft = match (old.graft_at(oi), new.graft_at(ni)) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        match (o.kind, n.kind) {
+            (Kind::Dir, Kind::Dir) if same_graft => {
+                self.to_global[ni as usize - 1] = old_ino;
+                if old.graft_at(oi).is_none() {
+                    self.stack.push((oi, ni));
+                }
+                false
+            }
+            (Kind::Dir, _) | (_, Kind::Dir) => {
+                delete_entry(old, dir_ino, oi, o, &mut self.inval);
+                true
+            }
+            _ => {
+                let oc_l = old.tree.canonical(oi);
+                let nc_l = new.tree.canonical(ni);
+                let (Some(ocn), Some(ncn)) = (old.tree.node(oc_l), new.tree.node(nc_l)) else {
+                    return false;
+                };
+                let slot = &mut self.to_global[nc_l as usize - 1];
+                if *slot == 0 && same_file(old, ocn, new, ncn) {
+                    *slot = old_ino;
+                }
+                self.pairs
+                    .push((dir_ino, new.tree.name(n).to_vec(), old_ino, ni));
+                false
+            }
+        }
+    }
+
+    /// Everything of `tree` not carried over gets a fresh number from `next_ino`
+    /// (aliases share their canonical's).
+    fn number_the_rest(&mut self, tree: &Tree, next_ino: &AtomicU64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let len = self.to_global.len() as u64;
+        for l in 1..=len {
+            if tree.canonical(l) == l && self.to_global[l as usize - 1] == 0 {
+                self.to_global[l as usize - 1] = next_ino.fetch_add(1, Relaxed);
+            }
+        }
+        for l in 1..=len {
+            let c = tree.canonical(l);
+            if c != l {
+                self.to_global[l as usize - 1] = self.to_global[c as usize - 1];
+            }
+        }
+    }
+
+    /// The final numbering and every invalidation: a name kept in both whose inode
+    /// changed is stale too, and so is its directory's listing (readdir caches inode
+    /// numbers); the changed directories come last.
+    fn invalidations(self, tree: &Tree) -> (Vec<u64>, Vec<Invalidation>) {
+        let Carry {
+            to_global,
+            pairs,
+            mut inval,
+            mut changed_dirs,
+            ..
+        } = self;
+        for (parent, name, old_ino, ni) in pairs {
+            let c = tree.canonical(ni);
+            if to_global[c as usize - 1] != old_ino {
+                inval.push(Invalidation::Delete {
+                    parent,
+                    name,
+                    old: old_ino,
+                });
+                if changed_dirs.last() != Some(&parent) && !changed_dirs.contains(&parent) {
+                    changed_dirs.push(parent);
+                }
+            }
+        }
+        inval.extend(changed_dirs.into_iter().map(Invalidation::Dir));
+        (to_global, inval)
+    }
+}
+
+/// The local node of each global inode number of `to_global` (canonical nodes only).
+fn local_numbers(tree: &Tree, to_global: &[u64]) -> InoMap<u64> {
+    let mut to_local = InoMap::default();
+    to_local.reserve(to_global.len());
+    for (i, &g) in to_global.iter().enumerate() {
+        let l = i as u64 + 1;
+        if tree.canonical(l) == l {
+            to_local.insert(g, l);
+        }
+    }
+    to_local
 }
 
 /// Entries, archives and layered trees for the unit tests of this and other modules.

@@ -6,9 +6,8 @@
 
 use std::io::Read;
 
-use super::{Cursor, SKIPPABLE_HEADER, le32};
+use super::{Cursor, Entry, EntryKind, Loc, SKIPPABLE_HEADER, le32};
 use crate::error::{Error, Result};
-use crate::format::{Entry, EntryKind, Loc};
 
 /// Skippable-frame magic of the pkgfs index (any of 0x184D2A50..5F is skippable).
 pub const INDEX_FRAME_MAGIC: u32 = 0x184D_2A5B;

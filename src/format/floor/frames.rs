@@ -8,9 +8,8 @@ use std::cell::RefCell;
 use std::io::Read;
 use std::sync::Arc;
 
-use super::{SKIPPABLE_HEADER, le32};
+use super::{EntryKind, Loc, Probe, Reading, SKIPPABLE_HEADER, le32};
 use crate::error::{Error, Result};
-use crate::format::{EntryKind, Loc, Probe, Reading};
 use crate::io::blob::Blob;
 use crate::io::cache::Block;
 use crate::io::{BlockKey, ReadData, Span, gather};
@@ -326,7 +325,7 @@ pub struct FrameReader {
 impl FrameReader {
     fn frame(&self, r: &Reading<'_>, fi: usize) -> Result<Arc<Block>> {
         let key = BlockKey {
-            archive: r.archive.key,
+            archive: r.key,
             unit: fi as u64,
             block: 0,
         };
@@ -336,7 +335,7 @@ impl FrameReader {
                     Error::Corrupt(format!("frame {fi} is not in the seek table"))
                 })?;
             let mut data = Block::empty(frame.dsize as usize);
-            decode_frame_into(&*r.archive.blob, &self.table, fi, &mut data)?;
+            decode_frame_into(r.blob, &self.table, fi, &mut data)?;
             let data = Arc::new(Block::new(data));
             r.io.count_read(frame.csize as usize);
             r.io.count_decoded(data.len());
@@ -394,7 +393,7 @@ impl FrameReader {
             }
             let given = (frame.doff + u64::from(frame.dsize)).min(end) - frame.doff.max(start);
             let key = BlockKey {
-                archive: r.archive.key,
+                archive: r.key,
                 unit: f as u64,
                 block: 0,
             };

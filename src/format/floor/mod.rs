@@ -9,18 +9,24 @@
 //!   frame (pkgfs packages, seekable tar.zst, the frames of a zstd tarball);
 //! - [`plain`]: the read path of an uncompressed tar stream, members read in place;
 //! - [`gzip`]: gzip member headers;
+//! - [`entry`]: the shapes every format shares (an index [`Entry`] and its [`Loc`], a
+//!   blob's [`Probe`], a member's [`Reading`]), re-exported by `crate::format`;
+//! - [`pass`]: what the index passes of compressed tarballs share (their decoder read
+//!   as a tar stream, a layer's digest checked on the way);
 //! - here: the limits every format applies, a bounds-checked byte [`Cursor`], and
 //!   [`Capped`], the entry collector of a header walk.
 
 pub mod codec;
+pub mod entry;
 pub mod frames;
 pub mod gzip;
+pub mod pass;
 pub mod plain;
 pub mod tar;
 pub mod ztoc;
 
+pub use self::entry::{Entry, EntryKind, Loc, Probe, Reading, Xattrs};
 use crate::error::{Error, Result};
-use crate::format::{Entry, Loc};
 
 /// Most entries any archive's index may have (a hostile archive cannot make the tree
 /// builder allocate without bound).

@@ -2,8 +2,8 @@
 //! the blob that holds the stream (an archive, or a decompressed copy of one), with
 //! nothing to decode and nothing cached (the page cache of the blob is the cache).
 
+use super::{Loc, Reading};
 use crate::error::{Error, Result};
-use crate::format::{Loc, Reading};
 use crate::io::ReadData;
 use crate::io::blob::Blob;
 use crate::io::cache::Block;

@@ -15,6 +15,8 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 
+use super::{Entry, EntryKind, Loc, Xattrs};
+
 /// Largest pax extended header or GNU long name accepted.
 pub const MAX_EXTENSION: u64 = 1 << 20;
 /// Most extended attributes one entry may have.
@@ -62,17 +64,13 @@ pub struct TarEntry {
     /// A device's number (`makedev(devmajor, devminor)`); 0 otherwise.
     pub rdev: u64,
     /// Extended attributes from pax `SCHILY.xattr.NAME` records.
-    pub xattrs: crate::format::Xattrs,
+    pub xattrs: Xattrs,
 }
 
 impl TarEntry {
     /// The index entry of this tar entry; a regular file's data is at `loc(data_offset)`
     /// (its place in the format holding the tar stream).
-    pub fn into_entry(
-        self,
-        loc: impl FnOnce(u64) -> crate::format::Loc,
-    ) -> std::result::Result<crate::format::Entry, String> {
-        use crate::format::{Entry, EntryKind, Loc};
+    pub fn into_entry(self, loc: impl FnOnce(u64) -> Loc) -> std::result::Result<Entry, String> {
         let kind = match self.kind {
             TarKind::File => EntryKind::File,
             TarKind::Dir => EntryKind::Dir,
@@ -360,7 +358,7 @@ struct Overrides {
     /// followed by the non-hole parts, not the file's bytes.
     sparse: bool,
     /// `SCHILY.xattr.NAME=VALUE` records.
-    xattrs: crate::format::Xattrs,
+    xattrs: Xattrs,
 }
 
 impl Overrides {
@@ -492,85 +490,27 @@ fn walk<I: Input>(
         }
         first_header.get_or_insert(at);
         let size = number(&h[124..136])?;
-        match h[156] {
-            b'x' => {
-                let body = r.extension(size)?;
-                local.apply_pax(&body)?;
-                continue;
-            }
-            b'g' => {
-                let body = r.extension(size)?;
-                global.apply_pax(&body)?;
+        if let flag @ (b'x' | b'g' | b'L' | b'K') = h[156] {
+            extension(&mut r, flag, size, &mut local, &mut global)?;
+            if flag == b'g' {
                 first_header = None;
-                continue;
             }
-            b'L' => {
-                let mut name = r.extension(size)?;
-                name.truncate(cstr(&name).len());
-                local.path = Some(name);
-                continue;
-            }
-            b'K' => {
-                let mut name = r.extension(size)?;
-                name.truncate(cstr(&name).len());
-                local.link = Some(name);
-                continue;
-            }
-            _ => {}
+            continue;
         }
         let o = std::mem::take(&mut local).or(&global);
-        let ustar = &h[257..263] == b"ustar\0" || &h[257..263] == b"ustar ";
         let mut path = match o.path {
             Some(p) => p,
-            None => {
-                let name = cstr(&h[0..100]);
-                let prefix = if ustar && &h[257..263] == b"ustar\0" {
-                    cstr(&h[345..500])
-                } else {
-                    &[][..]
-                };
-                if prefix.is_empty() {
-                    name.to_vec()
-                } else {
-                    [prefix, b"/", name].concat()
-                }
-            }
+            None => header_path(&h),
         };
         // Sparse files (GNU `S`, or pax `GNU.sparse.*`) are reported as such: their stored
         // data is not the file's bytes.
-        let typeflag = if o.sparse { b'S' } else { h[156] };
-        let kind = match typeflag {
-            b'0' | 0 | b'7' => {
-                if path.last() == Some(&b'/') {
-                    TarKind::Dir
-                } else {
-                    TarKind::File
-                }
-            }
-            b'5' => TarKind::Dir,
-            b'2' => TarKind::Symlink,
-            b'1' => TarKind::HardLink,
-            other => TarKind::Other(other),
-        };
+        let kind = kind_of(if o.sparse { b'S' } else { h[156] }, &path);
         while path.len() > 1 && path.last() == Some(&b'/') {
             path.pop();
         }
         let size = o.size.unwrap_or(size);
         let data_offset = r.pos;
-        // ustar's device numbers (octal, 8 bytes each at 329 and 337).
-        let rdev = if matches!(kind, TarKind::Other(b'3' | b'4')) {
-            // Undefined before ustar: a field that does not parse is 0, not an error.
-            let field = |r: std::ops::Range<usize>| {
-                number(&h[r])
-                    .ok()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .unwrap_or(0)
-            };
-            let (major, minor) = (field(329..337), field(337..345));
-            libc::makedev(major, minor)
-        } else {
-            0
-        };
+        let rdev = device_number(&h, kind);
         let entry = TarEntry {
             path,
             kind,
@@ -608,6 +548,82 @@ fn walk<I: Input>(
         }
     }
     Ok(())
+}
+
+/// An extension header of type `flag` (pax `x`, `g`; GNU long name `L`, long link
+/// `K`) with a body of `size` bytes: what it says goes to `local` (the next entry) or
+/// `global` (every entry after).
+fn extension<I: Input>(
+    r: &mut Counting<I>,
+    flag: u8,
+    size: u64,
+    local: &mut Overrides,
+    global: &mut Overrides,
+) -> Result<(), TarError> {
+    let mut body = r.extension(size)?;
+    match flag {
+        b'x' => local.apply_pax(&body)?,
+        b'g' => global.apply_pax(&body)?,
+        _ => {
+            body.truncate(cstr(&body).len());
+            if flag == b'L' {
+                local.path = Some(body);
+            } else {
+                local.link = Some(body);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The path in header `h`: its name, after its prefix in a POSIX ustar header.
+fn header_path(h: &[u8; BLOCK]) -> Vec<u8> {
+    let name = cstr(&h[0..100]);
+    let prefix = if &h[257..263] == b"ustar\0" {
+        cstr(&h[345..500])
+    } else {
+        &[][..]
+    };
+    if prefix.is_empty() {
+        name.to_vec()
+    } else {
+        [prefix, b"/", name].concat()
+    }
+}
+
+/// The kind of an entry of type `typeflag` at `path` (a regular file whose name ends in
+/// `/` is a directory, as old tars wrote them).
+fn kind_of(typeflag: u8, path: &[u8]) -> TarKind {
+    match typeflag {
+        b'0' | 0 | b'7' => {
+            if path.last() == Some(&b'/') {
+                TarKind::Dir
+            } else {
+                TarKind::File
+            }
+        }
+        b'5' => TarKind::Dir,
+        b'2' => TarKind::Symlink,
+        b'1' => TarKind::HardLink,
+        other => TarKind::Other(other),
+    }
+}
+
+/// A device's number from header `h` (ustar's octal fields, 8 bytes each at 329 and
+/// 337); 0 for anything else.
+fn device_number(h: &[u8; BLOCK], kind: TarKind) -> u64 {
+    if !matches!(kind, TarKind::Other(b'3' | b'4')) {
+        return 0;
+    }
+    // Undefined before ustar: a field that does not parse is 0, not an error.
+    let field = |r: std::ops::Range<usize>| {
+        number(&h[r])
+            .ok()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0)
+    };
+    let (major, minor) = (field(329..337), field(337..345));
+    libc::makedev(major, minor)
 }
 
 /// What to write for one entry.
@@ -1111,14 +1127,9 @@ t.close()
         );
         let kinds: Vec<_> = got
             .iter()
-            .map(|e| {
-                e.clone()
-                    .into_entry(|_| crate::format::Loc::None)
-                    .unwrap()
-                    .kind
-            })
+            .map(|e| e.clone().into_entry(|_| Loc::None).unwrap().kind)
             .collect();
-        use crate::format::EntryKind as K;
+        use EntryKind as K;
         assert_eq!(kinds, [K::CharDev, K::BlockDev, K::Fifo, K::File]);
     }
 }

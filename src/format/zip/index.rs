@@ -332,78 +332,18 @@ fn parse_record(
     let external = u32_at(rec, 38);
     let mut header_offset = u64::from(u32_at(rec, 42));
 
-    let mut mtime = None;
-    let mut ntfs_mtime = None;
-    let mut uid = None;
-    let mut gid = None;
-    let mut unicode_name = None;
-    for (id, data) in ExtraFields(extra) {
-        match id {
-            0x0001 => {
-                // ZIP64: only the fields whose 32-bit value is saturated, in this order.
-                let mut at = 0;
-                let mut take = |v: &mut u64| {
-                    if *v == 0xFFFF_FFFF && data.len() >= at + 8 {
-                        *v = u64_at(data, at);
-                        at += 8;
-                    }
-                };
-                take(&mut size);
-                take(&mut compressed_size);
-                take(&mut header_offset);
-            }
-            0x5455 if !data.is_empty() && data[0] & 1 != 0 && data.len() >= 5 => {
-                mtime = Some(i64::from(u32_at(data, 1)));
-            }
-            0x000a => ntfs_mtime = parse_ntfs_mtime(data),
-            0x7875 => {
-                if let Some((u, g)) = parse_unix_owner(data) {
-                    uid = Some(u);
-                    gid = Some(g);
-                }
-            }
-            0x7075
-                if data.len() >= 5 && data[0] == 1 && u32_at(data, 1) == crc32fast::hash(name) =>
-            {
-                unicode_name = Some(data[5..].to_vec());
-            }
-            _ => {}
-        }
-    }
-    let path = unicode_name.unwrap_or_else(|| name.to_vec());
-    let mtime = mtime
-        .or(ntfs_mtime)
+    let x = Extras::read(
+        extra,
+        name,
+        [&mut size, &mut compressed_size, &mut header_offset],
+    );
+    let (uid, gid) = (x.uid, x.gid);
+    let path = x.unicode_name.unwrap_or_else(|| name.to_vec());
+    let mtime = x
+        .mtime
+        .or(x.ntfs_mtime)
         .unwrap_or_else(|| dos_to_unix(dos_date, dos_time));
-
-    let unix_mode = if matches!(host, 3 | 19) {
-        external >> 16
-    } else {
-        0
-    };
-    let ends_with_slash = matches!(path.last(), Some(b'/' | b'\\'));
-    let kind = match unix_mode & libc::S_IFMT {
-        libc::S_IFDIR => EntryKind::Dir,
-        libc::S_IFLNK => EntryKind::Symlink,
-        libc::S_IFREG => {
-            if ends_with_slash {
-                EntryKind::Dir
-            } else {
-                EntryKind::File
-            }
-        }
-        0 if ends_with_slash || external & 0x10 != 0 => EntryKind::Dir,
-        0 => EntryKind::File,
-        _ => EntryKind::Special,
-    };
-    let perm = if unix_mode != 0 {
-        (unix_mode & 0o7777) as u16
-    } else {
-        match kind {
-            EntryKind::Dir => 0o755,
-            _ if external & 1 != 0 => 0o444,
-            _ => 0o644,
-        }
-    };
+    let (kind, perm) = kind_and_perm(host, external, &path);
     let header_offset = header_offset
         .checked_add(shift)
         .filter(|off| off.saturating_add(LFH_LEN as u64) <= archive_size)
@@ -439,6 +379,96 @@ fn parse_record(
         xattrs: Vec::new(),
     };
     Ok((entry, record))
+}
+
+/// What a central directory record's extra fields say.
+#[derive(Default)]
+struct Extras {
+    /// Modification time (UT).
+    mtime: Option<i64>,
+    /// Modification time (NTFS).
+    ntfs_mtime: Option<i64>,
+    /// Owner (ux).
+    uid: Option<u32>,
+    gid: Option<u32>,
+    /// The path in UTF-8 (Unicode path), if it belongs to this `name`.
+    unicode_name: Option<Vec<u8>>,
+}
+
+impl Extras {
+    /// Read the extra fields `extra` of the record of `name`. A ZIP64 field replaces
+    /// the saturated ones of `sizes` (size, compressed size, local header offset).
+    fn read(extra: &[u8], name: &[u8], mut sizes: [&mut u64; 3]) -> Extras {
+        let mut x = Extras::default();
+        for (id, data) in ExtraFields(extra) {
+            match id {
+                0x0001 => {
+                    // ZIP64: only the fields whose 32-bit value is saturated, in this order.
+                    let mut at = 0;
+                    for v in &mut sizes {
+                        if **v == 0xFFFF_FFFF && data.len() >= at + 8 {
+                            **v = u64_at(data, at);
+                            at += 8;
+                        }
+                    }
+                }
+                0x5455 if !data.is_empty() && data[0] & 1 != 0 && data.len() >= 5 => {
+                    x.mtime = Some(i64::from(u32_at(data, 1)));
+                }
+                0x000a => x.ntfs_mtime = parse_ntfs_mtime(data),
+                0x7875 => {
+                    if let Some((u, g)) = parse_unix_owner(data) {
+                        x.uid = Some(u);
+                        x.gid = Some(g);
+                    }
+                }
+                0x7075
+                    if data.len() >= 5
+                        && data[0] == 1
+                        && u32_at(data, 1) == crc32fast::hash(name) =>
+                {
+                    x.unicode_name = Some(data[5..].to_vec());
+                }
+                _ => {}
+            }
+        }
+        x
+    }
+}
+
+/// The kind and permissions of a member from its host system, external attributes
+/// (Unix mode from Unix hosts; MS-DOS directory and read-only bits) and path.
+fn kind_and_perm(host: u8, external: u32, path: &[u8]) -> (EntryKind, u16) {
+    let unix_mode = if matches!(host, 3 | 19) {
+        external >> 16
+    } else {
+        0
+    };
+    let ends_with_slash = matches!(path.last(), Some(b'/' | b'\\'));
+    let kind = match unix_mode & libc::S_IFMT {
+        libc::S_IFDIR => EntryKind::Dir,
+        libc::S_IFLNK => EntryKind::Symlink,
+        libc::S_IFREG => {
+            if ends_with_slash {
+                EntryKind::Dir
+            } else {
+                EntryKind::File
+            }
+        }
+        0 if ends_with_slash || external & 0x10 != 0 => EntryKind::Dir,
+        0 => EntryKind::File,
+        _ => EntryKind::Special,
+    };
+    let perm = if unix_mode != 0 {
+        (unix_mode & 0o7777) as u16
+    } else {
+        match kind {
+            EntryKind::Dir => 0o755,
+            _ if external & 1 != 0 => 0o444,
+            _ => 0o644,
+        }
+    };
+    (kind, perm)
 }
 
 /// Iterator over the `(id, data)` pairs of an extra field; stops at the first field that

@@ -125,8 +125,8 @@ impl ZipPackage {
             .ok_or_else(|| Error::Format(format!("no ZIP record {n}")))?;
         Ok(Member {
             io: r.io,
-            blob: &*r.archive.blob,
-            archive: r.archive.key,
+            blob: r.blob,
+            archive: r.key,
             n: *n,
             rec,
             zip: rec.zip,
