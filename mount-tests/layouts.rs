@@ -1020,7 +1020,10 @@ fn each_layout_indexes_a_package_when_first_looked_into_once() {
     // docs/SEMANTICS.md "Lazy indexing": indexed counts the packages tried, failures
     // included.
     let (_, _, indexed, _) = layout_status(&mp);
-    assert_eq!(indexed, 3, "a failed package is counted indexed (tried) and failed");
+    assert_eq!(
+        indexed, 3,
+        "a failed package is counted indexed (tried) and failed"
+    );
     assert!(
         format!("{}{}", m.stderr, m.log_text()).contains("bad.tar.gz"),
         "the failed package is named:\n{}",
