@@ -1039,3 +1039,92 @@ fn each_layout_indexes_a_package_when_first_looked_into_once() {
     );
     assert_eq!(layout_status(&mp), ("each".into(), 7, indexed + 1, 1));
 }
+
+/// `each` over awkward names: `a.zip` and `a.tar.gz` both want `a/`: the first in name
+/// order (`a.tar.gz`) takes it, the other is skipped naming it; hidden files (a bare
+/// extension `.zip`, `.tar.gz`) and a non-archive (`README.txt`) are no packages; each
+/// package's `--strip-components 1` drops its top directory and the entries above it.
+#[test]
+fn each_layout_refuses_colliding_names_and_leaves_out_non_archives() {
+    if !require_tools(&["tar", "zip"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (src, stage) = (dir.path().join("src"), dir.path().join("stage"));
+    fs::create_dir_all(stage.join("top")).unwrap();
+    fs::create_dir(&src).unwrap();
+    fs::write(stage.join("top/from-zip.txt"), b"zip\n").unwrap();
+    fs::write(stage.join("loose.txt"), b"above the top\n").unwrap();
+    let zip = |out: &str, files: &[&str]| {
+        run(Command::new("zip")
+            .current_dir(&stage)
+            .args(["-q", "-X"])
+            .arg(src.join(out))
+            .args(files));
+    };
+    zip("a.zip", &["top/from-zip.txt", "loose.txt"]);
+    zip("b.zip", &["top/from-zip.txt"]);
+    zip(".zip", &["top/from-zip.txt"]);
+    fs::write(stage.join("top/from-tgz.txt"), b"tgz\n").unwrap();
+    for out in ["a.tar.gz", ".tar.gz"] {
+        run(Command::new("tar")
+            .current_dir(&stage)
+            .arg("czf")
+            .arg(src.join(out))
+            .arg("top/from-tgz.txt"));
+    }
+    fs::write(src.join("README.txt"), b"not a package\n").unwrap();
+    let m = Mount::new(&[&src], &["--layout", "each", "--strip-components", "1"]);
+    let mp = m.path();
+    assert_eq!(sorted_names(&mp), ["a", "b"]);
+    assert_eq!(sorted_names(&mp.join("a")), ["from-tgz.txt"]);
+    assert_eq!(fs::read(mp.join("a/from-tgz.txt")).unwrap(), b"tgz\n");
+    assert_eq!(sorted_names(&mp.join("b")), ["from-zip.txt"]);
+    let st = status_json(&mp);
+    let skipped: Vec<String> = st["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {}", r["path"], r["reason"]))
+        .collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(
+        skipped[0].contains("a.zip")
+            && skipped[0].contains("is taken by")
+            && skipped[0].contains("a.tar.gz"),
+        "{skipped:?}"
+    );
+    assert_eq!(layout_status(&mp), ("each".into(), 2, 2, 0));
+}
+
+/// `--strip-components` with `merge`: applied before merging, so `pkg-1.0/lib/x` and
+/// `pkg-2.0/lib/x` meet at `lib/x` and the later archive wins; an entry with no more
+/// components than stripped is left out.
+#[test]
+fn merge_strips_components_before_merging() {
+    if !require_tools(&["zip"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (src, stage) = (dir.path().join("src"), dir.path().join("stage"));
+    fs::create_dir(&src).unwrap();
+    for (n, v) in [("1", "one\n"), ("2", "two\n")] {
+        let d = stage.join(format!("pkg-{n}.0/lib"));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("x"), v).unwrap();
+        fs::write(d.join(format!("only-{n}")), v).unwrap();
+        fs::write(stage.join(format!("top-{n}.txt")), v).unwrap();
+        run(Command::new("zip")
+            .current_dir(&stage)
+            .args(["-q", "-X", "-r"])
+            .arg(src.join(format!("p{n}.zip")))
+            .arg(format!("pkg-{n}.0"))
+            .arg(format!("top-{n}.txt")));
+    }
+    let m = Mount::new(&[&src], &["--strip-components", "1"]);
+    let mp = m.path();
+    assert_eq!(sorted_names(&mp), ["lib"]);
+    assert_eq!(sorted_names(&mp.join("lib")), ["only-1", "only-2", "x"]);
+    assert_eq!(fs::read(mp.join("lib/x")).unwrap(), b"two\n");
+    assert_eq!(fs::read(mp.join("lib/only-1")).unwrap(), b"one\n");
+}
