@@ -641,3 +641,136 @@ fn upload(moto: &Moto, store: &Path, paths: &[PathBuf]) {
     }
     moto.boto(&code);
 }
+
+/// A seal kept apart from its store (`--seal-file`: the store has none, a mount without
+/// the option says so); the offline tools under `--verify` (`ls` lists every member,
+/// `cat` reads one, `check` finds a flipped byte); single archives and local images
+/// refused; the options of allowed-signers lines: `valid-before` past and
+/// `valid-after` to come refuse, a window around now takes, another `namespaces`
+/// refuses, `cert-authority` is refused as unsupported.
+#[test]
+fn seal_files_offline_tools_and_allowed_signers_options() {
+    if !tools() {
+        return;
+    }
+    let s = Sealed::new();
+    let (store, d) = (s.store(), s.dir.path().to_path_buf());
+    for n in ["pkgfs.seal", "pkgfs.seal.sig"] {
+        fs::remove_file(store.join(n)).unwrap();
+    }
+    fs::remove_dir_all(store.join("pkgfs.seal.d")).unwrap();
+    fs::create_dir(d.join("seals")).unwrap();
+    let seal_file = d.join("seals/store.seal");
+    let sf = ["--seal-file", seal_file.to_str().unwrap()];
+    s.seal("key", &sf);
+    assert!(seal_file.exists() && !store.join("pkgfs.seal").exists());
+    let err = s.refused(store.to_str().unwrap(), &[]);
+    assert!(err.contains("no seal"), "{err}");
+    let m = s.mount(store.to_str().unwrap(), &sf, &[]);
+    expect_matches(&m.path(), &[&store], &[]);
+    drop(m);
+
+    let tool = |cmd: &str, allowed: &str, extra: &[&str]| {
+        let out = pkgfs()
+            .arg(cmd)
+            .arg("--verify")
+            .arg(d.join(allowed))
+            .args(sf)
+            .arg(&store)
+            .args(extra)
+            .envs(s.env())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), out.stdout, text)
+    };
+    let (ok, stdout, text) = tool("ls", "allowed", &[]);
+    assert!(ok, "{text}");
+    let listed: std::collections::BTreeSet<String> = String::from_utf8_lossy(&stdout)
+        .lines()
+        .filter_map(|l| {
+            // MODE UID GID SIZE MTIME PATH[ -> TARGET]\tARCHIVE
+            let mut rest = l.split('\t').next()?;
+            for _ in 0..5 {
+                rest = rest.trim_start();
+                rest = &rest[rest.find(' ')?..];
+            }
+            Some(rest.trim_start().split(" -> ").next()?.to_string())
+        })
+        .collect();
+    let code = format!(
+        "import glob, zipfile\nfor p in sorted(glob.glob({:?})):\n    \
+         for i in zipfile.ZipFile(p).infolist():\n        \
+         n = i.filename if i.flag_bits & 0x800 else i.filename.encode('cp437').decode()\n        \
+         print(n.rstrip('/'))",
+        format!("{}/*.zip", store.display())
+    );
+    let members =
+        String::from_utf8(run(Command::new("python3").arg("-c").arg(code)).stdout).unwrap();
+    for n in members.lines() {
+        assert!(listed.contains(n), "ls --verify does not list {n}");
+    }
+    let big = store.join("big.zip");
+    let (ok, stdout, text) = tool("cat", "allowed", &["f2.bin"]);
+    assert!(
+        ok && stdout == member(&big, "f2.bin"),
+        "{}",
+        &text[..text.len().min(500)]
+    );
+
+    // Allowed-signers options, checked by `ls` (the same check as a mount's).
+    let key = fs::read_to_string(d.join("key.pub")).unwrap();
+    for (name, options, want) in [
+        (
+            "past",
+            "namespaces=\"pkgfs\",valid-before=\"20200101\"",
+            Some("is not valid now"),
+        ),
+        (
+            "future",
+            "namespaces=\"pkgfs\",valid-after=\"29990101\"",
+            Some("is not valid now"),
+        ),
+        (
+            "now",
+            "namespaces=\"pkgfs\",valid-after=\"20200101\",valid-before=\"29990101\"",
+            None,
+        ),
+        (
+            "ns",
+            "namespaces=\"other\"",
+            Some("may not sign for namespace \"pkgfs\""),
+        ),
+        (
+            "ca",
+            "cert-authority,namespaces=\"pkgfs\"",
+            Some("cert-authority keys are not supported"),
+        ),
+    ] {
+        let file = format!("allowed-{name}");
+        fs::write(d.join(&file), format!("ci@pkgfs.example {options} {key}")).unwrap();
+        let (ok, _, text) = tool("ls", &file, &[]);
+        match want {
+            Some(w) => assert!(!ok && text.contains(w), "{name}: {text}"),
+            None => assert!(ok, "{name}: {text}"),
+        }
+    }
+
+    // Sources that cannot have a seal.
+    let err = s.refused(big.to_str().unwrap(), &[]);
+    assert!(err.contains("not single files"), "{err}");
+    let err = s.refused(&format!("oci:{}", store.display()), &[]);
+    assert!(err.contains("a local layout has no seal"), "{err}");
+
+    // `check --verify` reads every byte: a flipped one is found, naming its archive.
+    flip_in_member(&big, "f3.bin", 10);
+    let (ok, _, text) = tool("check", "allowed", &[]);
+    assert!(
+        !ok && text.contains("big.zip") && text.contains("does not match its seal"),
+        "{text}"
+    );
+}
