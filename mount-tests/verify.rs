@@ -774,3 +774,75 @@ fn seal_files_offline_tools_and_allowed_signers_options() {
         "{text}"
     );
 }
+
+/// An archive is indexed from its first and last blocks (a format's probe): when either
+/// fails its check the archive is not mounted (skipped, named), though its bytes still
+/// parse: an unverified mount of the same files shows it.
+#[test]
+fn an_archive_whose_first_or_last_block_fails_is_not_mounted() {
+    if !tools() {
+        return;
+    }
+    let s = Sealed::new();
+    let store = s.store();
+    let big = store.join("big.zip");
+    // A byte of f0.bin's data in big.zip's first block; a copy of big.zip, sealed too,
+    // with a byte of f4.bin's data in its last block (with the central directory).
+    let tail = store.join("tail.zip");
+    fs::copy(&big, &tail).unwrap();
+    s.seal("key", &[]);
+    flip_in_member(&big, "f0.bin", 100);
+    let size = fs::metadata(&tail).unwrap().len();
+    let code = format!(
+        "import zipfile\nz = zipfile.ZipFile({:?})\ni = z.getinfo('f4.bin')\n\
+         print(i.header_offset + 30 + len(i.filename.encode()) + len(i.extra) + i.compress_size)",
+        tail.to_str().unwrap()
+    );
+    let f4_end: u64 = String::from_utf8(run(Command::new("python3").arg("-c").arg(code)).stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let block = seal_field(&store, "block-size");
+    assert_eq!(
+        (f4_end - 10) / block,
+        (size - 1) / block,
+        "in the last block"
+    );
+    flip_in_member(&tail, "f4.bin", 4 * 1024 * 1024 - 10);
+    // Times as before the flips (the root's time is its newest archive's).
+    run(Command::new("touch")
+        .arg("-r")
+        .arg(store.join("a-stored.zip"))
+        .arg(&big)
+        .arg(&tail));
+    // Unverified, both mount.
+    let plain = Mount::new(&[&store], &["--no-index-cache"]);
+    let st = status_json(&plain.path());
+    assert!(
+        !st["skipped"].to_string().contains(".zip"),
+        "unverified, the tampered archives still mount: {st}"
+    );
+    drop(plain);
+    let m = s.mount(store.to_str().unwrap(), &[], &[]);
+    let st = status_json(&m.path());
+    let skipped = st["skipped"].to_string();
+    for name in ["big.zip", "tail.zip"] {
+        assert!(
+            skipped.contains(name) && skipped.contains("does not match its seal"),
+            "{name} is skipped: {st}"
+        );
+    }
+    let err = fs::metadata(m.path().join("f1.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    expect_matches(
+        &m.path(),
+        &[
+            &store.join("a-stored.zip"),
+            &store.join("b-deflate.zip"),
+            &store.join("c-pyzip.zip"),
+            &store.join("d-lib.jar"),
+        ],
+        &[],
+    );
+}
