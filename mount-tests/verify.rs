@@ -100,6 +100,9 @@ impl Sealed {
         if extra.contains(&"--disk-cache") {
             args.retain(|a| a != "--no-disk-cache");
         }
+        if extra.contains(&"--index-cache") {
+            args.retain(|a| a != "--no-index-cache");
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut all = self.env();
@@ -844,5 +847,64 @@ fn an_archive_whose_first_or_last_block_fails_is_not_mounted() {
             &store.join("d-lib.jar"),
         ],
         &[],
+    );
+}
+
+/// Index caches under `--verify` are keyed by the tree root: an index an unverified
+/// mount cached is not taken (one more entry), nor one of another seal of the same bytes
+/// (another block size: another entry); the same seal mounted again adds none.
+#[test]
+fn verified_index_caches_are_keyed_by_tree_root() {
+    if !tools() {
+        return;
+    }
+    let s = Sealed::new();
+    let store = s.store();
+    let stage = s.dir.path().join("stage");
+    fs::create_dir(&stage).unwrap();
+    fs::write(stage.join("in-tarball.txt"), b"indexed by a pass\n").unwrap();
+    run(Command::new("tar")
+        .current_dir(&stage)
+        .arg("czf")
+        .arg(store.join("t.tar.gz"))
+        .arg("in-tarball.txt"));
+    s.seal("key", &[]);
+    let idx = s.dir.path().join("index-cache");
+    let ic = ["--index-cache", idx.to_str().unwrap()];
+    let entries = || {
+        if idx.exists() {
+            walk_files(&idx).len()
+        } else {
+            0
+        }
+    };
+    let read = |mp: &Path| fs::read(mp.join("in-tarball.txt")).unwrap();
+    let plain = Mount::new(&[&store], &ic);
+    assert_eq!(read(&plain.path()), b"indexed by a pass\n");
+    wait_until(
+        Duration::from_secs(10),
+        "the unverified index cached",
+        || entries() == 1,
+    );
+    drop(plain);
+    let m = s.mount(store.to_str().unwrap(), &ic, &[]);
+    assert_eq!(read(&m.path()), b"indexed by a pass\n");
+    wait_until(
+        Duration::from_secs(10),
+        "an index of its own for the verified mount",
+        || entries() == 2,
+    );
+    drop(m);
+    let m = s.mount(store.to_str().unwrap(), &ic, &[]);
+    assert_eq!(read(&m.path()), b"indexed by a pass\n");
+    drop(m);
+    assert_eq!(entries(), 2, "the same seal's index taken again");
+    s.seal("key", &["--block-size", "16K"]);
+    let m = s.mount(store.to_str().unwrap(), &ic, &[]);
+    assert_eq!(read(&m.path()), b"indexed by a pass\n");
+    wait_until(
+        Duration::from_secs(10),
+        "an index of its own for another tree root",
+        || entries() == 3,
     );
 }
