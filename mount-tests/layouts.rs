@@ -1128,3 +1128,28 @@ fn merge_strips_components_before_merging() {
     assert_eq!(fs::read(mp.join("lib/x")).unwrap(), b"two\n");
     assert_eq!(fs::read(mp.join("lib/only-1")).unwrap(), b"one\n");
 }
+
+/// A layout over a remote store: `each` over the same archives served by nginx equals
+/// the reference extraction, as over the local directory.
+#[test]
+fn each_layout_over_an_http_store_equals_extracting_each_archive() {
+    if !require_tools(&["tar", "nginx"]) {
+        return;
+    }
+    let fx = layout_fixtures();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("www/src");
+    fs::create_dir_all(&store).unwrap();
+    for e in fs::read_dir(fx.join("each/src")).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), store.join(e.file_name())).unwrap();
+    }
+    // Open to nginx's workers (a temporary directory is 0700).
+    run(Command::new("chmod").arg("-R").arg("a+rX").arg(dir.path()));
+    let nginx = crate::remote::Nginx::start(&dir.path().join("www"));
+    let url = nginx.url("src/");
+    let m = Mount::new(&[Path::new(&url)], &["--layout", "each", "--no-disk-cache"]);
+    assert_eq!(sorted_names(&m.path()), EACH);
+    trees_match(&fx.join("each/expected"), &m.path(), &["--no-dir-mtime"]);
+    assert_eq!(layout_status(&m.path()).0, "each");
+}
