@@ -1153,3 +1153,97 @@ fn each_layout_over_an_http_store_equals_extracting_each_archive() {
     trees_match(&fx.join("each/expected"), &m.path(), &["--no-dir-mtime"]);
     assert_eq!(layout_status(&m.path()).0, "each");
 }
+
+/// npm lockfile entries npm itself treats apart, on synthetic packages: a bundled
+/// package (`inBundle`) comes inside its parent's tarball, with no tarball of its own;
+/// an alias (`node_modules/nick` of package `real`) is installed under the alias; an
+/// optional package for another OS is skipped, not missing; a workspace link and the
+/// workspace directory are not mounted; a tarball the lockfile does not name is left
+/// out. The bin of the parent is linked and executable.
+#[test]
+fn npm_lockfile_bundled_aliased_optional_workspace_and_unnamed_packages() {
+    if !require_tools(&["python3"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (src, lock) = (dir.path().join("src"), dir.path().join("package-lock.json"));
+    fs::create_dir(&src).unwrap();
+    let code = r##"
+import base64, hashlib, io, json, sys, tarfile
+src, lock = sys.argv[1], sys.argv[2]
+def tgz(name, files):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for path, (data, mode) in sorted(files.items()):
+            i = tarfile.TarInfo("package/" + path)
+            i.size, i.mode, i.mtime = len(data), mode, 1700000000
+            t.addfile(i, io.BytesIO(data))
+    b = buf.getvalue()
+    open(f"{src}/{name}", "wb").write(b)
+    return "sha512-" + base64.b64encode(hashlib.sha512(b).digest()).decode()
+pj = lambda **k: (json.dumps(k).encode(), 0o644)
+a = tgz("a-1.0.0.tgz", {
+    "package.json": pj(name="a", version="1.0.0", bin={"a-cli": "cli.js"},
+                       bundleDependencies=["b"]),
+    "cli.js": (b"#!/usr/bin/env node\n", 0o644),
+    "node_modules/b/package.json": pj(name="b", version="2.0.0"),
+    "node_modules/b/index.js": (b"module.exports = 2\n", 0o644),
+})
+real = tgz("real-3.0.0.tgz", {"package.json": pj(name="real", version="3.0.0")})
+tgz("extra-9.9.9.tgz", {"package.json": pj(name="extra", version="9.9.9")})
+json.dump({"name": "proj", "version": "1.0.0", "lockfileVersion": 3, "packages": {
+    "": {"name": "proj", "version": "1.0.0", "workspaces": ["packages/ws"]},
+    "node_modules/a": {"version": "1.0.0", "integrity": a, "bundleDependencies": ["b"],
+                       "bin": {"a-cli": "cli.js"}},
+    "node_modules/a/node_modules/b": {"version": "2.0.0", "inBundle": True},
+    "node_modules/nick": {"name": "real", "version": "3.0.0", "integrity": real},
+    "node_modules/winonly": {"version": "1.0.0", "optional": True, "os": ["win32"]},
+    "node_modules/ws": {"resolved": "packages/ws", "link": True},
+    "packages/ws": {"name": "ws", "version": "0.0.1"},
+}}, open(lock, "w"))
+"##;
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .arg(&src)
+        .arg(&lock));
+    let m = Mount::new(
+        &[&src],
+        &[
+            "--layout",
+            "npm",
+            "--lockfile",
+            lock.to_str().unwrap(),
+            "--log-level",
+            "info",
+        ],
+    );
+    let mp = m.path();
+    assert_eq!(sorted_names(&mp), [".bin", "a", "nick"]);
+    let st = status_json(&mp);
+    assert!(!st["packages"].to_string().contains("extra-9.9.9"), "{st}");
+    assert_eq!(
+        fs::read(mp.join("a/node_modules/b/index.js")).unwrap(),
+        b"module.exports = 2\n"
+    );
+    assert_eq!(version_of(&mp.join("a/node_modules/b")), "2.0.0");
+    let nick: serde_json::Value =
+        serde_json::from_slice(&fs::read(mp.join("nick/package.json")).unwrap()).unwrap();
+    assert_eq!(nick["name"], "real");
+    assert_eq!(
+        fs::read_link(mp.join(".bin/a-cli")).unwrap(),
+        Path::new("../a/cli.js")
+    );
+    assert_eq!(
+        fs::metadata(mp.join("a/cli.js")).unwrap().mode() & 0o111,
+        0o111
+    );
+    // Said before the daemon starts (standard error) or by it (its log).
+    let said = || format!("{}{}", m.stderr, m.log_text());
+    wait_until(
+        Duration::from_secs(5),
+        "the tarball the lockfile does not name is named",
+        || said().contains("extra@9.9.9 is not in the lockfile"),
+    );
+    assert!(!said().contains("in no source"), "{}", said());
+}
