@@ -1186,8 +1186,9 @@ a = tgz("a-1.0.0.tgz", {
     "package.json": pj(name="a", version="1.0.0", bin={"a-cli": "cli.js"},
                        bundleDependencies=["b"]),
     "cli.js": (b"#!/usr/bin/env node\n", 0o644),
-    "node_modules/b/package.json": pj(name="b", version="2.0.0"),
+    "node_modules/b/package.json": pj(name="b", version="2.0.0", bin={"b-cli": "bin/b.js"}),
     "node_modules/b/index.js": (b"module.exports = 2\n", 0o644),
+    "node_modules/b/bin/b.js": (b"#!/usr/bin/env node\n", 0o644),
 })
 real = tgz("real-3.0.0.tgz", {"package.json": pj(name="real", version="3.0.0")})
 tgz("extra-9.9.9.tgz", {"package.json": pj(name="extra", version="9.9.9")})
@@ -1195,7 +1196,8 @@ json.dump({"name": "proj", "version": "1.0.0", "lockfileVersion": 3, "packages":
     "": {"name": "proj", "version": "1.0.0", "workspaces": ["packages/ws"]},
     "node_modules/a": {"version": "1.0.0", "integrity": a, "bundleDependencies": ["b"],
                        "bin": {"a-cli": "cli.js"}},
-    "node_modules/a/node_modules/b": {"version": "2.0.0", "inBundle": True},
+    "node_modules/a/node_modules/b": {"version": "2.0.0", "inBundle": True,
+                                      "bin": {"b-cli": "bin/b.js"}},
     "node_modules/nick": {"name": "real", "version": "3.0.0", "integrity": real},
     "node_modules/winonly": {"version": "1.0.0", "optional": True, "os": ["win32"]},
     "node_modules/ws": {"resolved": "packages/ws", "link": True},
@@ -1236,6 +1238,18 @@ json.dump({"name": "proj", "version": "1.0.0", "lockfileVersion": 3, "packages":
     );
     assert_eq!(
         fs::metadata(mp.join("a/cli.js")).unwrap().mode() & 0o111,
+        0o111
+    );
+    // The bundled package's bin too, from the node_modules it sits in.
+    assert_eq!(
+        fs::read_link(mp.join("a/node_modules/.bin/b-cli")).unwrap(),
+        Path::new("../b/bin/b.js")
+    );
+    assert_eq!(
+        fs::metadata(mp.join("a/node_modules/b/bin/b.js"))
+            .unwrap()
+            .mode()
+            & 0o111,
         0o111
     );
     // Said before the daemon starts (standard error) or by it (its log).
