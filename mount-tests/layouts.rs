@@ -1260,4 +1260,6 @@ json.dump({"name": "proj", "version": "1.0.0", "lockfileVersion": 3, "packages":
         || said().contains("extra@9.9.9 is not in the lockfile"),
     );
     assert!(!said().contains("in no source"), "{}", said());
+    // The workspace directory is the project's, not a hostile lockfile path.
+    assert!(!said().contains("refusing \"packages/ws\""), "{}", said());
 }

@@ -77,6 +77,8 @@ struct Locked {
     /// `package.json` is inside their parent's tarball).
     #[serde(default)]
     bin: serde_json::Value,
+    /// Where a link points (a workspace directory, relative to the project).
+    resolved: Option<String>,
 }
 
 /// A package by name and version.
@@ -161,7 +163,19 @@ fn read_lockfile(path: &Path) -> Result<Plan> {
     }
     let mut wanted: HashMap<Id, Vec<Installed>> = HashMap::new();
     let mut bundled = Vec::new();
+    // The workspace directories the links point at: entries of the project, not
+    // packages to place (quietly left out, as the links are).
+    let workspaces: std::collections::HashSet<String> = lock
+        .packages
+        .values()
+        .filter(|l| l.link)
+        .filter_map(|l| l.resolved.clone())
+        .collect();
     for (key, locked) in lock.packages {
+        if workspaces.contains(&key) {
+            log::debug!("{}: {key} is a workspace directory", path.display());
+            continue;
+        }
         if locked.in_bundle
             && let Some((comps, install_name)) = install_path(&key)
         {
