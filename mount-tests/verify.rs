@@ -546,9 +546,8 @@ fn a_polled_sealed_store_changes_only_with_a_new_seal() {
     assert!(m.path().join("f0.bin").exists());
     let big = store.join("big.zip");
     let f0 = member(&big, "f0.bin");
-    // A new archive, and big.zip replaced in place by bytes of the same size (one byte
-    // of f0.bin flipped), no new seal. The new archive goes first: a listing that sees
-    // the new big.zip sees it too.
+    // A new archive, then big.zip replaced in place by bytes of the same size (one byte
+    // of f0.bin flipped), no new seal.
     let staged = s.dir.path().join("staged");
     fs::create_dir(&staged).unwrap();
     fs::write(staged.join("new-file.txt"), b"sealed later\n").unwrap();
@@ -563,6 +562,17 @@ fn a_polled_sealed_store_changes_only_with_a_new_seal() {
     let mut f0_new = f0.clone();
     f0_new[1_500_000] ^= 1;
     upload(&moto, &store, &[store.join("zz-new.zip")]);
+    // A poll lists it and refuses it (nothing active changes): status names it.
+    wait_until(
+        Duration::from_secs(20),
+        "the unsealed archive named skipped",
+        || {
+            let st = status_json(&m.path()).to_string();
+            st.contains("zz-new.zip") && st.contains("not in the seal")
+        },
+    );
+    let err = fs::metadata(m.path().join("new-file.txt")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
     moto.boto(&format!(
         "s3.upload_file({:?}, 'pkgs', 'repo/big.zip')",
         other.to_str().unwrap()
