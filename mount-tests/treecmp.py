@@ -17,10 +17,15 @@ Used to check `pkgfs pack` round trips (the source tree against the mounted pack
 against `zstd -dc | tar x`) and layouts against `npm ci`, cargo's unpacking and `tar -x`.
 """
 
+import errno
 import hashlib
 import os
 import stat
 import sys
+
+# What listxattr may answer for "this file has no extended attributes" (a filesystem
+# without them); any other error (EIO above all) is a failure, not an empty list.
+NO_XATTRS = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA, errno.ENOSYS}
 
 
 def digest(path):
@@ -31,7 +36,17 @@ def digest(path):
     return h.hexdigest()
 
 
-def scan(root):
+def xattrs_of(full):
+    try:
+        names = os.listxattr(full, follow_symlinks=False)
+    except OSError as e:
+        if e.errno in NO_XATTRS:
+            return {}
+        sys.exit(f"treecmp.py: listxattr {os.fsdecode(full)}: {e}")
+    return {n: os.getxattr(full, n, follow_symlinks=False) for n in sorted(names)}
+
+
+def scan(root, xattrs=True):
     out = {}
     root = os.fsencode(root)
     for top, dirs, files in os.walk(root):
@@ -48,12 +63,8 @@ def scan(root):
                 node.update(target=os.readlink(full))
             elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
                 node.update(rdev=(os.major(st.st_rdev), os.minor(st.st_rdev)))
-            try:
-                names = os.listxattr(full, follow_symlinks=False)
-            except OSError:
-                names = []
-            node.update(xattrs={n: os.getxattr(full, n, follow_symlinks=False)
-                                for n in sorted(names)})
+            if xattrs:
+                node.update(xattrs=xattrs_of(full))
             out[rel] = node
     return out
 
@@ -85,7 +96,8 @@ def main(argv):
     if len(paths) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    want, got = scan(paths[0]), scan(paths[1])
+    xattrs = "--no-xattrs" not in flags
+    want, got = scan(paths[0], xattrs), scan(paths[1], xattrs)
     problems = []
     show = lambda p: p.decode(errors="replace")
     for p in sorted(p for p in got if under(p, excluded)):

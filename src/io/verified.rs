@@ -277,6 +277,30 @@ impl VerifiedBlob {
         Ok(())
     }
 
+    /// [`Self::settle`], and for a blob that fetches (whose copies below, in memory or in
+    /// the disk cache, a failed check has just forgotten) once more from the source:
+    /// a damaged cached copy costs a fetch, not an EIO, and a source fixed since is read.
+    fn settle_or_refetch(
+        &self,
+        first: u64,
+        start: u64,
+        data: &mut [u8],
+        leaves: &[Hash],
+    ) -> Result<()> {
+        match self.settle(first, data, leaves) {
+            Err(Error::Corrupt(_)) if self.inner.round_trips() => {
+                log::info!(
+                    "{}: fetching bytes {start}..{} again",
+                    self.inner.name().display(),
+                    start + data.len() as u64
+                );
+                self.inner.read_exact_at(data, start)?;
+                self.settle(first, data, leaves)
+            }
+            r => r,
+        }
+    }
+
     /// Check `data`, blocks `first..` of the blob, against the seal.
     fn check(&self, first: u64, data: &[u8], leaves: &[Hash]) -> Result<()> {
         for (i, chunk) in data.chunks(self.block as usize).enumerate() {
@@ -366,7 +390,7 @@ impl Blob for VerifiedBlob {
             }
             let (start, mut data) = self.aligned(b, run_end);
             let leaves = self.with_leaves(|| self.inner.read_exact_at(&mut data, start))?;
-            self.settle(b, &mut data, &leaves)?;
+            self.settle_or_refetch(b, start, &mut data, &leaves)?;
             copy_block(buf, offset, end, start, &data);
             b = run_end + 1;
         }
@@ -410,7 +434,7 @@ impl Blob for VerifiedBlob {
             self.with_leaves(|| self.inner.read_many(&mut inner))?
         };
         for ((buf, off), (first, start, data)) in reads.iter_mut().zip(spans.iter_mut()) {
-            self.settle(*first, data, &leaves)?;
+            self.settle_or_refetch(*first, *start, data, &leaves)?;
             let at = (*off - *start) as usize;
             buf.copy_from_slice(&data[at..at + buf.len()]);
         }
@@ -531,6 +555,88 @@ mod tests {
         // Read through the seal: block 1 passes, block 2 fails.
         assert!(v.read_exact_at(&mut [0u8; 10], 1500).is_ok());
         assert!(v.read_exact_at(&mut [0u8; 10], 2500).is_err());
+    }
+
+    /// Bytes in memory as the ranges of a remote blob, replaceable (a server fixed).
+    #[derive(Debug)]
+    struct Fixable(Mutex<Vec<u8>>);
+
+    impl crate::io::remote::Ranges for Fixable {
+        fn get(
+            &self,
+            start: u64,
+            end: u64,
+        ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> {
+            let b = bytes::Bytes::copy_from_slice(
+                &crate::sync::lock(&self.0)[start as usize..end as usize],
+            );
+            Box::pin(async move { Ok(b) })
+        }
+    }
+
+    #[test]
+    fn a_bad_cached_block_is_fetched_again_and_a_fixed_source_read() {
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 + i / 700) as u8).collect();
+        let l = leaves(&data, 1024);
+        let mut bad = data.clone();
+        bad[2500] ^= 1; // block 2
+        let dir = tempfile::tempdir().unwrap();
+        let remote = crate::io::remote::Remote::new(crate::io::remote::RemoteConfig {
+            disk_cache: Some((dir.path().to_path_buf(), 1 << 30)),
+            ..Default::default()
+        })
+        .unwrap();
+        // A damaged copy in the disk cache (another mount's, unsealed); the server right.
+        let disk = remote.disk.as_ref().unwrap();
+        let key = crate::io::diskcache::DiskCache::key("v1");
+        disk.store(&key, 0, &bad).unwrap();
+        let served = Arc::new(Fixable(Mutex::new(data.clone())));
+        let open = |version: &str| {
+            let inner = Arc::new(crate::io::remote::RemoteBlob::of(
+                "a.zip".into(),
+                served.clone(),
+                data.len() as u64,
+                version.into(),
+                0,
+                remote.clone(),
+            ));
+            let l = l.clone();
+            let checks = Arc::new(Checks::default());
+            let v = VerifiedBlob::new(
+                inner,
+                1024,
+                "t",
+                Box::new(move || Ok(l.clone())),
+                checks.clone(),
+            );
+            (v, checks)
+        };
+        let (v, checks) = open("v1");
+        let mut buf = vec![0u8; 100];
+        v.read_exact_at(&mut buf, 2450).unwrap();
+        assert_eq!(buf, data[2450..2550], "read back from the server");
+        assert_eq!(
+            checks.stats.failures.load(Relaxed),
+            1,
+            "the cached copy failed"
+        );
+        // The damaged copy is gone; what the disk cache holds of block 2 now is right.
+        disk.flush();
+        let mut cached = vec![0u8; 1024];
+        if disk.read(&key, &mut cached, 2048) {
+            assert_eq!(cached, data[2048..3072]);
+        }
+        // A server serving tampered bytes: EIO; fixed: the next read is right.
+        *crate::sync::lock(&served.0) = bad.clone();
+        let (v, checks) = open("v2");
+        assert!(matches!(
+            v.read_exact_at(&mut buf, 2450),
+            Err(Error::Corrupt(_))
+        ));
+        assert_eq!(checks.stats.failures.load(Relaxed), 2, "fetched once more");
+        *crate::sync::lock(&served.0) = data.clone();
+        v.read_exact_at(&mut buf, 2450).unwrap();
+        assert_eq!(buf, data[2450..2550]);
     }
 
     #[test]

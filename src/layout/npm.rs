@@ -73,6 +73,12 @@ struct Locked {
     os: Vec<String>,
     #[serde(default)]
     cpu: Vec<String>,
+    /// Its `bin` as its `package.json` has it (kept for bundled packages, whose
+    /// `package.json` is inside their parent's tarball).
+    #[serde(default)]
+    bin: serde_json::Value,
+    /// Where a link points (a workspace directory, relative to the project).
+    resolved: Option<String>,
 }
 
 /// A package by name and version.
@@ -91,7 +97,13 @@ struct Plan {
     found: HashMap<Id, PathBuf>,
     /// Packages whose tarball was refused (its integrity): not missing, refused.
     refused: HashMap<Id, PathBuf>,
+    /// Bundled packages with bins: where each is (inside its parent's tarball), and
+    /// its bins (linked, and their targets made executable, as npm does).
+    bundled: Vec<(Vec<Vec<u8>>, Vec<Bin>)>,
 }
+
+/// A `bin` entry: (link name, path inside the package).
+type Bin = (Vec<u8>, Vec<u8>);
 
 /// `package.json`, the parts a mount needs.
 #[derive(Debug, Deserialize)]
@@ -117,12 +129,17 @@ impl Npm {
     /// The layout, with the lockfile of `cfg` read and checked.
     pub fn new(cfg: &super::Config) -> Result<Self> {
         let plan = cfg.lockfile.as_deref().map(read_lockfile).transpose()?;
-        Ok(Npm {
+        let mut npm = Npm {
             plan,
             allow_missing: cfg.allow_missing,
             taken: HashMap::new(),
             bins: BTreeMap::new(),
-        })
+        };
+        let bundled: Vec<_> = npm.plan.iter().flat_map(|p| p.bundled.clone()).collect();
+        for (at, bins) in &bundled {
+            npm.link_bins(at, install_len(at), bins);
+        }
+        Ok(npm)
     }
 }
 
@@ -145,9 +162,38 @@ fn read_lockfile(path: &Path) -> Result<Plan> {
         ))));
     }
     let mut wanted: HashMap<Id, Vec<Installed>> = HashMap::new();
+    let mut bundled = Vec::new();
+    // The workspace directories the links point at: entries of the project, not
+    // packages to place (quietly left out, as the links are).
+    let workspaces: std::collections::HashSet<String> = lock
+        .packages
+        .values()
+        .filter(|l| l.link)
+        .filter_map(|l| l.resolved.clone())
+        .collect();
     for (key, locked) in lock.packages {
+        if workspaces.contains(&key) {
+            log::debug!("{}: {key} is a workspace directory", path.display());
+            continue;
+        }
+        if locked.in_bundle
+            && let Some((comps, install_name)) = install_path(&key)
+        {
+            // Its files come inside its parent's tarball; its bins are linked all the same.
+            let name = locked.name.clone().unwrap_or(install_name);
+            let m = Manifest {
+                name: serde_json::Value::Null,
+                version: serde_json::Value::Null,
+                bin: locked.bin,
+            };
+            let b = bins(&m, &name);
+            if !b.is_empty() {
+                bundled.push((comps, b));
+            }
+            continue;
+        }
         if key.is_empty() || locked.in_bundle {
-            // The project itself; bundled packages come inside their parent's tarball.
+            // The project itself; a bundled package at a path that is not a name.
             continue;
         }
         if locked.link {
@@ -182,6 +228,7 @@ fn read_lockfile(path: &Path) -> Result<Plan> {
         wanted,
         found: HashMap::new(),
         refused: HashMap::new(),
+        bundled,
     })
 }
 
@@ -235,6 +282,16 @@ fn install_path(key: &str) -> Option<(Vec<Vec<u8>>, String)> {
             name.join("/"),
         )
     })
+}
+
+/// How many of the last components of an install path are the package's name (2 when
+/// scoped).
+fn install_len(at: &[Vec<u8>]) -> usize {
+    if at.len() >= 2 && at[at.len() - 2].starts_with(b"@") {
+        2
+    } else {
+        1
+    }
 }
 
 /// A package name as directory components: `name` or `@scope/name`, plain names, not
@@ -459,6 +516,25 @@ impl Layout for Npm {
             }
         };
         let bins = bins(&manifest, &pkg);
+        // The bin targets of packages bundled in this one, inside its tarball.
+        let bundled: Vec<Vec<u8>> = self
+            .plan
+            .iter()
+            .flat_map(|p| &p.bundled)
+            .flat_map(|(comps, b)| {
+                places
+                    .iter()
+                    .filter(|at| comps.len() > at.len() && comps.starts_with(at))
+                    .flat_map(move |at| {
+                        b.iter().map(move |(_, t)| {
+                            let mut p = comps[at.len()..].join(&b'/');
+                            p.push(b'/');
+                            p.extend_from_slice(t);
+                            p
+                        })
+                    })
+            })
+            .collect();
         for e in entries.iter_mut() {
             // As npm writes files: its umask (022) applied, no set-id or sticky bits,
             // owned by whoever installs (the mount's owner), bin targets executable.
@@ -467,18 +543,14 @@ impl Layout for Npm {
             e.gid = None;
             if let Ok(c) = crate::tree::path::components(&e.path)
                 && c.len() > 1
-                && bins.iter().any(|(_, t)| c[1..].join(&b'/') == *t)
+                && (bins.iter().any(|(_, t)| c[1..].join(&b'/') == *t)
+                    || bundled.contains(&c[1..].join(&b'/')))
             {
                 e.perm |= 0o111;
             }
         }
         for at in &places {
-            let install_len = if at.len() >= 2 && at[at.len() - 2].starts_with(b"@") {
-                2
-            } else {
-                1
-            };
-            self.link_bins(at, install_len, &bins);
+            self.link_bins(at, install_len(at), &bins);
         }
         Placement::Fold(
             places

@@ -351,6 +351,60 @@ mod tests {
         assert_eq!(small_tree(&s, block), vec![s.sha256]);
     }
 
+    /// Known answers computed apart from this crate (Python's hashlib, by the formula of
+    /// docs/FORMAT.md "Trees"): `hash_reader` and `tree_root` are not their own oracle.
+    #[test]
+    fn hashes_and_tree_roots_match_an_independent_sha256() {
+        let block = 4096;
+        let big: Vec<u8> = (0..10_000u32)
+            .map(|i| ((i * i * 7 + i / 100) & 0xff) as u8)
+            .collect();
+        // Fed in small reads, as a file or a socket may give them.
+        let reader = std::io::BufReader::with_capacity(1000, &big[..]);
+        let (leaves, whole) = hash_reader(reader, big.len() as u64, block).unwrap();
+        assert_eq!(
+            hex(&whole),
+            "428a50c674abd7673957903317d6e6d4706e9536de69d1cff39461ccd158974f"
+        );
+        let leaves: Vec<String> = leaves.iter().map(hex).collect();
+        assert_eq!(
+            leaves,
+            [
+                "cb3f6148e6630cb02ede0a71f0a57a066d67decf9daf869cd8e4433c5ebe84d4",
+                "8f2c9196203ead9fc0f356dc5790e9dcb57ef1a8ef3ad335dcc104a8dc858b60",
+                "d689c998b9eb980d6cac45dab02fc2faead3b7b0381a077b2096d056634ceae0",
+            ]
+        );
+        let (a, _) = sealed("b.zip", &big, block);
+        assert_eq!(
+            hex(&a.tree),
+            "b2d47fb0526cadafcb995c29d1dfadc03f4508c79bee5c8587e56b8c42cd0af8"
+        );
+        // One block: the leaf is the file's sha256; none: no leaves.
+        let (t, leaves) = sealed("t.whl", b"tiny", block);
+        assert_eq!(
+            hex(&t.sha256),
+            "8950abfda7b727630760dd35bcf5c3daa7631aff223a90f7728c0d2521dde10c"
+        );
+        assert_eq!(leaves, vec![t.sha256]);
+        assert_eq!(
+            hex(&t.tree),
+            "527b73bb5532b31de84bd6b19b8573caf52d87f20305a4d902f0dec9cf07eba7"
+        );
+        let (e, leaves) = sealed("e.zip", b"", block);
+        assert!(leaves.is_empty());
+        assert_eq!(
+            hex(&e.sha256),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            hex(&e.tree),
+            "0f74035f8b25da7e96fbeaaa1d5136d55acc36a1158573846da8250be76d4316"
+        );
+        // A reader shorter than the size it is said to have is an error, not a hash.
+        assert!(hash_reader(&big[..100], 200, block).is_err());
+    }
+
     #[test]
     fn hostile_roots_are_refused() {
         let block = 4096;

@@ -71,7 +71,12 @@ impl Activator {
         lock(&self.activity).indexing = self.packages.pending();
         let scan = match scanned {
             Ok(Ok(Some(scan))) => scan,
-            Ok(Ok(None)) => return Applied::Nothing,
+            Ok(Ok(None)) => {
+                // Nothing active changed, but what was skipped may have (an archive
+                // added and refused).
+                lock(&self.activity).skipped = self.packages.skipped().to_vec();
+                return Applied::Nothing;
+            }
             Ok(Err(e)) => {
                 warn!("rescan failed: {e}; the mount keeps its current packages");
                 lock(&self.activity).failed_scans += 1;

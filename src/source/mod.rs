@@ -153,6 +153,9 @@ pub struct Packages {
     facts: HashMap<u32, crate::layout::Facts>,
     /// The seals of the last listing (`--verify`), shared with the status.
     sealed: Arc<verify::Seals>,
+    /// The files the last scan skipped, with why: kept when nothing active changed
+    /// (a refused archive added changes nothing active, but status must name it).
+    skipped: Vec<(PathBuf, String)>,
 }
 
 /// What the sources hold now (the first stage of a scan).
@@ -180,6 +183,7 @@ impl Packages {
             grafts: HashMap::new(),
             facts: HashMap::new(),
             sealed: Arc::default(),
+            skipped: Vec::new(),
         }
     }
 
@@ -235,6 +239,11 @@ impl Packages {
         self.sources.iter().filter(|s| is_dir(s)).cloned().collect()
     }
 
+    /// The files the last scan skipped, with why (as `status` shows them).
+    pub fn skipped(&self) -> &[(PathBuf, String)] {
+        &self.skipped
+    }
+
     /// Find the archives of the sources, index what is new or changed, and build the
     /// tree. Files in `busy` (being written) are left out for now. Returns `None` when
     /// nothing changed since the last scan. Errors only if a source itself cannot be
@@ -274,6 +283,11 @@ impl Packages {
             active,
         } = fold;
         let changes = self.settle(active, first);
+        self.skipped = report
+            .skipped
+            .iter()
+            .map(|(p, e)| (p.clone(), e.to_string()))
+            .collect();
         if changes.unchanged {
             return Ok(None);
         }

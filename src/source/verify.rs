@@ -189,12 +189,42 @@ fn accept(
 }
 
 /// Refuse a revision older than the newest accepted for `source`; remember a newer one.
+///
+/// The state file is this check's memory: one that cannot be read or parsed is refused,
+/// not taken as "nothing accepted before", which would switch the check off for anyone
+/// able to damage it (`allow` takes the seal and writes the file anew).
 fn check_revision(state: &Path, source: &str, revision: u64, allow: bool) -> Result<()> {
     let file = state.join(format!("{:016x}", fnv64(source.as_bytes())));
-    let before = std::fs::read_to_string(&file).ok().and_then(|t| {
-        let mut l = t.lines();
-        (l.next() == Some(source)).then(|| l.next().and_then(|r| r.parse::<u64>().ok()))?
-    });
+    let damaged = |why: String| {
+        Error::Corrupt(format!(
+            "{source}: the state file {} of the seal revisions accepted here is {why}: the \
+             rollback check cannot be made (remove the file, or mount once with \
+             --allow-rollback, to accept this seal's revision {revision} anew)",
+            file.display()
+        ))
+    };
+    let before = match std::fs::read_to_string(&file) {
+        Ok(t) => {
+            let mut l = t.lines();
+            match (l.next(), l.next().map(str::parse::<u64>), l.next()) {
+                (Some(s), Some(Ok(r)), None) if t.ends_with('\n') => match s == source {
+                    true => Ok(Some(r)),
+                    false => Err(damaged(format!("of another source ({s:?})"))),
+                },
+                _ => Err(damaged("damaged".into())),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(damaged(format!("unreadable ({e})"))),
+    };
+    let before = match before {
+        Ok(b) => b,
+        Err(e) if allow => {
+            log::warn!("{e}; taking it (--allow-rollback)");
+            None
+        }
+        Err(e) => return Err(e),
+    };
     if let Some(b) = before
         && revision < b
     {
@@ -383,4 +413,89 @@ pub struct SealRow {
     pub bytes_checked: u64,
     /// Blocks that did not match the seal.
     pub failures: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state_file(state: &Path, source: &str) -> PathBuf {
+        state.join(format!("{:016x}", fnv64(source.as_bytes())))
+    }
+
+    #[test]
+    fn an_accepted_revision_is_kept_and_an_older_one_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path().join("seals");
+        let src = "/srv/store";
+        check_revision(&state, src, 5, false).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(state_file(&state, src)).unwrap(),
+            "/srv/store\n5\n"
+        );
+        // The same and a newer one are taken; the newer one is kept.
+        check_revision(&state, src, 5, false).unwrap();
+        check_revision(&state, src, 9, false).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(state_file(&state, src)).unwrap(),
+            "/srv/store\n9\n"
+        );
+        let err = check_revision(&state, src, 8, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("revision 8, older than revision 9") && err.contains("--allow-rollback"),
+            "{err}"
+        );
+        // --allow-rollback takes it and keeps the newest.
+        check_revision(&state, src, 8, true).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(state_file(&state, src)).unwrap(),
+            "/srv/store\n9\n"
+        );
+        // Another source has its own memory.
+        check_revision(&state, "/srv/other", 1, false).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_state_file_is_refused_not_forgotten() {
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path().join("seals");
+        let src = "/srv/store";
+        check_revision(&state, src, 9, false).unwrap();
+        let file = state_file(&state, src);
+        for (what, text) in [
+            ("empty", ""),
+            ("no revision", "/srv/store\n"),
+            ("not a number", "/srv/store\nnine\n"),
+            ("truncated", "/srv/store\n9"),
+            ("another source", "/srv/other\n9\n"),
+            ("garbage", "\u{0}\u{1}\u{2}"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = check_revision(&state, src, 3, false)
+                .expect_err(what)
+                .to_string();
+            assert!(
+                err.contains(&file.display().to_string())
+                    && err.contains("remove the file")
+                    && err.contains("--allow-rollback"),
+                "{what}: {err}"
+            );
+            // Left as it was for its owner to look at.
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), text, "{what}");
+        }
+        // Unreadable: a directory where the file should be.
+        std::fs::remove_file(&file).unwrap();
+        std::fs::create_dir(&file).unwrap();
+        let err = check_revision(&state, src, 3, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unreadable"), "{err}");
+        std::fs::remove_dir(&file).unwrap();
+        // --allow-rollback takes the seal and writes the file anew.
+        std::fs::write(&file, "garbage").unwrap();
+        check_revision(&state, src, 3, true).unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "/srv/store\n3\n");
+    }
 }
