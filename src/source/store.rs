@@ -60,6 +60,7 @@ const FAILED_HOLD: Duration = Duration::from_secs(10);
 /// Longest encoded reference (a reference is at most 4096 bytes).
 const MAX_ENCODED: usize = 5464;
 /// containers/storage's `archive.Compression` numbers.
+const UNCOMPRESSED: u32 = 0;
 const GZIP: u32 = 2;
 const ZSTD: u32 = 4;
 
@@ -447,12 +448,15 @@ fn info_by_toc_json(l: &ImageLayer, toc: &crate::io::digest::Digest) -> Vec<u8> 
     out
 }
 
-/// containers/storage's number for the layer's compression.
+/// containers/storage's number for the layer's compression, from its media type
+/// (`…tar+gzip`, `…tar.gzip`, `…tar+zstd`; a plain `…tar` is uncompressed).
 fn compression(l: &ImageLayer) -> u32 {
     if l.media_type.contains("zstd") {
         ZSTD
-    } else {
+    } else if l.media_type.contains("gzip") {
         GZIP
+    } else {
+        UNCOMPRESSED
     }
 }
 
