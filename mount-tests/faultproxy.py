@@ -13,11 +13,16 @@ CONTROL_FILE (JSON, may be missing or empty) for what to do to it:
      "reset_every": 0,    # close the connection without an answer on every Nth request
      "refuse_first": 2,   # per path, the first 2 requests that have no Authorization
      "refuse_every": 4,   # header (a signed URL's), and every 4th, get "refuse_status"
-     "refuse_status": 403}  # (default 403): a URL not valid yet, or expired
+     "refuse_status": 403,  # (default 403): a URL not valid yet, or expired
+     "single_range": true}  # forward a request for several ranges without its Range
+                            # header: the whole object (200), as servers that take one
+                            # range only answer
 
 It appends one line per request to CONTROL_FILE + ".log": "METHOD PATH STATUS BYTES",
 BYTES being the body bytes it sent, and one to CONTROL_FILE + ".auth": "METHOD PATH
-SCHEME", SCHEME being that of the request's Authorization header or "-" without one. With PORT 0 it binds a port of the system's choice
+SCHEME", SCHEME being that of the request's Authorization header or "-" without one,
+and, for a request with a Range header, one to CONTROL_FILE + ".ranges": "PATH RANGE
+STATUS" (RANGE without spaces; STATUS the answer's). With PORT 0 it binds a port of the system's choice
 and prints `PORT N` on stdout. Stops on SIGTERM.
 """
 
@@ -100,8 +105,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         up = http.client.HTTPConnection("127.0.0.1", UPSTREAM, timeout=60)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
+        rng = (self.headers.get("Range") or "").replace(" ", "")
+        if c.get("single_range") and "," in rng:
+            headers = {k: v for k, v in headers.items() if k.lower() != "range"}
         up.request(self.command, self.path, body=body, headers=headers)
         r = up.getresponse()
+        if rng:
+            with lock, open(CONTROL + ".ranges", "a") as f:
+                f.write(f"{path} {rng} {r.status}\n")
         self.send_response(r.status, r.reason)
         for k, v in r.getheaders():
             if k.lower() not in HOP:

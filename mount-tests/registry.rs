@@ -277,22 +277,29 @@ impl Registry {
 
     /// Wait until the registry has answered every request the mount at `mp` sent:
     /// its access log holds as many requests past `before` (a count of
-    /// [`Registry::requests`] taken before the mount) as the mount's `remote.requests`,
-    /// the same at two polls in a row (the registry logs a request once answered). At
-    /// most 20 s.
+    /// [`Registry::requests`] taken before the mount) as the mount sent that reached it
+    /// (`remote.requests` less `remote.retries`: the HTTPS probe of `--tls-verify=false`
+    /// never does), the same at two polls in a row (the registry logs a request once
+    /// answered). At most 20 s.
     fn answered_all(&self, before: usize, mp: &Path) {
         let mut last = None;
-        wait_until(
-            Duration::from_secs(20),
-            "the registry did not log every request the mount sent within 20 s",
-            || {
-                let sent = status_json(mp)["remote"]["requests"].as_u64().unwrap();
-                let logged = (self.requests().len() - before) as u64;
-                let done = logged == sent && last == Some(sent);
-                last = (logged == sent).then_some(sent);
-                done
-            },
-        );
+        let start = Instant::now();
+        loop {
+            let remote = &status_json(mp)["remote"];
+            let sent = remote["requests"].as_u64().unwrap() - remote["retries"].as_u64().unwrap();
+            let logged = &self.requests()[before..];
+            if logged.len() as u64 == sent && last == Some(sent) {
+                return;
+            }
+            last = (logged.len() as u64 == sent).then_some(sent);
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the mount sent {sent} requests; after 20 s the registry has logged {}: \
+                 {logged:?}",
+                logged.len()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The token server's log lines (`TOKEN user scope status`); panics if its log is
@@ -883,6 +890,9 @@ fn bearer_tokens_as_docker_hub_hands_them_out() {
         .collect();
     let mut next = files.iter();
     let seen = reg.tokens().len();
+    // Renewed before it expires (not after the registry refused it: no new 401).
+    let refusals = |reg: &Registry| reg.requests().iter().filter(|r| r.2 == 401).count();
+    let refused = refusals(&reg);
     wait_until(Duration::from_secs(20), "the token was not renewed", || {
         let f = next
             .next()
@@ -898,6 +908,11 @@ fn bearer_tokens_as_docker_hub_hands_them_out() {
             .all(|l| l == "TOKEN bob repository:bob/debian:pull 200"),
         "{:?}",
         reg.tokens()
+    );
+    assert_eq!(
+        refusals(&reg),
+        refused,
+        "the token was renewed only once the registry refused it"
     );
     drop(m);
     let err = mount_fails(&["--tls-verify=false", "--creds", "bob:nope", &src]);
@@ -1076,13 +1091,70 @@ fn authenticated_redirects_drop_credentials_and_ask_again_when_refused() {
     );
 }
 
+/// A server that answers a request for several ranges with the whole blob (a proxy
+/// in front of the registry drops the Range header of such requests): each of those
+/// ranges is then asked alone, no multi-range request counts as one, and files read
+/// right.
+#[test]
+fn a_server_that_ignores_multi_range_requests_gets_one_range_each() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    reg.push("oci-gzip:latest", "pkgfs/single:1", None);
+    let proxy = FaultProxy::start(reg.port);
+    proxy.control(r#"{"single_range": true}"#);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("disk-cache");
+    let m = Mount::new(
+        &[Path::new(&format!(
+            "docker://127.0.0.1:{}/pkgfs/single:1",
+            proxy.port
+        ))],
+        &[
+            "--tls-verify=false",
+            "--no-index-cache",
+            "--disk-cache",
+            cache.to_str().unwrap(),
+        ],
+    );
+    let reference = images().join("reference/rootfs");
+    assert_eq!(
+        fs::read(m.path().join("usr/bin/bash")).unwrap(),
+        fs::read(reference.join("usr/bin/bash")).unwrap()
+    );
+    let st = status_json(&m.path());
+    assert_eq!(st["remote"]["multi_range_requests"], 0, "{}", st["remote"]);
+    // `PATH RANGE STATUS`: each request for several ranges (the layers' heads and
+    // tails, sent at once) got the whole blob; each of its ranges was then asked alone
+    // and answered 206.
+    let ranges = proxy.lines("ranges");
+    let multi: Vec<&String> = ranges.iter().filter(|l| l.contains(',')).collect();
+    assert!(
+        !multi.is_empty(),
+        "the mount never asked for several ranges at once: {ranges:?}"
+    );
+    for l in multi {
+        let [path, spec, status] = l.split(' ').collect::<Vec<_>>()[..] else {
+            panic!("{l}")
+        };
+        assert_eq!(status, "200", "{ranges:?}");
+        for one in spec.trim_start_matches("bytes=").split(',') {
+            let alone = format!("{path} bytes={one} 206");
+            assert!(
+                ranges.contains(&alone),
+                "no fallback to {alone}: {ranges:?}"
+            );
+        }
+    }
+}
+
 /// A registry that lies, stalls or floods: each fault fails the mount in bounded time
 /// with a message that says what was wrong; 429 with `Retry-After` is waited out; a
 /// layer whose bytes are not its digest's is never served and not kept in the disk
 /// cache (the next try fetches it again), so the right bytes from elsewhere are not
-/// shadowed by them. A server that answers a multi-range request with the whole blob
-/// is asked one range per request from then on; one that answers every range with the
-/// whole blob (200) is read up to each range's end; both mount equal to the reference.
+/// shadowed by them. A server that answers every range with the whole blob (200) is
+/// read up to each range's end: the image mounts equal to the reference.
 #[test]
 fn hostile_registries_are_refused_in_bounded_time() {
     if !tools() {
@@ -1164,7 +1236,6 @@ fn hostile_registries_are_refused_in_bounded_time() {
         "the tampered layer was not fetched again: its bytes were kept"
     );
     // 429 twice with Retry-After: 1, then the image: mounted, equal to the reference.
-    let before = hostile.requests().len();
     let m = Mount::new(
         &[Path::new(&src("busy"))],
         &["--tls-verify=false", "--no-disk-cache", "--no-index-cache"],
@@ -1172,22 +1243,6 @@ fn hostile_registries_are_refused_in_bounded_time() {
     trees_match(&images().join("reference/rootfs"), &m.path(), &[]);
     let st = status_json(&m.path());
     assert!(st["remote"]["retries"].as_u64().unwrap() >= 2, "{st}");
-    // Its multi-range request was answered with the whole blob: refused, then one
-    // range per request, none of them multi-range again.
-    let asked = &hostile.requests()[before..];
-    let multi = asked.iter().position(|r| r.3.contains(','));
-    let Some(first) = multi else {
-        panic!("the mount asked for no two ranges at once: {asked:?}")
-    };
-    assert_eq!(asked[first].2, "200", "{asked:?}");
-    assert!(
-        asked[first + 1..].iter().all(|r| !r.3.contains(','))
-            && asked[first + 1..]
-                .iter()
-                .any(|r| r.1.contains("/blobs/") && r.2 == "206"),
-        "no fallback to one range per request: {asked:?}"
-    );
-    assert_eq!(st["remote"]["multi_range_requests"], 0, "{}", st["remote"]);
     drop(m);
     // And the good one, after all that, from the same server and the same disk cache,
     // where the tampered bytes of its last layer (same digest) would be had they been
@@ -1465,7 +1520,7 @@ fn soci_indexes_spare_gzip_layers_their_pass() {
     // not their digests' bytes): reported, and the layers take a pass instead.
     for (fault, said) in [
         ("soci-missing", "cannot be used"),
-        ("soci-foreign", "not a SOCI index"),
+        ("soci-foreign", "the SOCI index is not valid"),
         ("soci-ztoc", "zTOC"),
     ] {
         let m = Mount::new(
@@ -1852,15 +1907,21 @@ fn every_layer_kind_through_the_store() {
     let reg = Registry::start(Auth::Anonymous);
     let store = Store::start(&["--tls-verify=false", "--no-disk-cache", "--no-index-cache"]);
     let reference = images().join("reference/rootfs");
-    // Uncompressed: skopeo decompresses the gzip copy on its way to the registry.
+    // Uncompressed: the gzip image's layers decompressed (`registry/uncompressed.py`).
+    let tmp = tempfile::tempdir().unwrap();
+    let tar = tmp.path().join("oci-tar");
+    run(Command::new("python3")
+        .arg(repo().join("mount-tests/registry/uncompressed.py"))
+        .arg(images().join("oci-gzip"))
+        .arg(&tar));
     run(Command::new("skopeo")
         .args([
             "copy",
             "--quiet",
-            "--dest-decompress",
+            "--preserve-digests",
             "--dest-tls-verify=false",
         ])
-        .arg(format!("oci:{}/oci-gzip:latest", images().display()))
+        .arg(format!("oci:{}:latest", tar.display()))
         .arg(reg.reference("pkgfs/kinds:tar")));
     for (from, tag) in [
         ("oci-gzip:latest", "gz"),
@@ -1905,12 +1966,6 @@ fn every_layer_kind_through_the_store() {
             fs::read(reference.join("usr/bin/bash")).unwrap(),
             "{tag}"
         );
-        let st = status_json(&store.path());
-        for r in st["store"].as_array().unwrap() {
-            if r["reference"] == pulled.as_str() {
-                assert_eq!(r["indexed"], true, "{tag}: {r}");
-            }
-        }
     }
 }
 

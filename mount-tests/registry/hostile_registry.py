@@ -230,5 +230,6 @@ class Server(ThreadingHTTPServer):
 
 
 srv = Server(("127.0.0.1", PORT), Handler)
-print(f"PORT {srv.server_address[1]}", flush=True)
+PORT = srv.server_address[1]  # the realm of tokenless/img names it
+print(f"PORT {PORT}", flush=True)
 srv.serve_forever()

@@ -359,14 +359,17 @@ impl Grow for LayerStore {
         Ok(grown.then(|| self.generation(&st)))
     }
 
-    fn created(&self, dir: &[u8], name: &[u8]) {
+    /// `DIGEST/use` only: any other create is a write, refused (`EROFS`).
+    fn created(&self, dir: &[u8], name: &[u8]) -> bool {
         if name != b"use" {
-            return;
+            return false;
         }
-        if let Some(l) = self.layer_at(dir) {
-            let n = l.uses.fetch_add(1, Relaxed) + 1;
-            info!("store: {} taken into use ({n})", l.layer.name.display());
-        }
+        let Some(l) = self.layer_at(dir) else {
+            return false;
+        };
+        let n = l.uses.fetch_add(1, Relaxed) + 1;
+        info!("store: {} taken into use ({n})", l.layer.name.display());
+        true
     }
 
     fn removed(&self, dir: &[u8], name: &[u8]) {
