@@ -1896,8 +1896,8 @@ fn podman_pulls_through_the_layer_store() {
 }
 
 /// Every layer kind through `pkgfs store`, without podman (what containers/storage
-/// looks up, looked up directly): uncompressed, gzip, zstd, zstd:chunked and eStargz
-/// layers each have their `info` (compression 0, 2 or 4 by media type, sizes and
+/// looks up, looked up directly): uncompressed, gzip, zstd, zstd:chunked, eStargz and
+/// SOCI-indexed gzip layers each have their `info` (compression 0, 2 or 4 by media type, sizes and
 /// digests from the manifest and config) and a `diff/` whose files are the layer's.
 #[test]
 fn every_layer_kind_through_the_store() {
@@ -1931,9 +1931,40 @@ fn every_layer_kind_through_the_store() {
     ] {
         reg.push(from, &format!("pkgfs/kinds:{tag}"), None);
     }
-    for (tag, compression) in [("tar", 0), ("gz", 2), ("zst", 4), ("zc", 4), ("esgz", 2)] {
+    // SOCI-indexed gzip: the image index with its SOCI index, as `soci convert` makes it.
+    run(Command::new("skopeo")
+        .args(["copy", "--quiet", "--all", "--dest-tls-verify=false"])
+        .arg(format!(
+            "oci:{}",
+            soci_fixtures().join("oci-gzip-soci").display()
+        ))
+        .arg(reg.reference("pkgfs/kinds:soci")));
+    for (tag, compression) in [
+        ("tar", 0),
+        ("gz", 2),
+        ("zst", 4),
+        ("zc", 4),
+        ("esgz", 2),
+        ("soci", 2),
+    ] {
         let name = format!("pkgfs/kinds:{tag}");
-        let (manifest, config) = manifest_and_config(&reg, &name);
+        let (mut manifest, config) = manifest_and_config(&reg, &name);
+        if manifest.get("manifests").is_some() {
+            // An index (SOCI): the image's manifest, as skopeo picks it.
+            let digest = manifest["manifests"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["annotations"]["com.amazon.soci.image-manifest-digest"].is_null())
+                .unwrap()["digest"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let out = run(Command::new("skopeo")
+                .args(["inspect", "--raw", "--tls-verify=false"])
+                .arg(reg.reference(&format!("pkgfs/kinds@{digest}"))));
+            manifest = serde_json::from_slice(&out.stdout).unwrap();
+        }
         let layers = manifest["layers"].as_array().unwrap();
         assert!(!layers.is_empty(), "{manifest}");
         let pulled = format!("{}/{name}", reg.host());
