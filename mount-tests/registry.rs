@@ -593,7 +593,8 @@ fn lazy_mount(reg: &Registry, name: &str, cache: &Path) -> Mount {
 /// Files read one after another from a table-of-contents layer with
 /// `--no-background-fetch` fetch their own chunks, not the files after them in the
 /// layer: the bytes sent past the tables are at most the files' sizes (compressed, they
-/// are smaller) plus 4 KiB of alignment each.
+/// are smaller) plus 4 KiB of alignment each, counted once the registry has answered
+/// every request the mount sent. Writes are `EROFS`.
 #[test]
 fn lazy_table_of_contents_reads_stay_within_their_files() {
     if !tools() {
@@ -837,8 +838,9 @@ fn basic_auth_over_tls_with_the_credentials_users_have() {
 }
 
 /// Behind a bearer token server: a token for the repository's pull scope is asked for
-/// with the credentials, kept while it lives (not one per request), and renewed when
-/// it expires; a wrong password is the token server's refusal, named.
+/// with the credentials, kept while it lives (not one per request), and renewed before
+/// it expires (the registry never refuses it); a wrong password is the token server's
+/// refusal, named.
 #[test]
 fn bearer_tokens_as_docker_hub_hands_them_out() {
     if !tools() {
