@@ -10,10 +10,20 @@ CONTROL_FILE (JSON, may be missing or empty) for what to do to it:
     {"delay_ms": 20,      # wait this long before forwarding (latency)
      "fail_every": 3,     # answer every 3rd request with "status" instead of forwarding
      "status": 503,       # the status of those answers (default 503)
-     "reset_every": 0}    # close the connection without an answer on every Nth request
+     "reset_every": 0,    # close the connection without an answer on every Nth request
+     "refuse_first": 2,   # per path, the first 2 requests that have no Authorization
+     "refuse_every": 4,   # header (a signed URL's), and every 4th, get "refuse_status"
+     "refuse_status": 403,  # (default 403): a URL not valid yet, or expired
+     "single_range": true}  # forward a request for several ranges without its Range
+                            # header: the whole object (200), as servers that take one
+                            # range only answer
 
 It appends one line per request to CONTROL_FILE + ".log": "METHOD PATH STATUS BYTES",
-BYTES being the body bytes it sent. Stops on SIGTERM.
+BYTES being the body bytes it sent, and one to CONTROL_FILE + ".auth": "METHOD PATH
+SCHEME", SCHEME being that of the request's Authorization header or "-" without one,
+and, for a request with a Range header, one to CONTROL_FILE + ".ranges": "PATH RANGE
+STATUS" (RANGE without spaces; STATUS the answer's). With PORT 0 it binds a port of the system's choice
+and prints `PORT N` on stdout. Stops on SIGTERM.
 """
 
 import http.client
@@ -28,6 +38,7 @@ PORT, UPSTREAM, CONTROL = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 LOG = CONTROL + ".log"
 lock = threading.Lock()
 count = 0
+unsigned = {}
 HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
        "trailer", "upgrade"}
 
@@ -57,6 +68,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with lock:
             count += 1
             n = count
+        auth = self.headers.get("Authorization")
+        path = self.path.split("?", 1)[0]
+        with lock, open(CONTROL + ".auth", "a") as f:
+            f.write(f"{self.command} {path} {auth.split(' ', 1)[0] if auth else '-'}\n")
+        if (c.get("refuse_every") or c.get("refuse_first")) and not auth:
+            with lock:
+                unsigned[path] = n_path = unsigned.get(path, 0) + 1
+            refuse = n_path <= c.get("refuse_first", 0) or (
+                c.get("refuse_every") and n_path % c["refuse_every"] == 0)
+            if refuse:
+                status = c.get("refuse_status", 403)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                log(f"{self.command} {self.path} {status} 0")
+                return
         if c.get("delay_ms"):
             time.sleep(c["delay_ms"] / 1000)
         if c.get("reset_every") and n % c["reset_every"] == 0:
@@ -78,8 +105,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         up = http.client.HTTPConnection("127.0.0.1", UPSTREAM, timeout=60)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
+        rng = (self.headers.get("Range") or "").replace(" ", "")
+        if c.get("single_range") and "," in rng:
+            headers = {k: v for k, v in headers.items() if k.lower() != "range"}
         up.request(self.command, self.path, body=body, headers=headers)
         r = up.getresponse()
+        if rng:
+            with lock, open(CONTROL + ".ranges", "a") as f:
+                f.write(f"{path} {rng} {r.status}\n")
         self.send_response(r.status, r.reason)
         for k, v in r.getheaders():
             if k.lower() not in HOP:
@@ -113,5 +146,7 @@ class Server(http.server.ThreadingHTTPServer):
 if __name__ == "__main__":
     import signal
     srv = Server(("127.0.0.1", PORT), Handler)
+    # PORT 0: the system's choice, reported on stdout for the test to read.
+    print(f"PORT {srv.server_address[1]}", flush=True)
     signal.signal(signal.SIGTERM, lambda *a: threading.Thread(target=srv.shutdown).start())
     srv.serve_forever()

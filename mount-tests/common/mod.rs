@@ -610,13 +610,42 @@ impl Drop for UmountGuard<'_> {
     }
 }
 
-/// A free TCP port on loopback.
+/// A free TCP port on loopback. Racy (the port is free when this returns, not
+/// necessarily when a server binds it): prefer a server that binds port 0 and reports
+/// the port it got ([`reported_port`]).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The port a server that bound port 0 reports in the file `log` it writes: the digits
+/// after the first `marker` in it (`PORT 41234`, `listening on 127.0.0.1:41234`) past
+/// byte `from`. Waits at most 30 s for the line, then panics naming `what`.
+pub fn reported_port(log: &Path, from: usize, marker: &str, what: &str) -> u16 {
+    let mut port = None;
+    wait_until(
+        Duration::from_secs(30),
+        &format!(
+            "{what}: no \"{marker}\" line in {} within 30 s",
+            log.display()
+        ),
+        || {
+            let text = std::fs::read(log).unwrap_or_default();
+            let text = String::from_utf8_lossy(text.get(from..).unwrap_or_default());
+            port = text.find(marker).and_then(|at| {
+                let digits: String = text[at + marker.len()..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                digits.parse().ok()
+            });
+            port.is_some()
+        },
+    );
+    port.unwrap_or_else(|| panic!("{what}: no port"))
 }
 
 pub fn wait_listening(port: u16, what: &str) {

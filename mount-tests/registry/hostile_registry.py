@@ -18,8 +18,22 @@ component names it):
   busy/img         429 with Retry-After: 1 on the first two manifest requests
   closed/img       503 with Retry-After: 3600
   tampered/img     the last layer's blob (of the image) with one byte flipped
+  rangeless/img    blobs whole (200) whatever range is asked, as a server without ranges
 
-Every request is logged on stdout as `METHOD PATH STATUS`.
+For a SOCI-enabled layout (an index whose image manifest names its SOCI index by the
+`com.amazon.soci.index-digest` annotation), three more:
+
+  soci-missing/img the image manifest names a SOCI index that is not there
+  soci-foreign/img it names a document that is not a SOCI index (the image's config)
+  soci-ztoc/img    the zTOCs' bytes with one byte flipped (not their digests')
+
+A request for several ranges at once (`Range: bytes=A-B,C-D`) is answered with the
+whole blob (200), as servers that take one range only do: the client must fall back to
+one range per request.
+
+With PORT 0 the server binds a port of the system's choice and prints `PORT N` first.
+Every request is then logged on stdout as `METHOD PATH STATUS RANGE` (RANGE: the Range
+header without spaces, or `-`).
 """
 
 import hashlib
@@ -57,6 +71,35 @@ def image_manifest(doc):
 
 
 LAST_LAYER = image_manifest(json.loads(MANIFEST))["layers"][-1]["digest"]
+SOCI_INDEX = "com.amazon.soci.index-digest"
+# Documents served by digest besides the layout's, and the tag's document per fault.
+EXTRA = {}
+VARIANTS = {}
+ZTOCS = set()
+
+
+def soci_variant(target):
+    """The top index with its image manifest naming `target` as its SOCI index."""
+    top = json.loads(MANIFEST)
+    for d in top["manifests"]:
+        if "com.amazon.soci.image-manifest-digest" in d.get("annotations", {}):
+            continue
+        m = json.loads(blob(d["digest"]))
+        m["annotations"][SOCI_INDEX] = target
+        body = json.dumps(m).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        EXTRA[digest] = body
+        d["digest"], d["size"] = digest, len(body)
+    return json.dumps(top).encode()
+
+
+_img = image_manifest(json.loads(MANIFEST))
+if SOCI_INDEX in _img.get("annotations", {}):
+    for z in json.loads(blob(_img["annotations"][SOCI_INDEX]))["layers"]:
+        if "com.amazon.soci.image-layer-digest" in z.get("annotations", {}):
+            ZTOCS.add(z["digest"])
+    VARIANTS["soci-missing"] = soci_variant("sha256:" + "0" * 64)
+    VARIANTS["soci-foreign"] = soci_variant(_img["config"]["digest"])
 busy_count = {"n": 0}
 lock = threading.Lock()
 
@@ -68,7 +111,8 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def log(self, status):
-        print(f"{self.command} {self.path} {status}", flush=True)
+        rng = (self.headers.get("Range") or "-").replace(" ", "")
+        print(f"{self.command} {self.path} {status} {rng}", flush=True)
 
     def send(self, status, body=b"", headers=()):
         self.send_response(status)
@@ -109,12 +153,12 @@ class Handler(BaseHTTPRequestHandler):
         if ref.startswith("sha256:") and fault != "swapped":
             # A child of an index, by digest, as a registry serves it.
             try:
-                body = blob(ref)
+                body = EXTRA[ref] if ref in EXTRA else blob(ref)
             except (OSError, ValueError):
                 return self.send(404)
             kind = json.loads(body).get("mediaType", "application/vnd.oci.image.manifest.v1+json")
             return self.send(200, body, [("Content-Type", kind), ("Docker-Content-Digest", ref)])
-        body = MANIFEST
+        body = VARIANTS.get(fault, MANIFEST)
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         headers = [("Content-Type", MANIFEST_TYPE), ("Docker-Content-Digest", digest)]
         if fault == "liar":
@@ -165,11 +209,14 @@ class Handler(BaseHTTPRequestHandler):
             data = blob(digest)
         except (OSError, ValueError):
             return self.send(404)
-        if fault == "tampered" and digest == LAST_LAYER:
+        if (fault == "tampered" and digest == LAST_LAYER) or (
+                fault == "soci-ztoc" and digest in ZTOCS):
             data = bytearray(data)
             data[len(data) // 2] ^= 0x55
             data = bytes(data)
         rng = self.headers.get("Range")
+        if fault == "rangeless" or (rng and "," in rng):
+            return self.send(200, data)
         if rng and rng.startswith("bytes="):
             a, b = rng[6:].split("-")
             a, b = int(a), min(int(b), len(data) - 1)
@@ -182,4 +229,7 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
-Server(("127.0.0.1", PORT), Handler).serve_forever()
+srv = Server(("127.0.0.1", PORT), Handler)
+PORT = srv.server_address[1]  # the realm of tokenless/img names it
+print(f"PORT {PORT}", flush=True)
+srv.serve_forever()

@@ -9,7 +9,8 @@ certificate in the `x5c` header, which the registry checks against its
 `rootcertbundle`) granting the actions asked for; wrong credentials get 401; no
 credentials get a token that grants nothing (anonymous, as Docker Hub does for private
 repositories). Each request is logged on stdout as `TOKEN <user|-> <scope> <status>`,
-so a test counts the tokens a client asked for. Uses `cryptography` (a dependency of
+so a test counts the tokens a client asked for; with PORT 0 the port the system gave is
+the first line, `PORT N`. Uses `cryptography` (a dependency of
 moto, in the tests' Python).
 """
 
@@ -105,7 +106,10 @@ def main():
             self.wfile.write(data)
             print(f"TOKEN {who} {' '.join(scopes) or '-'} {status}", flush=True)
 
-    ThreadingHTTPServer(("127.0.0.1", int(port)), Handler).serve_forever()
+    srv = ThreadingHTTPServer(("127.0.0.1", int(port)), Handler)
+    # PORT 0: the system's choice, reported for the test to read.
+    print(f"PORT {srv.server_address[1]}", flush=True)
+    srv.serve_forever()
 
 
 if __name__ == "__main__":

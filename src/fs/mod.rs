@@ -119,7 +119,8 @@ pub trait Grow: Send + Sync {
     /// returned.
     fn grow(&self, dir: &[u8], name: &[u8]) -> Result<Option<Generation>>;
     /// A `create` (or `mknod`) of `name` in `dir` arrived: a signal, never a file.
-    fn created(&self, dir: &[u8], name: &[u8]);
+    /// Whether the source takes it as one; any other create is refused (`EROFS`).
+    fn created(&self, dir: &[u8], name: &[u8]) -> bool;
     /// An `rmdir` of `name` in `dir` arrived: a signal, nothing is removed.
     fn removed(&self, dir: &[u8], name: &[u8]);
 }
@@ -266,13 +267,14 @@ impl PkgFs {
         self.grow.is_some()
     }
 
-    /// `create`/`mknod` of `name` in `parent`: a signal to [`Grow`], if the tree grows.
+    /// `create`/`mknod` of `name` in `parent`: a signal to [`Grow`], if the tree grows
+    /// and it takes it as one; refused (`ReadOnly`) otherwise.
     pub fn created(&self, parent: u64, name: &[u8]) -> Result<()> {
         let (grow, _) = self.grow.as_ref().ok_or(Error::ReadOnly)?;
-        if let Some(dir) = self.top_path(parent) {
-            grow.created(&dir, name);
-        }
-        Ok(())
+        let taken = self
+            .top_path(parent)
+            .is_some_and(|dir| grow.created(&dir, name));
+        if taken { Ok(()) } else { Err(Error::ReadOnly) }
     }
 
     /// `rmdir` of `name` in `parent`: a signal to [`Grow`], if the tree grows.
@@ -1242,12 +1244,13 @@ mod tests {
             }
             Ok(Some((b.finish(), Vec::new(), grafts.clone())))
         }
-        fn created(&self, dir: &[u8], name: &[u8]) {
+        fn created(&self, dir: &[u8], name: &[u8]) -> bool {
             lock(&self.signals).push(format!(
                 "create {}/{}",
                 String::from_utf8_lossy(dir),
                 String::from_utf8_lossy(name)
             ));
+            true
         }
         fn removed(&self, dir: &[u8], name: &[u8]) {
             lock(&self.signals).push(format!(
@@ -1288,7 +1291,11 @@ mod tests {
         fs.created(fs.lookup(a.ino, b".").unwrap().ino, b"again")
             .unwrap();
         fs.removed(ROOT, b"pkg-a").unwrap();
-        fs.created(a_file.ino, b"inside-a-graft").unwrap();
+        // Not a signal: refused.
+        assert!(matches!(
+            fs.created(a_file.ino, b"inside-a-graft"),
+            Err(Error::ReadOnly)
+        ));
         assert_eq!(
             *lock(&grow.signals),
             ["create pkg-a/use", "create pkg-a/again", "rmdir /pkg-a"]

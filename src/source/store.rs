@@ -61,6 +61,7 @@ const FAILED_HOLD: Duration = Duration::from_secs(10);
 /// Longest encoded reference (a reference is at most 4096 bytes).
 const MAX_ENCODED: usize = 5464;
 /// containers/storage's `archive.Compression` numbers.
+const UNCOMPRESSED: u32 = 0;
 const GZIP: u32 = 2;
 const ZSTD: u32 = 4;
 
@@ -359,14 +360,17 @@ impl Grow for LayerStore {
         Ok(grown.then(|| self.generation(&st)))
     }
 
-    fn created(&self, dir: &[u8], name: &[u8]) {
+    /// `DIGEST/use` only: any other create is a write, refused (`EROFS`).
+    fn created(&self, dir: &[u8], name: &[u8]) -> bool {
         if name != b"use" {
-            return;
+            return false;
         }
-        if let Some(l) = self.layer_at(dir) {
-            let n = l.uses.fetch_add(1, Relaxed) + 1;
-            info!("store: {} taken into use ({n})", l.layer.name.display());
-        }
+        let Some(l) = self.layer_at(dir) else {
+            return false;
+        };
+        let n = l.uses.fetch_add(1, Relaxed) + 1;
+        info!("store: {} taken into use ({n})", l.layer.name.display());
+        true
     }
 
     fn removed(&self, dir: &[u8], name: &[u8]) {
@@ -448,12 +452,15 @@ fn info_by_toc_json(l: &ImageLayer, toc: &crate::io::digest::Digest) -> Vec<u8> 
     out
 }
 
-/// containers/storage's number for the layer's compression.
+/// containers/storage's number for the layer's compression, from its media type
+/// (`…tar+gzip`, `…tar.gzip`, `…tar+zstd`; a plain `…tar` is uncompressed).
 fn compression(l: &ImageLayer) -> u32 {
     if l.media_type.contains("zstd") {
         ZSTD
-    } else {
+    } else if l.media_type.contains("gzip") {
         GZIP
+    } else {
+        UNCOMPRESSED
     }
 }
 

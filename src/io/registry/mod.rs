@@ -873,29 +873,41 @@ impl Registry {
                 Err(Refused::Error(e)) => return Err(e),
             }
         }
-        let mut h = HeaderMap::new();
-        h.insert(header::RANGE, range_header(start, end));
-        let r = self
-            .send(repo, &format!("/v2/{repo}/blobs/{digest}"), h, false)
-            .await?;
-        if r.status().is_redirection() {
+        // A fresh location refused too (storage whose signed URLs take a moment to be
+        // valid everywhere, a CDN edge that has not seen the key yet): the registry is
+        // asked again, a few times, before the read fails.
+        for ask in 1..=STORAGE_ASKS {
+            let mut h = HeaderMap::new();
+            h.insert(header::RANGE, range_header(start, end));
+            let r = self
+                .send(repo, &format!("/v2/{repo}/blobs/{digest}"), h, false)
+                .await?;
+            if !r.status().is_redirection() {
+                if !r.status().is_success() {
+                    return Err(self.failure(r, repo, &format!("blob {digest}")).await);
+                }
+                return range_body(r, start, end, &what).await;
+            }
             let to = location(&r, &what)?;
             crate::sync::lock(&self.state)
                 .locations
                 .insert(digest.to_string(), to.clone());
-            return match self.fetch_at(to, start, end, &what).await {
-                Ok(b) => Ok(b),
-                Err(Refused::Again) => Err(Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
-                    format!("{what}: the blob storage the registry sent us to refused the request"),
-                ))),
-                Err(Refused::Error(e)) => Err(e),
-            };
+            match self.fetch_at(to, start, end, &what).await {
+                Ok(b) => return Ok(b),
+                Err(Refused::Again) if ask < STORAGE_ASKS => {
+                    crate::sync::lock(&self.state).locations.remove(digest);
+                }
+                Err(Refused::Again) => break,
+                Err(Refused::Error(e)) => return Err(e),
+            }
         }
-        if !r.status().is_success() {
-            return Err(self.failure(r, repo, &format!("blob {digest}")).await);
-        }
-        range_body(r, start, end, &what).await
+        Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{what}: the blob storage the registry sent us to refused the request \
+                 ({STORAGE_ASKS} fresh locations)"
+            ),
+        )))
     }
 
     /// The ranges `ranges` (sorted, apart) of blob `digest`: several in one request
@@ -1176,6 +1188,10 @@ impl Registry {
         self.remote.run(what, f)
     }
 }
+
+/// How many times a read asks the registry for a blob's location when the storage it
+/// is sent to refuses it (401/403).
+const STORAGE_ASKS: u32 = 3;
 
 /// Why blob storage did not give the bytes.
 enum Refused {
