@@ -208,7 +208,11 @@ impl DiskCache {
                         .filter(|(p, _)| !seen.contains(p.as_path()))
                         .map(|(_, n)| n)
                         .sum();
-                    st.total = found.iter().map(|f| f.size).sum::<u64>() + missed;
+                    // A temporary file is a store under way (its range is counted by
+                    // its process once renamed) or a stale one `evict` removes: neither
+                    // is a range on disk.
+                    let ranges: u64 = found.iter().filter(|f| !f.tmp).map(|f| f.size).sum();
+                    st.total = ranges + missed;
                     st.total > cache.budget
                 };
                 if over {
@@ -851,6 +855,10 @@ mod tests {
                 .store(&DiskCache::key(&format!("o{i}")), 0, &bytes(100, 1))
                 .unwrap();
         }
+        // A store under way in another process (or cut short): its temporary file is
+        // not a range and is not counted, whenever the count comes across it.
+        let tmp_dir = first.object_dir(&DiskCache::key("o0"));
+        fs::write(tmp_dir.join(".tmp-1-1"), bytes(1000, 3)).unwrap();
         // Stores race the count of the 300 files at open, whichever way it goes.
         let c = DiskCache::open(d.path(), 1 << 30).unwrap();
         for i in 0..5 {
