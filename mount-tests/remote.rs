@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    Mount, fixtures, free_port, pkgfs, repo, require_tools, run, status_json, terminate,
-    test_python, trees_match, wait_listening, wait_until,
+    Mount, fixtures, listening_or_exited, pkgfs, repo, reported_port, require_tools, run,
+    start_listening, status_json, terminate, test_python, trees_match, wait_until,
 };
 
 /// nginx serving `root` on a free loopback port; stopped when dropped.
@@ -27,14 +27,24 @@ impl Nginx {
         let mut n = Nginx {
             child: None,
             dir: tempfile::tempdir().unwrap(),
-            port: free_port(),
+            port: 0,
             root: root.to_path_buf(),
         };
-        n.restart();
+        let (child, port) = start_listening("nginx", |port| n.spawn(port));
+        n.child = Some(child);
+        n.port = port;
         n
     }
 
+    /// Again on its port (the mount's URLs name it), after [`Nginx::stop`].
     fn restart(&mut self) {
+        let mut child = self.spawn(self.port);
+        let up = listening_or_exited(&mut child, self.port, Duration::from_secs(30), "nginx");
+        assert!(up, "nginx could not listen on port {} again", self.port);
+        self.child = Some(child);
+    }
+
+    fn spawn(&self, port: u16) -> Child {
         let d = self.dir.path();
         fs::create_dir_all(d.join("logs")).unwrap();
         fs::create_dir_all(d.join("tmp")).unwrap();
@@ -47,11 +57,10 @@ impl Nginx {
                scgi_temp_path {d}/tmp;\n\
                server {{ listen 127.0.0.1:{port}; root {root}; autoindex on; }} }}\n",
             d = d.display(),
-            port = self.port,
             root = self.root.display()
         );
         fs::write(d.join("nginx.conf"), conf).unwrap();
-        let child = Command::new("nginx")
+        Command::new("nginx")
             .arg("-c")
             .arg(d.join("nginx.conf"))
             .arg("-p")
@@ -60,9 +69,7 @@ impl Nginx {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap();
-        self.child = Some(child);
-        wait_listening(self.port, "nginx listens");
+            .unwrap()
     }
 
     /// SIGTERM: the master stops its workers and exits (SIGKILL would leave them).
@@ -120,17 +127,18 @@ impl Proxy {
     fn start(upstream: u16) -> Proxy {
         let dir = tempfile::tempdir().unwrap();
         let control = dir.path().join("control.json");
-        let port = free_port();
+        let out = dir.path().join("stdout");
         let child = Command::new("python3")
             .arg(repo().join("mount-tests/faultproxy.py"))
-            .arg(port.to_string())
+            .arg("0")
             .arg(upstream.to_string())
             .arg(&control)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(fs::File::create(&out).unwrap())
             .spawn()
             .unwrap();
-        wait_listening(port, "the fault proxy listens");
+        // It binds a port of the system's choice and reports it.
+        let port = reported_port(&out, 0, "PORT ", "the fault proxy");
         Proxy {
             child,
             port,
@@ -632,16 +640,16 @@ pub struct Moto {
 
 impl Moto {
     pub fn start() -> Moto {
-        let port = free_port();
         let bin = test_python().with_file_name("moto_server");
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_listening(port, "moto listens");
+        let (child, port) = start_listening("moto", |port| {
+            Command::new(&bin)
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        });
         Moto { child, port }
     }
 

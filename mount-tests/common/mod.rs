@@ -612,13 +612,40 @@ impl Drop for UmountGuard<'_> {
 
 /// A free TCP port on loopback. Racy (the port is free when this returns, not
 /// necessarily when a server binds it): prefer a server that binds port 0 and reports
-/// the port it got ([`reported_port`]).
-pub fn free_port() -> u16 {
+/// the port it got ([`reported_port`]), or [`start_listening`] for one that cannot.
+fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Start a server that cannot bind port 0 and say which port it got (nginx, moto):
+/// `spawn` starts it on the port it is given; if it exits before it listens (the port
+/// was taken between the choice and its bind), it is started again on another, at most
+/// five times. Panics naming `what` if none listens within 30 s.
+pub fn start_listening(what: &str, mut spawn: impl FnMut(u16) -> Child) -> (Child, u16) {
+    for _ in 0..5 {
+        let port = free_port();
+        let mut child = spawn(port);
+        if listening_or_exited(&mut child, port, Duration::from_secs(30), what) {
+            return (child, port);
+        }
+    }
+    panic!("{what}: exited before listening on five free ports in a row");
+}
+
+/// Wait until `child` listens on `port` (true) or exits (false: the port was taken, or
+/// it could not start); panics naming `what` after `limit`.
+pub fn listening_or_exited(child: &mut Child, port: u16, limit: Duration, what: &str) -> bool {
+    let addr = format!("127.0.0.1:{port}");
+    let mut up = false;
+    wait_until(limit, &format!("{what} on port {port}"), || {
+        up = std::net::TcpStream::connect(&addr).is_ok();
+        up || matches!(child.try_wait(), Ok(Some(_)))
+    });
+    up
 }
 
 /// The port a server that bound port 0 reports in the file `log` it writes: the digits
@@ -646,13 +673,6 @@ pub fn reported_port(log: &Path, from: usize, marker: &str, what: &str) -> u16 {
         },
     );
     port.unwrap_or_else(|| panic!("{what}: no port"))
-}
-
-pub fn wait_listening(port: u16, what: &str) {
-    let addr = format!("127.0.0.1:{port}");
-    wait_until(Duration::from_secs(30), what, || {
-        std::net::TcpStream::connect(&addr).is_ok()
-    });
 }
 
 /// SIGTERM, then wait (SIGKILL after 10 s).
