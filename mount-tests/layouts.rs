@@ -1157,9 +1157,10 @@ fn each_layout_over_an_http_store_equals_extracting_each_archive() {
 /// npm lockfile entries npm itself treats apart, on synthetic packages: a bundled
 /// package (`inBundle`) comes inside its parent's tarball, with no tarball of its own;
 /// an alias (`node_modules/nick` of package `real`) is installed under the alias; an
-/// optional package for another OS is skipped, not missing; a workspace link and the
-/// workspace directory are not mounted; a tarball the lockfile does not name is left
-/// out. The bin of the parent is linked and executable.
+/// optional package for another OS or CPU is skipped, not missing, and one for this
+/// machine placed; a workspace link and the workspace directory are not mounted; a
+/// tarball the lockfile does not name is left out. The bin of the parent is linked and
+/// executable.
 #[test]
 fn npm_lockfile_bundled_aliased_optional_workspace_and_unnamed_packages() {
     if !require_tools(&["python3"]) {
@@ -1191,6 +1192,7 @@ a = tgz("a-1.0.0.tgz", {
     "node_modules/b/bin/b.js": (b"#!/usr/bin/env node\n", 0o644),
 })
 real = tgz("real-3.0.0.tgz", {"package.json": pj(name="real", version="3.0.0")})
+x64 = tgz("x64only-1.0.0.tgz", {"package.json": pj(name="x64only", version="1.0.0")})
 tgz("extra-9.9.9.tgz", {"package.json": pj(name="extra", version="9.9.9")})
 json.dump({"name": "proj", "version": "1.0.0", "lockfileVersion": 3, "packages": {
     "": {"name": "proj", "version": "1.0.0", "workspaces": ["packages/ws"]},
@@ -1200,6 +1202,9 @@ json.dump({"name": "proj", "version": "1.0.0", "lockfileVersion": 3, "packages":
                                       "bin": {"b-cli": "bin/b.js"}},
     "node_modules/nick": {"name": "real", "version": "3.0.0", "integrity": real},
     "node_modules/winonly": {"version": "1.0.0", "optional": True, "os": ["win32"]},
+    "node_modules/armonly": {"version": "1.0.0", "optional": True, "cpu": ["arm64"]},
+    "node_modules/x64only": {"version": "1.0.0", "optional": True, "cpu": ["x64"],
+                             "os": ["linux"], "integrity": x64},
     "node_modules/ws": {"resolved": "packages/ws", "link": True},
     "packages/ws": {"name": "ws", "version": "0.0.1"},
 }}, open(lock, "w"))
@@ -1221,7 +1226,9 @@ json.dump({"name": "proj", "version": "1.0.0", "lockfileVersion": 3, "packages":
         ],
     );
     let mp = m.path();
-    assert_eq!(sorted_names(&mp), [".bin", "a", "nick"]);
+    // Optional packages for another os or cpu are left out (not "in no source"); one
+    // for this machine's is placed. (The tests run on x86_64: registry.rs says so.)
+    assert_eq!(sorted_names(&mp), [".bin", "a", "nick", "x64only"]);
     let st = status_json(&mp);
     assert!(!st["packages"].to_string().contains("extra-9.9.9"), "{st}");
     assert_eq!(
