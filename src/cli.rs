@@ -1,7 +1,7 @@
 //! Command-line arguments (clap) and their translation into plain configuration.
 //!
 //! Stage one is [`Cli`], exactly what the user typed; stage two is
-//! [`Command`](crate::config::Command), validated values in [`crate::config`] that the
+//! [`crate::config::Command`], validated values in [`crate::config`] that the
 //! rest of the program uses without knowing about clap (the ripgrep/fd split). The
 //! mount(8) helper's command line and the `-o` options are [`crate::fstab`]'s.
 

@@ -9,10 +9,10 @@
 //! [`run_foreground`] puts the parts together and owns the threads they run on:
 //! the packages ([`Packages`]) become a [`PkgFs`], served by a [`Handler`] through
 //! `fuser`'s workers ([`session::start`]) and, when the kernel agrees, the io_uring
-//! queues ([`uring::start`]); the read-ahead loops ([`read_ahead`]), the status channel
-//! ([`status::serve`]) and live activation ([`Live`]) each get a thread. The main thread
-//! blocks SIGINT/SIGTERM/SIGHUP before any other thread starts and waits for them with
-//! `sigwait`; on a signal it unmounts (lazily if busy) and exits. An external
+//! queues ([`uring::start`]); the read-ahead loops ([`crate::fs::prefetch::start`]), the
+//! status channel ([`status::serve`]) and live activation ([`Live`]) each get a thread.
+//! The main thread blocks SIGINT/SIGTERM/SIGHUP before any other thread starts and
+//! waits for them with `sigwait`; on a signal it unmounts (lazily if busy) and exits. An external
 //! `pkgfs umount` ends the session, which wakes the main thread too.
 
 use std::collections::HashSet;

@@ -4,7 +4,7 @@
 //!
 //! A tar archive has no index, but it needs no pass either: its headers are read where
 //! they are, one positional read each, and the data between them is skipped without
-//! being read ([`super::floor::tar::scan_blob`]). An archive of many entries keeps that index
+//! being read ([`super::floor::tar::walk_blob`]). An archive of many entries keeps that index
 //! in the index cache, so a second mount reads one file instead of one header per
 //! entry. A file's bytes are the archive's bytes: reads go straight to the blob, and the
 //! kernel's page cache of the archive does the rest (nothing is copied into pkgfs's

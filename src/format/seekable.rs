@@ -16,7 +16,7 @@
 //!
 //! Seekable tar.zst files written by other tools have no pkgfs index. They are indexed
 //! once by scanning their tar headers (which decompresses the stream once), and the
-//! result is kept in an index cache (see [`IndexCache`]) so later mounts cost the same as
+//! result is kept in an index cache (see [`super::IndexCache`]) so later mounts cost the same as
 //! for a packed archive.
 
 use std::sync::Arc;

@@ -15,9 +15,10 @@
 //! - **Trust.** An image manifest names the table's digest in the layer's annotations
 //!   (zstd:chunked: `…zstd-chunked.manifest-checksum`, the sha256 of the compressed
 //!   table; eStargz: `containerd.io/snapshot/stargz/toc.digest`, of the JSON). When it
-//!   does ([`super::LayerCheck::toc`]) the table is checked against it, and every chunk
-//!   against the table's digest for it whenever it is decoded: no byte is served that the
-//!   manifest does not vouch for, without reading the whole layer. Without a table digest
+//!   does ([`super::LayerCheck::toc_blob`], [`super::LayerCheck::toc_json`]) the table is
+//!   checked against it, and every chunk against the table's digest for it whenever it
+//!   is decoded: no byte is served that the manifest does not vouch for, without reading
+//!   the whole layer. Without a table digest
 //!   an image layer is checked whole instead (see [`super::open_layer`]).
 //! - **Reads** decode one chunk (a cache unit of at most [`MAX_CHUNK`] bytes): from its
 //!   compressed offset until it has its size, input bounded by where the next chunk

@@ -1,6 +1,6 @@
 //! Zstd streams of independent frames with a seek table (facebook/zstd
 //! `contrib/seekable_format`), read frame by frame: the seek table's parser and writer,
-//! frame decoding, a reader of the whole stream, and [`SeekablePackage`], the read path
+//! frame decoding, a reader of the whole stream, and `SeekablePackage` (`format::seekable`), the read path
 //! whose unit of caching is a frame. pkgfs packages and seekable tar.zst are such streams;
 //! a zstd tarball's frames are read the same way.
 
