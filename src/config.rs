@@ -2,20 +2,15 @@
 //! helper's options, [`crate::fstab`]) validated, with no trace of clap.
 //!
 //! The daemon and the offline tools read these structs and nothing else of the command
-//! line, as mountpoint-s3 keeps its `config.rs` apart from its `cli.rs`. [`Merge`] holds the
-//! options that `mount`, `ls`, `cat` and `check` share, and makes the
-//! [`LoadOptions`] both load with.
+//! line, as mountpoint-s3 keeps its `config.rs` apart from its `cli.rs`. [`Merge`] (the
+//! source layer's: it makes the `LoadOptions` a load takes) holds the options that
+//! `mount`, `ls`, `cat` and `check` share.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::format::IndexCache;
-use crate::io::registry::RegistryConfig;
 use crate::io::remote::RemoteConfig;
-use crate::layout::Config as LayoutConfig;
-use crate::source::LoadOptions;
-use crate::source::image::Platform;
+pub use crate::source::Merge;
 pub use crate::transport::ops::Access;
 use crate::tree::Ownership;
 
@@ -45,51 +40,6 @@ pub const DEFAULT_PREFETCH: &str = "8M";
 pub const DEFAULT_DISK_CACHE: &str = "4G";
 /// Default bound on a remote read, seconds.
 pub const DEFAULT_REMOTE_TIMEOUT: &str = "30";
-
-/// How layers merge and where packages go: the options `mount` and the offline tools
-/// (`ls`, `cat`, `check`) share.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Merge {
-    /// Treat `.wh.` entries as OCI whiteouts.
-    pub whiteouts: bool,
-    /// The platform to take from a multi-platform image.
-    pub platform: Option<Platform>,
-    /// Where each package goes.
-    pub layout: LayoutConfig,
-    /// How registries are reached (`docker://` sources).
-    pub registry: RegistryConfig,
-    /// `--verify`: only what a seal lists, every byte checked.
-    pub verify: Option<crate::source::verify::VerifyConfig>,
-}
-
-impl Merge {
-    /// The options a load of sources takes under these merge settings; the rest (threads,
-    /// owner, caches, remote settings) is the caller's.
-    pub fn load_options(
-        &self,
-        threads: usize,
-        owner: Ownership,
-        cache_bytes: u64,
-        index_cache: Option<PathBuf>,
-        remote: RemoteConfig,
-    ) -> LoadOptions {
-        LoadOptions {
-            threads,
-            owner,
-            cache_bytes,
-            index_cache: index_cache.map(IndexCache::new),
-            whiteouts: self.whiteouts,
-            platform: self.platform.clone(),
-            remote,
-            progress: Some(crate::source::Progress(Arc::new(
-                crate::progress::IndexBars::default(),
-            ))),
-            layout: self.layout.clone(),
-            verify: self.verify.clone(),
-            registry: self.registry.clone(),
-        }
-    }
-}
 
 /// Validated settings of `pkgfs mount`.
 #[derive(Debug, Clone)]

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 
 use super::candidate::Candidate;
-use super::remote::RemoteRef;
+use super::remote::{self, RemoteRef};
+use super::verify::SealedSource;
 use super::{image, verify};
 
 /// The objects of a remote source: (name, blob), in layer order.
@@ -103,7 +104,7 @@ fn remote_source(
     let seal =
         seal.ok_or_else(|| Error::Internal("a remote store's seal was not fetched".into()))?;
     let sealed = Arc::new(verify::open_remote(v.config, &source, seal)?);
-    let out = verify::apply(&sealed, found);
+    let out = seal_candidates(&sealed, found);
     crate::sync::lock(&v.sealed).push(sealed);
     Ok(out)
 }
@@ -154,7 +155,7 @@ fn local_source(src: &Path, verify: Option<&Verifying<'_>>) -> Result<Vec<Candid
     match verify {
         Some(v) => {
             let sealed = Arc::new(verify::open_local(v.config, src)?);
-            let out = verify::apply(&sealed, found.collect());
+            let out = seal_candidates(&sealed, found.collect());
             crate::sync::lock(&v.sealed).push(sealed);
             Ok(out)
         }
@@ -192,4 +193,58 @@ fn unsealed(src: &Path) -> Error {
         "{}: --verify mounts directories and remote stores sealed by `pkgfs seal`, not single files",
         src.display()
     ))
+}
+
+/// The candidates of a sealed source, each checked against the seal: an archive the seal
+/// does not list, or of another size, is refused (and skipped, named); the others read
+/// through their tree. Archives the seal lists that are not there are warned of.
+fn seal_candidates(sealed: &Arc<SealedSource>, candidates: Vec<Candidate>) -> Vec<Candidate> {
+    let mut seen = std::collections::HashSet::new();
+    let out: Vec<Candidate> = candidates
+        .into_iter()
+        .filter(|c| {
+            let n = file_name(c);
+            !(n.starts_with(crate::seal::SEAL_FILE))
+        })
+        .map(|mut c| {
+            let name = file_name(&c);
+            seen.insert(name.clone());
+            // A local file is opened (and its size checked) by the indexing threads, in
+            // parallel: opening 100,000 one after another here took a second.
+            let wrapped = match c.blob.clone() {
+                Some(b) => sealed.wrap(&name, b).map(Some),
+                None => sealed.listed(&name).map(|_| None),
+            };
+            match wrapped {
+                Ok(Some(b)) => c.blob = Some(b),
+                Ok(None) => c.sealed = Some(sealed.clone()),
+                Err(e) => {
+                    log::warn!("{}: {e}", c.path.display());
+                    c.refused = Some(e);
+                }
+            }
+            c
+        })
+        .collect();
+    for a in &sealed.seal.archives {
+        if !seen.contains(&a.name) {
+            log::warn!(
+                "{}: {} is in the seal but not in the store",
+                sealed.source,
+                a.name
+            );
+        }
+    }
+    out
+}
+
+fn file_name(c: &Candidate) -> String {
+    match &c.blob {
+        Some(_) => remote::object_name(&c.path.to_string_lossy()),
+        None => c
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    }
 }

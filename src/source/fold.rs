@@ -22,7 +22,7 @@ use crate::tree::{Ownership, Place, Tree, TreeBuilder};
 use super::candidate::{Candidate, Stamp, looks_like_archive};
 use super::image;
 use super::index::{Deferred, Opened};
-use super::report::{LoadReport, failed};
+use super::report::{Bad, LoadReport, failed};
 
 /// What an active package is: an open archive, or a graft (a directory of its own,
 /// indexed on first use).
@@ -199,10 +199,6 @@ impl Changes {
         }
     }
 }
-
-/// Files that failed, by path, with the stamp they had and why: warned about once, not
-/// retried until they change.
-pub(super) type Bad = HashMap<PathBuf, (Option<Stamp>, Error)>;
 
 /// The placing of indexed archives, one after another in layer order: the layout says
 /// where each goes and the fold takes it in; what went wrong is remembered.

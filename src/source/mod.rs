@@ -48,12 +48,13 @@ pub use index::BACKGROUND_OVER;
 pub use report::{LoadReport, display_archive};
 
 use candidate::{archive_stamp, stat_all};
-use fold::{Active, Bad, Changes, Fold, Placing, drop_conflicts_within_images};
+use fold::{Active, Changes, Fold, Placing, drop_conflicts_within_images};
 use index::{
     Background, INDEX_WINDOW, IndexStream, Indexing, Job, REMOTE_INDEX_THREADS, StreamState,
     index_job,
 };
 use lazy::{LazyContext, LazyPackage};
+use report::Bad;
 use report::log_tree;
 
 /// Settings for [`load`].
@@ -82,6 +83,49 @@ pub struct LoadOptions {
     pub layout: crate::layout::Config,
     /// `--verify`: sources mount only under a seal by an allowed signer.
     pub verify: Option<verify::VerifyConfig>,
+}
+
+/// How layers merge and where packages go: the options `mount` and the offline tools
+/// (`ls`, `cat`, `check`) share.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Merge {
+    /// Treat `.wh.` entries as OCI whiteouts.
+    pub whiteouts: bool,
+    /// The platform to take from a multi-platform image.
+    pub platform: Option<image::Platform>,
+    /// Where each package goes.
+    pub layout: crate::layout::Config,
+    /// How registries are reached (`docker://` sources).
+    pub registry: crate::io::registry::RegistryConfig,
+    /// `--verify`: only what a seal lists, every byte checked.
+    pub verify: Option<verify::VerifyConfig>,
+}
+
+impl Merge {
+    /// The options a load of sources takes under these merge settings; the rest (threads,
+    /// owner, caches, remote settings) is the caller's.
+    pub fn load_options(
+        &self,
+        threads: usize,
+        owner: Ownership,
+        cache_bytes: u64,
+        index_cache: Option<PathBuf>,
+        remote: crate::io::remote::RemoteConfig,
+    ) -> LoadOptions {
+        LoadOptions {
+            threads,
+            owner,
+            cache_bytes,
+            index_cache: index_cache.map(crate::format::IndexCache::new),
+            whiteouts: self.whiteouts,
+            platform: self.platform.clone(),
+            remote,
+            progress: Some(Progress(Arc::new(crate::progress::IndexBars::default()))),
+            layout: self.layout.clone(),
+            verify: self.verify.clone(),
+            registry: self.registry.clone(),
+        }
+    }
 }
 
 /// A shared [`IndexProgress`].

@@ -5,6 +5,7 @@
 //! One home for the words a scan uses about itself, so that the driver, the fold and the
 //! lazy grafts report alike.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use log::{debug, info, warn};
@@ -14,8 +15,11 @@ use crate::format::OpenError;
 use crate::tree::Tree;
 
 use super::candidate::{Candidate, Stamp};
-use super::fold::Bad;
 use super::image;
+
+/// Files that failed, by path, with the stamp they had and why: warned about once, not
+/// retried until they change.
+pub(super) type Bad = HashMap<PathBuf, (Option<Stamp>, Error)>;
 
 /// What happened to each candidate while loading.
 #[derive(Debug, Default)]

@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::candidate::Candidate;
 use super::remote::{self, RemoteRef};
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
@@ -87,7 +86,7 @@ impl SealedSource {
     }
 
     /// The seal's line for the archive `name`; why there is none.
-    fn listed(&self, name: &str) -> Result<&Sealed> {
+    pub(super) fn listed(&self, name: &str) -> Result<&Sealed> {
         self.seal.get(name).ok_or_else(|| {
             Error::Corrupt(format!(
                 "not in the seal of {} (unsealed archives are not mounted)",
@@ -112,7 +111,7 @@ impl SealedSource {
 
     /// `blob` (the archive `name` of the source) checked against the seal, or why it
     /// may not be mounted.
-    fn wrap(&self, name: &str, blob: Arc<dyn Blob>) -> Result<Arc<dyn Blob>> {
+    pub(super) fn wrap(&self, name: &str, blob: Arc<dyn Blob>) -> Result<Arc<dyn Blob>> {
         let a = self.listed(name)?;
         if blob.size() != a.size {
             return Err(Error::Corrupt(format!(
@@ -334,60 +333,6 @@ pub fn open_remote(cfg: &VerifyConfig, source: &str, fetched: RemoteSeal) -> Res
         )
     });
     accept(cfg, source, &root, &sig, trees)
-}
-
-/// The candidates of a sealed source, each checked against the seal: an archive the seal
-/// does not list, or of another size, is refused (and skipped, named); the others read
-/// through their tree. Archives the seal lists that are not there are warned of.
-pub fn apply(sealed: &Arc<SealedSource>, candidates: Vec<Candidate>) -> Vec<Candidate> {
-    let mut seen = std::collections::HashSet::new();
-    let out: Vec<Candidate> = candidates
-        .into_iter()
-        .filter(|c| {
-            let n = file_name(c);
-            !(n.starts_with(seal::SEAL_FILE))
-        })
-        .map(|mut c| {
-            let name = file_name(&c);
-            seen.insert(name.clone());
-            // A local file is opened (and its size checked) by the indexing threads, in
-            // parallel: opening 100,000 one after another here took a second.
-            let wrapped = match c.blob.clone() {
-                Some(b) => sealed.wrap(&name, b).map(Some),
-                None => sealed.listed(&name).map(|_| None),
-            };
-            match wrapped {
-                Ok(Some(b)) => c.blob = Some(b),
-                Ok(None) => c.sealed = Some(sealed.clone()),
-                Err(e) => {
-                    log::warn!("{}: {e}", c.path.display());
-                    c.refused = Some(e);
-                }
-            }
-            c
-        })
-        .collect();
-    for a in &sealed.seal.archives {
-        if !seen.contains(&a.name) {
-            log::warn!(
-                "{}: {} is in the seal but not in the store",
-                sealed.source,
-                a.name
-            );
-        }
-    }
-    out
-}
-
-fn file_name(c: &Candidate) -> String {
-    match &c.blob {
-        Some(_) => remote::object_name(&c.path.to_string_lossy()),
-        None => c
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-    }
 }
 
 /// The seals a verified mount took, as `pkgfs status` shows them (kept by [`Seals`]).

@@ -12,10 +12,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use crate::config::Merge;
 use crate::error::Error;
 use crate::format::{IndexCache, OpenContext};
 use crate::fs::PkgFs;
+pub use crate::source::Merge;
 use crate::source::{self, LoadReport, display_archive};
 use crate::tree::view::View;
 use crate::tree::{Kind, Ownership, ROOT_INO};
