@@ -1531,16 +1531,7 @@ fn soci_indexes_spare_gzip_layers_their_pass() {
             ))],
             &["--tls-verify=false", "--no-index-cache", "--no-disk-cache"],
         );
-        let st = status_json(&m.path());
-        let packages = st["packages"].as_array().unwrap();
-        assert!(!packages.is_empty(), "{fault}: {st}");
-        for p in packages {
-            assert_eq!(
-                (&p["index"], &p["checked"]),
-                (&"pass".into(), &"digest".into()),
-                "{fault}: {p}"
-            );
-        }
+        every_layer_passed_and_digest_checked(&m.path(), fault);
         let said_where = format!("{}{}", m.stderr, m.log_text());
         assert!(said_where.contains(said), "{fault}: {said_where}");
         trees_match(&reference, &m.path(), &[]);
@@ -2080,14 +2071,20 @@ fn soci_v1_indexes_are_found_among_referrers() {
             dir.path().join("c2").to_str().unwrap(),
         ],
     );
-    let st = status_json(&pinned.path());
+    every_layer_passed_and_digest_checked(&pinned.path(), "pinned");
+}
+
+/// Every layer of the mount at `mp` was indexed by a pass over its bytes, its digest
+/// checked (no SOCI index used); there is at least one. `what` names the case.
+fn every_layer_passed_and_digest_checked(mp: &Path, what: &str) {
+    let st = status_json(mp);
     let packages = st["packages"].as_array().unwrap();
-    assert!(!packages.is_empty(), "{st}");
+    assert!(!packages.is_empty(), "{what}: {st}");
     for p in packages {
         assert_eq!(
             (&p["index"], &p["checked"]),
             (&"pass".into(), &"digest".into()),
-            "{p}"
+            "{what}: {p}"
         );
     }
 }
