@@ -50,7 +50,7 @@ demo-stop MNT="/mnt":
 # and plots go to docs/bench/ and docs/img/.
 # All benchmarks on the Linux source: packing, the peer comparison, the scaling run,
 # gzip tarballs; and container images.
-bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify
+bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates
 
 # Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
@@ -115,3 +115,10 @@ bench-registry WORKDIR="/var/tmp/pkgfs-bench":
 bench-verify WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release --bin pkgfs --example delayproxy
     python3 bench/verify.py {{WORKDIR}} docs/bench/verify.json
+
+# A package cache of gzip tarballs read whole (this machine's cargo cache, one .crate a
+# package): the extracted tree against pkgfs --layout each (first mount and indexes
+# cached) and merged, with gzip's decode limit (a few minutes; release build first).
+bench-crates WORKDIR="/var/tmp/pkgfs-bench":
+    cargo build --release
+    python3 bench/crates.py {{WORKDIR}} docs/bench/crates.json
