@@ -15,7 +15,7 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
 
 use crate::common::{
-    Mount, UmountGuard, is_mountpoint, pkgfs, repo, require_tools, run, status_json,
+    Mount, UmountGuard, is_mountpoint, pkgfs, repo, require_tools, run, skipped_rows, status_json,
     transport_args, trees_match, wait_until,
 };
 
@@ -1081,12 +1081,7 @@ fn each_layout_refuses_colliding_names_and_leaves_out_non_archives() {
     assert_eq!(fs::read(mp.join("a/from-tgz.txt")).unwrap(), b"tgz\n");
     assert_eq!(sorted_names(&mp.join("b")), ["from-zip.txt"]);
     let st = status_json(&mp);
-    let skipped: Vec<String> = st["skipped"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| format!("{} {}", r["path"], r["reason"]))
-        .collect();
+    let skipped: Vec<String> = skipped_rows(&st);
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert!(
         skipped[0].contains("a.zip")

@@ -1754,13 +1754,18 @@ fn podman_pulls_through_the_layer_store() {
             .iter()
             .map(|l| l["digest"].as_str().unwrap())
             .collect();
-        let rows: Vec<&serde_json::Value> = st["store"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["reference"] == pulled.as_str())
-            .filter(|r| digests.contains(&r["digest"].as_str().unwrap()))
-            .collect();
+        // The store's rows of the pulled image's layers.
+        let rows_of = |st: &serde_json::Value| -> Vec<serde_json::Value> {
+            st["store"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["reference"] == pulled.as_str())
+                .filter(|r| digests.contains(&r["digest"].as_str().unwrap()))
+                .cloned()
+                .collect()
+        };
+        let rows = rows_of(&st);
         assert_eq!(rows.len(), layers.len(), "{st}");
         for r in &rows {
             assert!(r["uses"].as_u64().unwrap() >= 1, "{r}");
@@ -1845,13 +1850,7 @@ fn podman_pulls_through_the_layer_store() {
         podman.run(&["image", "unmount", &pulled]);
         podman.run(&["rmi", &pulled]);
         let st = status_json(&store.path());
-        let rows: Vec<&serde_json::Value> = st["store"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["reference"] == pulled.as_str())
-            .filter(|r| digests.contains(&r["digest"].as_str().unwrap()))
-            .collect();
+        let rows = rows_of(&st);
         assert_eq!(rows.len(), layers.len(), "{st}");
         for r in rows {
             assert!(r["released"].as_u64().unwrap() >= 1, "{r}");

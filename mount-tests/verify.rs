@@ -11,8 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::{
-    Mount, expect_matches, fixtures, pkgfs, repo, require_fuse, require_tools, run, status_json,
-    wait_until,
+    Mount, expect_matches, fixtures, pkgfs, repo, require_fuse, require_tools, run, skipped_rows,
+    status_json, wait_until,
 };
 use crate::remote::{Moto, Nginx, big_zip};
 
@@ -267,12 +267,7 @@ fn a_sealed_directory_mounts_checked_and_tampering_is_caught() {
     }
     let st = status_json(&m.path());
     assert!(st["seals"][0]["failures"].as_u64().unwrap() >= 1, "{st}");
-    let skipped: Vec<String> = st["skipped"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| format!("{} {}", r["path"], r["reason"]))
-        .collect();
+    let skipped: Vec<String> = skipped_rows(&st);
     assert!(
         skipped
             .iter()

@@ -419,6 +419,16 @@ pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The skipped archives of a `pkgfs status --json` report, one `"PATH" "REASON"` each.
+pub fn skipped_rows(st: &serde_json::Value) -> Vec<String> {
+    st["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {}", r["path"], r["reason"]))
+        .collect()
+}
+
 /// `pkgfs status --json` of the mount at `mp`.
 pub fn status_json(mp: &Path) -> serde_json::Value {
     let out = pkgfs()
