@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{
     Mount, page_cache_dropped, pkgfs, repo, reported_port, require_fuse, require_tools, run,
-    status_json, terminate, test_python, trees_match, wait_until,
+    spawn_fault_proxy, status_json, terminate, test_python, trees_match, wait_until,
 };
 use crate::images::{images, in_runc, runs_its_programs};
 use crate::remote::Moto;
@@ -983,23 +983,8 @@ struct FaultProxy {
 impl FaultProxy {
     fn start(upstream: u16) -> FaultProxy {
         let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("stdout");
-        let child = Command::new("python3")
-            .arg(repo().join("mount-tests/faultproxy.py"))
-            .arg("0")
-            .arg(upstream.to_string())
-            .arg(dir.path().join("control.json"))
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&out).unwrap())
-            .spawn()
-            .unwrap();
-        let mut p = FaultProxy {
-            child,
-            port: 0,
-            dir,
-        };
-        p.port = reported_port(&out, 0, "PORT ", "the fault proxy");
-        p
+        let (child, port) = spawn_fault_proxy(upstream, dir.path());
+        FaultProxy { child, port, dir }
     }
 
     fn control(&self, json: &str) {

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    Mount, fixtures, listening_or_exited, pkgfs, repo, reported_port, require_tools, run,
+    Mount, fixtures, listening_or_exited, pkgfs, require_tools, run, spawn_fault_proxy,
     start_listening, status_json, terminate, test_python, trees_match, wait_until,
 };
 
@@ -127,18 +127,7 @@ impl Proxy {
     fn start(upstream: u16) -> Proxy {
         let dir = tempfile::tempdir().unwrap();
         let control = dir.path().join("control.json");
-        let out = dir.path().join("stdout");
-        let child = Command::new("python3")
-            .arg(repo().join("mount-tests/faultproxy.py"))
-            .arg("0")
-            .arg(upstream.to_string())
-            .arg(&control)
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&out).unwrap())
-            .spawn()
-            .unwrap();
-        // It binds a port of the system's choice and reports it.
-        let port = reported_port(&out, 0, "PORT ", "the fault proxy");
+        let (child, port) = spawn_fault_proxy(upstream, dir.path());
         Proxy {
             child,
             port,

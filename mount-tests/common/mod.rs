@@ -685,6 +685,23 @@ pub fn reported_port(log: &Path, from: usize, marker: &str, what: &str) -> u16 {
     port.unwrap_or_else(|| panic!("{what}: no port"))
 }
 
+/// `faultproxy.py` in front of `upstream` on a port of the system's choice (returned),
+/// its control file `DIR/control.json` (and its logs beside it), its output `DIR/stdout`.
+pub fn spawn_fault_proxy(upstream: u16, dir: &Path) -> (Child, u16) {
+    let out = dir.join("stdout");
+    let child = Command::new("python3")
+        .arg(repo().join("mount-tests/faultproxy.py"))
+        .arg("0")
+        .arg(upstream.to_string())
+        .arg(dir.join("control.json"))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .spawn()
+        .unwrap();
+    let port = reported_port(&out, 0, "PORT ", "the fault proxy");
+    (child, port)
+}
+
 /// SIGTERM, then wait (SIGKILL after 10 s).
 pub fn terminate(c: &mut Child) {
     // SAFETY: signalling a child we spawned and have not reaped.
