@@ -66,6 +66,15 @@ enum CliCommand {
     /// Unmount a pkgfs mount (lazily if it is busy).
     #[command(alias = "unmount")]
     Umount(UmountArgs),
+    /// Replace the process serving a mount with the installed pkgfs, without a reader
+    /// seeing an error (after an upgrade; or to try again after the keeper gave up).
+    ///
+    /// The mount's keeper starts the installed binary beside the running server; once
+    /// the new one serves, the old one is stopped and the kernel sends it again what it
+    /// had not answered. A new server that cannot take over (its sources changed, or
+    /// another handover format) exits, the old one keeps serving, and this command says
+    /// why and fails.
+    Reload(ReloadArgs),
     /// List the merged tree (recursively from PATH) with the package of each entry.
     ///
     /// The last argument is taken as PATH when there are several and it does not exist
@@ -274,6 +283,15 @@ struct ServeArgs {
     /// Stay in the foreground; unmount on SIGINT/SIGTERM/SIGHUP.
     #[arg(short, long)]
     foreground: bool,
+    /// No keeper: the process that serves the mount holds its connection, and the mount
+    /// dies with it (ENOTCONN). By default (as root) a small keeper holds it and starts
+    /// a new server when one dies; FUSE over io_uring is only used without a keeper.
+    #[arg(long)]
+    no_keeper: bool,
+    /// How many servers the keeper starts within a window before it gives up and every
+    /// request fails with EIO (until `pkgfs reload`): COUNT/DURATION.
+    #[arg(long, value_name = "COUNT/DURATION", default_value = "3/60s")]
+    restart_limit: String,
     /// Byte budget of the decompressed-block cache (K, M, G suffixes).
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_CACHE)]
     cache_size: String,
@@ -282,7 +300,8 @@ struct ServeArgs {
     threads: Option<usize>,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
     /// suid, dev (both off by default), fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
-    /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, disk_cache=DIR,
+    /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, no_keeper,
+    /// restart_limit=COUNT/DURATION, disk_cache=DIR,
     /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
     /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, authfile=FILE,
     /// cert_dir=DIR, tls_verify=BOOL, no_background_fetch; options
@@ -339,6 +358,12 @@ struct StatusArgs {
     /// all of them, or those with the most path conflicts).
     #[arg(long)]
     packages: bool,
+}
+
+#[derive(Debug, Args)]
+struct ReloadArgs {
+    /// The mountpoint.
+    mountpoint: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -555,6 +580,9 @@ impl Cli {
                 mountpoint: u.mountpoint,
                 lazy: u.lazy,
             },
+            CliCommand::Reload(r) => Command::Reload {
+                mountpoint: r.mountpoint,
+            },
             CliCommand::Ls(l) => {
                 let mut args = l.args;
                 let path = if args.len() > 1
@@ -749,6 +777,8 @@ fn serve_config(
         },
         watch: false,
         io_uring: s.io_uring == "auto",
+        keeper: !s.no_keeper,
+        restart_limit: crate::config::parse_restart_limit(&s.restart_limit)?,
         remote: RemoteConfig {
             read_timeout: parse_duration(&s.remote_timeout)?,
             disk_cache: if s.no_disk_cache {

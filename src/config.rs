@@ -78,8 +78,12 @@ pub struct MountConfig {
     pub index_cache: Option<PathBuf>,
     /// Watch source directories and activate packages as they come and go.
     pub watch: bool,
-    /// Use FUSE over io_uring if the kernel offers it.
+    /// Use FUSE over io_uring if the kernel offers it (and no keeper is used).
     pub io_uring: bool,
+    /// A keeper holds the connection and restarts the server (`crate::keeper`).
+    pub keeper: bool,
+    /// When the keeper gives up.
+    pub restart_limit: crate::keeper::RestartLimit,
     /// Timeouts, retries and disk cache of remote sources.
     pub remote: RemoteConfig,
     /// List remote sources again this often (None: never).
@@ -100,6 +104,11 @@ pub enum Command {
         mountpoint: PathBuf,
         /// Text, text with every package, or JSON.
         style: crate::status::Style,
+    },
+    /// Replace a mount's server.
+    Reload {
+        /// The mountpoint.
+        mountpoint: PathBuf,
     },
     /// Unmount.
     Umount {
@@ -141,6 +150,20 @@ pub enum Command {
     Completions(clap_complete::Shell),
     /// Write the man pages to this directory.
     Manpages(PathBuf),
+}
+
+/// Parse a restart limit: `COUNT/DURATION`, as `3/60s`.
+pub fn parse_restart_limit(s: &str) -> Result<crate::keeper::RestartLimit, UsageError> {
+    let bad = || {
+        UsageError(format!(
+            "restart limit {s:?}: want COUNT/DURATION, as 3/60s"
+        ))
+    };
+    let (count, window) = s.split_once('/').ok_or_else(bad)?;
+    Ok(crate::keeper::RestartLimit {
+        count: count.trim().parse().map_err(|_| bad())?,
+        window: parse_duration(window.trim())?,
+    })
 }
 
 /// Parse a duration: `30` (seconds), `30s`, `500ms`, `5m`, `1h`.

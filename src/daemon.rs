@@ -29,16 +29,19 @@ use crate::config::MountConfig;
 use crate::format::IndexCache;
 use crate::fs::prefetch::{self, HINT_QUEUE};
 use crate::fs::{KernelCache, PkgFs};
+use crate::keeper::wire::{self, KeeperReport, ToKeeper, ToServer};
 use crate::source::live::Activity;
 use crate::source::live::{Activator, Live, skipped_list};
 use crate::source::store::{LayerStore, StoreOptions};
 use crate::source::watch::Watcher;
 use crate::source::{LoadOptions, Packages};
 use crate::status::{self, MountInfo};
+use crate::transport::device;
 use crate::transport::fuse::{Fuse, KernelNotifier};
 use crate::transport::ops::{AccessRule, Handler};
 use crate::transport::session::{self, MountOptions, SessionError};
 use crate::transport::uring::{self, RingStats};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// Environment variable that marks the background child of `pkgfs mount`.
 const READY_ENV: &str = "PKGFS_READY_PIPE";
@@ -92,20 +95,118 @@ pub enum DaemonError {
     /// to print, only the exit status.
     #[error("the daemon failed")]
     Reported,
+    /// The keeper failed (mounting, or starting its server).
+    #[error(transparent)]
+    Keeper(#[from] crate::keeper::KeeperError),
+    /// A server could not talk to its keeper.
+    #[error(transparent)]
+    Wire(#[from] crate::keeper::wire::WireError),
+    /// This server may not take over the mount (it exits; the mount stays with its
+    /// keeper).
+    #[error("not taking over the mount: {0}")]
+    Refused(String),
+    /// `pkgfs reload` did not replace the server.
+    #[error("reload of {mountpoint}: {why}")]
+    Reload {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// What the keeper said.
+        why: String,
+    },
 }
 
 /// `pkgfs mount`: mount in the foreground, or start a background daemon and wait for it.
 /// `args` is the `pkgfs mount …` command line (after any mount-helper translation); the
 /// background daemon is started with it.
 pub fn mount(cfg: &MountConfig, args: &[std::ffi::OsString]) -> Result<(), DaemonError> {
+    if let Some(sock) = keeper_socket() {
+        // A server started by a keeper: the mountpoint is (or is about to be) the
+        // keeper's mount, served by nobody until this process serves it, so nothing
+        // here may touch it before then.
+        return run_foreground(cfg, Some(sock));
+    }
     check_sources(cfg)?;
     session::prepare_mountpoint(&cfg.mountpoint)?;
     refuse_hidden_sources(cfg)?;
     check_fuse()?;
     if cfg.foreground || std::env::var_os(READY_ENV).is_some() {
-        run_foreground(cfg)
+        if use_keeper(cfg) {
+            run_keeper(cfg, args)
+        } else {
+            run_foreground(cfg, None)
+        }
     } else {
         spawn_background(args)
+    }
+}
+
+/// `pkgfs reload`: ask the mount's keeper to replace its server.
+pub fn reload(mountpoint: &Path) -> Result<(), DaemonError> {
+    let said = crate::keeper::ask_reload(mountpoint).map_err(|why| DaemonError::Reload {
+        mountpoint: mountpoint.to_path_buf(),
+        why,
+    })?;
+    info!("{}: {said}", mountpoint.display());
+    Ok(())
+}
+
+/// The keeper's socket, if this process is a server a keeper started.
+fn keeper_socket() -> Option<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let fd: i32 = std::env::var(crate::keeper::wire::SERVER_FD_ENV)
+        .ok()?
+        .parse()
+        .ok()?;
+    // SAFETY: is it open? F_GETFD only reads the descriptor's flags.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: the keeper passed this descriptor to us alone; nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: as above; close-on-exec again, so nothing this process starts inherits it.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    Some(sock)
+}
+
+/// Whether a keeper holds this mount's connection: asked for (the default), and as
+/// root (a user's mount goes through `fusermount3`, which the keeper does not speak).
+fn use_keeper(cfg: &MountConfig) -> bool {
+    if !cfg.keeper {
+        return false;
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        info!("no keeper: only root's mounts have one (a user mounts through fusermount3)");
+        return false;
+    }
+    true
+}
+
+/// Be the keeper of this mount: start servers, hold the connection (`crate::keeper`).
+fn run_keeper(cfg: &MountConfig, args: &[std::ffi::OsString]) -> Result<(), DaemonError> {
+    let exe = std::env::current_exe().map_err(|source| DaemonError::Start {
+        what: "the keeper (own executable)",
+        source,
+    })?;
+    let background = std::env::var_os(READY_ENV).is_some();
+    let log = cfg.log_file.clone();
+    let kc = crate::keeper::KeeperConfig {
+        exe,
+        args: args.iter().skip(1).cloned().collect(),
+        env: Vec::new(),
+        mount: mount_options(cfg),
+        limit: cfg.restart_limit,
+        on_ready: Box::new(move || {
+            if background {
+                detach_output(log.as_deref());
+            }
+        }),
+    };
+    match crate::keeper::run(kc) {
+        Ok(()) => Ok(()),
+        // The first server said why, on the same terminal.
+        Err(crate::keeper::KeeperError::FirstServer(_)) => Err(DaemonError::Reported),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -290,7 +391,11 @@ fn spawn(
 /// 7. Ready: only now is `pkgfs mount` told (output detached), so a script that uses
 ///    the mountpoint at once finds everything up.
 /// 8. [`wait_for_end`]: `sigwait` until a signal or the session's end.
-pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
+///
+/// `keeper`: this process is a server a keeper started ([`crate::keeper`]); stage 4
+/// then takes the keeper's connection instead of mounting, and a signal ends the
+/// process without unmounting (the keeper holds the mount and starts another server).
+pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), DaemonError> {
     let signals = prepare_process();
     let mut packages = Packages::new(cfg.sources.clone(), load_options(cfg));
     let watcher = watch_sources(cfg, &packages)?;
@@ -301,7 +406,12 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         let (fs, activity) = first_scan(cfg, &mut packages, watcher.is_some())?;
         (fs, activity, None)
     };
-    let (session, kernel, rings) = serve(cfg, &fs)?;
+    let (session, kernel, rings, kept) = serve(cfg, &fs, keeper)?;
+    if let Some(k) = kept.clone() {
+        fs.on_change(Box::new(move || {
+            let _ = k.say(&ToKeeper::Changed);
+        }));
+    }
     let info = MountInfo {
         mountpoint: session::mount_path(&cfg.mountpoint),
         sources: cfg.sources.clone(),
@@ -317,6 +427,7 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
             .verify
             .is_some()
             .then(|| packages.seals() as Arc<dyn crate::source::verify::SealState>),
+        keeper: kept.as_ref().map(|k| k.report.clone()),
     };
     match session::raise_readahead(&cfg.mountpoint) {
         Some(dev) => {
@@ -330,10 +441,13 @@ pub fn run_foreground(cfg: &MountConfig) -> Result<(), DaemonError> {
         go_live(w, packages, fs, kernel, activity)?;
     }
     info!("mounted at {}", cfg.mountpoint.display());
+    if let Some(k) = &kept {
+        k.say(&ToKeeper::Ready)?;
+    }
     if std::env::var_os(READY_ENV).is_some() {
         detach_output(cfg.log_file.as_deref());
     }
-    wait_for_end(cfg, session, &signals)
+    wait_for_end(cfg, session, &signals, kept.is_some())
 }
 
 /// Stage 1: the signal mask (before any thread), the descriptor limit, the allocator.
@@ -441,34 +555,81 @@ fn open_store(cfg: &MountConfig, packages: &Packages) -> Result<StoreServed, Dae
 type StoreServed = (Arc<PkgFs>, Arc<dyn crate::source::store::StoreState>);
 
 /// What serving a mount starts: the session, the kernel's caches through its notifier,
-/// and the rings' state.
+/// the rings' state, and the keeper if one holds the connection.
 type Serving = (
     fuser::BackgroundSession,
     Arc<dyn KernelCache>,
     Arc<RingStats>,
+    Option<Kept>,
 );
 
-/// Stage 4: the session (fuser's workers; INIT done), the io_uring queues if INIT agreed
-/// to them, the read-ahead threads.
-fn serve(cfg: &MountConfig, fs: &Arc<PkgFs>) -> Result<Serving, DaemonError> {
-    let (hints_tx, hints) = mpsc::sync_channel(HINT_QUEUE);
-    let hints_tx = (cfg.prefetch_bytes > 0).then_some(hints_tx);
-    let handler = Arc::new(Handler::new(fs.clone(), hints_tx));
-    let rings = Arc::new(RingStats::default());
-    let access = AccessRule::for_this_process(cfg.access);
-    let fuse = Fuse::new(handler.clone(), cfg.io_uring.then(|| rings.clone()));
-    let options = MountOptions {
+/// A server's line to its keeper, and what the keeper last said of itself.
+#[derive(Clone)]
+struct Kept {
+    sock: Arc<OwnedFd>,
+    report: Arc<Mutex<KeeperReport>>,
+}
+
+impl Kept {
+    fn say(&self, msg: &ToKeeper) -> Result<(), DaemonError> {
+        Ok(wire::send(self.sock.as_fd(), msg, None)?)
+    }
+
+    /// Keep the report up to date with what the keeper sends (`pkgfs-keeper` thread).
+    fn listen(&self) -> Result<(), DaemonError> {
+        let (sock, report) = (self.sock.clone(), self.report.clone());
+        spawn("pkgfs-keeper", "the keeper's listener", move || {
+            while let Ok((msg, _)) = wire::recv::<ToServer>(sock.as_fd()) {
+                if let ToServer::Report { report: r } = msg {
+                    *crate::sync::lock(&report) = r;
+                }
+            }
+        })
+    }
+}
+
+/// The kernel-facing options of this mount.
+fn mount_options(cfg: &MountConfig) -> MountOptions {
+    MountOptions {
         mountpoint: cfg.mountpoint.clone(),
         fsname: cfg.fsname.clone(),
-        access,
+        access: AccessRule::for_this_process(cfg.access),
         noexec: cfg.noexec,
         noatime: cfg.noatime,
         suid: cfg.suid,
         dev: cfg.dev,
         threads: cfg.threads,
         signals: cfg.store,
+    }
+}
+
+/// Stage 4: the session (fuser's workers; INIT done), the io_uring queues if INIT agreed
+/// to them, the read-ahead threads. Under a keeper the session takes the keeper's
+/// connection ([`take_over`]) and io_uring is not used (a ring belongs to the process
+/// that set it up: a new server could not take it over).
+fn serve(
+    cfg: &MountConfig,
+    fs: &Arc<PkgFs>,
+    keeper: Option<OwnedFd>,
+) -> Result<Serving, DaemonError> {
+    let (hints_tx, hints) = mpsc::sync_channel(HINT_QUEUE);
+    let hints_tx = (cfg.prefetch_bytes > 0).then_some(hints_tx);
+    let handler = Arc::new(Handler::new(fs.clone(), hints_tx));
+    let rings = Arc::new(RingStats::default());
+    let options = mount_options(cfg);
+    let access = options.access;
+    let uring = (cfg.io_uring && keeper.is_none()).then(|| rings.clone());
+    let fuse = Fuse::new(handler.clone(), uring);
+    let (session, dev_fd, kept) = match keeper {
+        None => {
+            let (session, dev) = session::start(fuse, &options)?;
+            (session, dev, None)
+        }
+        Some(sock) => {
+            let (session, kept) = take_over(fuse, &options, sock, fs)?;
+            (session, None, Some(kept))
+        }
     };
-    let (session, dev_fd) = session::start(fuse, &options)?;
     if rings.agreed.load(std::sync::atomic::Ordering::Acquire) {
         match dev_fd {
             None => warn!("no second /dev/fuse descriptor: not using io_uring"),
@@ -487,7 +648,87 @@ fn serve(cfg: &MountConfig, fs: &Arc<PkgFs>) -> Result<Serving, DaemonError> {
             },
         )?;
     }
-    Ok((session, kernel, rings))
+    Ok((session, kernel, rings, kept))
+}
+
+/// Set once a server has its keeper's socket: a panic tells the keeper (the cause it
+/// shows if the server dies of it).
+static PANIC_LINE: std::sync::OnceLock<Arc<OwnedFd>> = std::sync::OnceLock::new();
+
+/// Take the keeper's connection: say what this server's numbering is, receive the
+/// descriptor and the kernel's INIT, replay it into a session (the first server also
+/// answers the kernel; a later one checks it would have answered the same), serve.
+fn take_over(
+    fuse: Fuse,
+    options: &MountOptions,
+    sock: OwnedFd,
+    fs: &PkgFs,
+) -> Result<(fuser::BackgroundSession, Kept), DaemonError> {
+    let sock = Arc::new(sock);
+    if PANIC_LINE.set(sock.clone()).is_ok() {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |p| {
+            if let Some(s) = PANIC_LINE.get() {
+                let message = p.to_string();
+                let _ = wire::send(s.as_fd(), &ToKeeper::Panicked { message }, None);
+            }
+            prev(p);
+        }));
+    }
+    let hello = ToKeeper::Hello {
+        wire: wire::WIRE,
+        digest: fs.numbering_digest(),
+    };
+    wire::send(sock.as_fd(), &hello, None)?;
+    let (init, reply, report, dev) = loop {
+        let (msg, dev) = wire::recv::<ToServer>(sock.as_fd())?;
+        match msg {
+            ToServer::Refuse { why } => return Err(DaemonError::Refused(why)),
+            ToServer::Take {
+                init,
+                reply,
+                report,
+            } => break (init, reply, report, dev),
+            ToServer::Report { .. } => continue,
+        }
+    };
+    let dev = dev.ok_or_else(|| DaemonError::Refused("the keeper sent no descriptor".into()))?;
+    let answer = dev.try_clone().map_err(|source| DaemonError::Start {
+        what: "the session (a copy of the keeper's descriptor)",
+        source,
+    })?;
+    let (session, ours) = session::adopt(fuse, dev, &init, options)?;
+    match &reply {
+        None => device::write_all(answer.as_fd(), &ours).map_err(|source| {
+            DaemonError::Session(session::SessionError::Mount {
+                path: options.mountpoint.clone(),
+                source,
+            })
+        })?,
+        Some(first) if *first != ours => {
+            return Err(DaemonError::Refused(
+                "this server answers the kernel's INIT otherwise than the first did (another \
+                 version's capabilities), and the kernel keeps the first answer"
+                    .into(),
+            ));
+        }
+        Some(_) => {}
+    }
+    drop(answer);
+    let session = session.spawn().map_err(|source| {
+        DaemonError::Session(session::SessionError::Mount {
+            path: options.mountpoint.clone(),
+            source,
+        })
+    })?;
+    let kept = Kept {
+        sock,
+        report: Arc::new(Mutex::new(report)),
+    };
+    kept.listen()?;
+    kept.say(&ToKeeper::Serving { reply: ours })?;
+    info!("serving the keeper's connection");
+    Ok((session, kept))
 }
 
 /// Stage 6: live activation on the `pkgfs-watch` thread, archives needing a long pass
@@ -514,6 +755,7 @@ fn wait_for_end(
     cfg: &MountConfig,
     session: fuser::BackgroundSession,
     set: &libc::sigset_t,
+    kept: bool,
 ) -> Result<(), DaemonError> {
     let (done_tx, done_rx) = mpsc::channel();
     spawn("pkgfs-session", "the session thread", move || {
@@ -530,6 +772,10 @@ fn wait_for_end(
         }
         if sig == libc::SIGUSR1 {
             info!("unmounted; exiting");
+            break;
+        }
+        if kept {
+            info!("signal {sig}: exiting; the keeper holds the mount");
             break;
         }
         info!("signal {sig}: unmounting {}", cfg.mountpoint.display());

@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! daemon, cli, tools      wiring, arguments, offline commands
+//! keeper                  holds a mount's connection across its servers' lives
 //! source, status          finding, indexing, watching archives; the status report
 //! layout                  where each package goes (merge, each, npm, cargo)
 //! transport               the operation layer (ops) and its codecs: fuse, uring
@@ -33,6 +34,7 @@ pub mod format;
 pub mod fs;
 pub mod fstab;
 pub mod io;
+pub mod keeper;
 pub mod layout;
 pub mod progress;
 pub mod seal;

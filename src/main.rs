@@ -17,6 +17,7 @@ fn main() -> ExitCode {
     let result: Outcome = match command {
         Command::Mount(cfg) => done(daemon::mount(&cfg, &args)),
         Command::Umount { mountpoint, lazy } => done(daemon::unmount(&mountpoint, lazy)),
+        Command::Reload { mountpoint } => done(daemon::reload(&mountpoint)),
         Command::Status { mountpoint, style } => status::query(&mountpoint, style)
             .map_err(Into::into)
             .and_then(|s| done(out.write_all(s.as_bytes()))),

@@ -58,6 +58,8 @@ pub struct MountInfo {
     pub store: Option<Arc<dyn StoreState>>,
     /// `--verify`: the seals of the sources.
     pub seals: Option<Arc<dyn SealState>>,
+    /// The keeper that holds the mount's connection, if one does (`crate::keeper`).
+    pub keeper: Option<Arc<Mutex<crate::keeper::wire::KeeperReport>>>,
 }
 
 fn secs(t: SystemTime) -> u64 {
@@ -194,6 +196,13 @@ struct Requests {
 struct Report {
     mountpoint: String,
     pid: u32,
+    /// The process serving requests (the same as `pid`).
+    server_pid: u32,
+    /// The process holding the connection: it restarts the server (None: no keeper,
+    /// the mount dies with its server).
+    keeper_pid: Option<u32>,
+    /// Restarts, their last cause and pause.
+    keeper: Option<crate::keeper::wire::KeeperReport>,
     uptime_s: u64,
     watching: bool,
     whiteouts: bool,
@@ -283,6 +292,12 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
     Report {
         mountpoint: info.mountpoint.display().to_string(),
         pid: std::process::id(),
+        server_pid: std::process::id(),
+        keeper_pid: info
+            .keeper
+            .as_ref()
+            .map(|k| crate::sync::lock(k).keeper_pid),
+        keeper: info.keeper.as_ref().map(|k| crate::sync::lock(k).clone()),
         uptime_s: info.started.elapsed().unwrap_or(Duration::ZERO).as_secs(),
         watching: info.watching,
         whiteouts: info.whiteouts,
@@ -474,6 +489,25 @@ fn text_mount(o: &mut String, r: &Report) {
         "pkgfs at {} (pid {}, up {} s)",
         r.mountpoint, r.pid, r.uptime_s
     );
+    match &r.keeper {
+        Some(k) => {
+            let _ = write!(
+                o,
+                "keeper: pid {} holds the connection; {} restarts ({} reloads, limit {})",
+                k.keeper_pid, k.restarts, k.reloads, k.restart_limit
+            );
+            if let Some(c) = &k.last_cause {
+                let _ = write!(o, "; last: {c}");
+            }
+            if let Some(ms) = k.last_pause_ms {
+                let _ = write!(o, ", readers paused {ms} ms");
+            }
+            let _ = writeln!(o);
+        }
+        None => {
+            let _ = writeln!(o, "keeper: none (the mount ends with this process)");
+        }
+    }
     let _ = writeln!(
         o,
         "sources: {} ({})",
@@ -736,8 +770,9 @@ fn address(dev: u64) -> std::io::Result<SocketAddr> {
     SocketAddr::from_abstract_name(format!("pkgfs-status-{dev}").as_bytes())
 }
 
-/// The user id of the process at the other end of `s`.
-fn peer_uid(s: &UnixStream) -> Option<u32> {
+/// The user id of the process at the other end of `s` (status and the keeper's reload
+/// channel answer only it and root).
+pub fn peer_uid(s: &UnixStream) -> Option<u32> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,
@@ -933,6 +968,7 @@ mod tests {
             remote: None,
             store: None,
             seals: None,
+            keeper: None,
         }
     }
 
@@ -1056,6 +1092,7 @@ mod tests {
             remote: None,
             store: None,
             seals: None,
+            keeper: None,
         };
         let release = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));

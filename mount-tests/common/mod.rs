@@ -27,11 +27,12 @@ pub fn transport() -> Transport {
     TRANSPORT.with(Cell::get)
 }
 
-/// The `pkgfs mount` arguments that choose [`transport`].
-pub fn transport_args() -> [&'static str; 2] {
+/// The `pkgfs mount` arguments that choose [`transport`]. FUSE over io_uring is used
+/// only without a keeper (a ring dies with the process that set it up).
+pub fn transport_args() -> &'static [&'static str] {
     match transport() {
-        Transport::DevFuse => ["--io-uring", "off"],
-        Transport::IoUring => ["--io-uring", "auto"],
+        Transport::DevFuse => &["--io-uring", "off"],
+        Transport::IoUring => &["--io-uring", "auto", "--no-keeper"],
     }
 }
 

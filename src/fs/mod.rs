@@ -204,6 +204,8 @@ pub struct PkgFs {
     grow: Option<(Arc<dyn Grow>, Mutex<()>)>,
     /// Request counters.
     pub stats: OpStats,
+    /// Told of every activation ([`PkgFs::on_change`]).
+    changed: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl PkgFs {
@@ -248,6 +250,7 @@ impl PkgFs {
             xattrs: view.tree.has_xattrs,
             grow: None,
             stats: OpStats::default(),
+            changed: std::sync::OnceLock::new(),
         }
     }
 
@@ -533,11 +536,55 @@ impl PkgFs {
                 l.archive.blob.pin();
             }
         }
+        if let Some(f) = self.changed.get() {
+            f();
+        }
         Activation {
             generation,
             invalidations,
             retired,
         }
+    }
+
+    /// Call `f` after every activation (a live change, a store's growth): the numbering
+    /// of inodes then depends on history (the keeper must know). Set once.
+    pub fn on_change(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.changed.set(f);
+    }
+
+    /// A digest of what the kernel's inode numbers mean in the current generation: every
+    /// node of the tree (number, parent, name, type, attributes, hard-link target) and
+    /// every grafted package (name and version; a graft numbers its own nodes from its
+    /// directory's number). Two servers with the same digest answer every inode number
+    /// the same way, so a new server may take over from an old one (`crate::keeper`).
+    pub fn numbering_digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let v = self.view();
+        let mut h = Sha256::new();
+        h.update(v.generation.to_le_bytes());
+        h.update((v.tree.len() as u64).to_le_bytes());
+        for ino in 1..=v.tree.len() as u64 {
+            let Some(n) = v.tree.node(ino) else { continue };
+            h.update(n.parent.to_le_bytes());
+            h.update([n.kind as u8]);
+            h.update(n.perm.to_le_bytes());
+            h.update(n.uid.to_le_bytes());
+            h.update(n.gid.to_le_bytes());
+            h.update(n.mtime.to_le_bytes());
+            h.update(n.size.to_le_bytes());
+            h.update(v.tree.canonical(ino).to_le_bytes());
+            let name = v.tree.name(n);
+            h.update((name.len() as u32).to_le_bytes());
+            h.update(name);
+        }
+        for g in &v.grafts {
+            let name = g.source.name().as_os_str().as_encoded_bytes();
+            h.update((name.len() as u32).to_le_bytes());
+            h.update(name);
+            h.update(g.source.version().as_bytes());
+            h.update([0]);
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// The kernel now holds an inode of file `node` (see `prefetch`).

@@ -3,8 +3,11 @@
 //! [`ops`] is the operation layer: what every FUSE operation does, which are refused and
 //! with which error, and the access rule, in the crate's own [`crate::error::Error`]. The
 //! two transports are codecs over it: [`fuse`] (the `fuser` crate's `/dev/fuse` loop)
-//! and [`uring`] (FUSE over io_uring). [`session`] mounts and unmounts.
+//! and [`uring`] (FUSE over io_uring). [`session`] mounts and unmounts, and adopts a
+//! connection handed over by a keeper; [`device`] is the little of the protocol a keeper
+//! speaks itself on the raw descriptor (keep INIT, ask for a resend, refuse with `EIO`).
 
+pub mod device;
 pub mod fuse;
 pub mod ops;
 pub mod session;

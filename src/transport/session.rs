@@ -91,7 +91,7 @@ pub enum SessionError {
     NoFusermount(std::io::Error),
 }
 
-fn fuser_config(o: &MountOptions) -> fuser::Config {
+fn fuser_config(o: &MountOptions, clone_fd: bool) -> fuser::Config {
     use fuser::MountOption as O;
     let mut config = fuser::Config::default();
     let mut opts = vec![
@@ -111,7 +111,7 @@ fn fuser_config(o: &MountOptions) -> fuser::Config {
     config.mount_options = opts;
     config.acl = session_acl(o.access.access);
     config.n_threads = Some(o.threads);
-    config.clone_fd = true;
+    config.clone_fd = clone_fd;
     config
 }
 
@@ -126,7 +126,7 @@ pub fn start(
         path: o.mountpoint.clone(),
         source,
     };
-    let config = fuser_config(o);
+    let config = fuser_config(o, true);
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         let session = fuser::Session::new(fs, &o.mountpoint, &config).map_err(fail)?;
@@ -154,8 +154,77 @@ pub fn start(
     }
 }
 
+/// Serve `fs` on a connection a keeper mounted and hands over (`crate::keeper`): the
+/// kernel sent INIT once, to the keeper, who kept its bytes (`init`). They are replayed
+/// into a new `fuser` session through a socket pair, so `fuser` negotiates as it always
+/// does and answers into the pair; then the real descriptor is put in the pair's place
+/// (dup2) before any worker reads. Returns the session, not yet started, and `fuser`'s
+/// INIT answer: the first server writes it to the kernel, a later one checks it equals
+/// the first (the kernel keeps what it agreed to once).
+///
+/// `fuser`'s cloned descriptors are not used: a cloned descriptor is the server's own,
+/// and when it closes the kernel fails the requests read through it instead of keeping
+/// them for the next server.
+pub fn adopt(
+    fs: Fuse,
+    dev: OwnedFd,
+    init: &[u8],
+    o: &MountOptions,
+) -> Result<(fuser::Session<Fuse>, Vec<u8>), SessionError> {
+    use std::os::unix::net::UnixDatagram;
+    let fail = |source| SessionError::Mount {
+        path: o.mountpoint.clone(),
+        source,
+    };
+    let (ours, theirs) = seqpacket_pair().map_err(fail)?;
+    let ours = UnixDatagram::from(ours);
+    ours.send(init).map_err(fail)?;
+    let config = fuser_config(o, false);
+    let acl = config.acl;
+    let session = fuser::Session::from_fd(fs, theirs, acl, config).map_err(fail)?;
+    let mut reply = vec![0u8; 4096];
+    ours.set_nonblocking(true).map_err(fail)?;
+    let n = ours.recv(&mut reply).map_err(fail)?;
+    reply.truncate(n);
+    let slot = session.as_fd().as_raw_fd();
+    // SAFETY: both descriptors are open; dup2 replaces the session's end of the pair
+    // with the device, atomically, while no worker thread exists yet.
+    if unsafe { libc::dup2(dev.as_raw_fd(), slot) } < 0 {
+        return Err(fail(std::io::Error::last_os_error()));
+    }
+    // SAFETY: as above; dup2 clears close-on-exec, set it again.
+    unsafe { libc::fcntl(slot, libc::F_SETFD, libc::FD_CLOEXEC) };
+    drop(dev);
+    Ok((session, reply))
+}
+
+/// A connected pair of `SOCK_SEQPACKET` sockets (one message per read, as on
+/// `/dev/fuse`), close-on-exec.
+fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: a valid two-element array for socketpair to fill.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: socketpair returned two new descriptors we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 /// mount(2) of a FUSE filesystem of type `fuse.pkgfs` served through `dev`.
-fn kernel_mount(dev: &std::fs::File, target: &Path, o: &MountOptions) -> std::io::Result<()> {
+pub(super) fn kernel_mount(
+    dev: &std::fs::File,
+    target: &Path,
+    o: &MountOptions,
+) -> std::io::Result<()> {
     let mut data = format!(
         "fd={},rootmode=40000,user_id={},group_id={},default_permissions",
         dev.as_raw_fd(),

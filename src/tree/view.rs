@@ -176,6 +176,22 @@ impl Graft {
     }
 }
 
+/// Where graft inode ranges start: far above any number a tree or its activations take
+/// (those count up from the tree's size).
+const GRAFT_SPACE: u64 = 1 << 40;
+/// The most inodes one graft's range holds beyond its root.
+const GRAFT_RANGE: u64 = 1 << 24;
+
+/// The first inode of the range of the graft whose directory is inode `root`, if its
+/// `extra` inodes fit there: a function of `root` alone, so every server numbers a
+/// package the same way.
+fn graft_base(root: u64, extra: u64) -> Option<u64> {
+    if extra >= GRAFT_RANGE {
+        return None;
+    }
+    root.checked_mul(GRAFT_RANGE)?.checked_add(GRAFT_SPACE)
+}
+
 /// Local (tree) numbers to global (kernel) inode numbers and back.
 #[derive(Debug)]
 enum Numbering {
@@ -229,7 +245,10 @@ impl View {
     }
 
     /// A graft's generation: its root is inode `root` (child of `parent`), the rest
-    /// take fresh numbers from `next_ino`.
+    /// take the numbers [`graft_base`] fixes for that root, whatever order packages
+    /// are indexed in (a new server behind a keeper indexes them in another order and
+    /// must give the kernel's numbers the same meaning); fresh numbers from `next_ino`
+    /// only for a graft too large for its range.
     fn grafted(
         tree: Tree,
         layers: Vec<Layer>,
@@ -238,7 +257,8 @@ impl View {
         next_ino: &AtomicU64,
     ) -> Self {
         let extra = tree.len().saturating_sub(1) as u64;
-        let base = next_ino.fetch_add(extra, std::sync::atomic::Ordering::Relaxed);
+        let base = graft_base(root, extra)
+            .unwrap_or_else(|| next_ino.fetch_add(extra, std::sync::atomic::Ordering::Relaxed));
         // A number no generation of the top tree will have: whatever keeps state by
         // generation (the read-ahead's windows) never takes a graft's nodes for the
         // top tree's.

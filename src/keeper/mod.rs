@@ -1,0 +1,854 @@
+//! The keeper: the small process that holds a mount's `/dev/fuse` descriptor, so the
+//! mount outlives the process that serves it (a crash, `kill -9`, an upgrade).
+//!
+//! A FUSE connection lives as long as some process holds its descriptor. The keeper is
+//! the process that mounted; it does no indexing, no network, no decoding. It starts the
+//! server (this same binary, the same command line, [`wire::SERVER_FD_ENV`] set), and
+//! when the server has loaded its sources it mounts, reads the kernel's INIT and hands
+//! the server the descriptor and the INIT bytes ([`wire`]). When the server dies, for
+//! any reason, the keeper starts another; the new one replays INIT into its own session
+//! (`transport::session::adopt`), and once it serves, the keeper asks the kernel to send
+//! again what the dead one had read and not answered
+//! (`transport::device::notify_resend`). Readers see a pause, not an error.
+//!
+//! **Inode numbers.** The kernel keeps the node IDs the old server gave out (open files,
+//! a shell's cwd, a container's root). A new server answers for them because numbering
+//! is deterministic: the first generation numbers the merged tree itself, and grafts
+//! take ranges fixed by their directory's number (`tree::view`). The first server's
+//! digest of what numbering depends on (`PkgFs::numbering_digest`) is kept; a new server
+//! whose digest differs (a source changed under `--no-watch`), or any server after the
+//! tree changed under the old one (a live activation, a store's growth: numbering then
+//! depends on history), is refused. See docs/ARCHITECTURE.md, "A mount that outlives its
+//! server".
+//!
+//! **Giving up.** [`RestartLimit::count`] deaths within its window, or a new server
+//! refused: the keeper answers every request with `EIO` itself
+//! (`transport::device::answer_eio`), so readers fail fast instead of hanging, until
+//! `pkgfs reload` tries again or the mount is unmounted.
+//!
+//! **Reload.** `pkgfs reload MOUNTPOINT` connects to the keeper's socket (abstract
+//! `pkgfs-keeper-<st_dev>`), the keeper starts the installed binary beside the old
+//! server; when the new one serves, the old one is stopped and the kernel resends what
+//! it had in flight. A new server that refuses (another handover format, other sources)
+//! exits and the old one keeps serving; the client hears why.
+
+pub mod wire;
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use log::{info, warn};
+
+use crate::transport::device;
+use crate::transport::session::{self, MountOptions};
+use wire::{KeeperReport, ToKeeper, ToServer, WIRE};
+
+/// How many server deaths within a window make the keeper give up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartLimit {
+    /// Deaths that make it give up.
+    pub count: u32,
+    /// Within this window.
+    pub window: Duration,
+}
+
+impl Default for RestartLimit {
+    fn default() -> Self {
+        RestartLimit {
+            count: 3,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+impl std::fmt::Display for RestartLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}s", self.count, self.window.as_secs())
+    }
+}
+
+/// What a keeper needs.
+pub struct KeeperConfig {
+    /// The server's executable: the installed path, read again at every start (an
+    /// upgrade replaces it; `pkgfs reload` starts the new one).
+    pub exe: PathBuf,
+    /// The server's arguments (the `pkgfs mount …` command line, without argv[0]).
+    pub args: Vec<OsString>,
+    /// Environment for the server, beyond the keeper's own.
+    pub env: Vec<(OsString, OsString)>,
+    /// How to mount.
+    pub mount: MountOptions,
+    /// When to give up.
+    pub limit: RestartLimit,
+    /// Called once the first server serves (the daemon tells `pkgfs mount` and lets go
+    /// of the terminal).
+    pub on_ready: Box<dyn FnOnce() + Send>,
+}
+
+/// Why the keeper failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KeeperError {
+    /// The first server failed before serving; it said why (on the same terminal).
+    #[error("the server failed ({0})")]
+    FirstServer(String),
+    /// The first server was refused, or mounting failed.
+    #[error("{0}")]
+    Mount(String),
+    /// A process, thread or socket could not be made.
+    #[error("cannot start {what}: {source}")]
+    Start {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What reaches the keeper's loop.
+enum Event {
+    /// Server `id` said something.
+    Said(u64, ToKeeper),
+    /// Server `id` ended.
+    Gone(u64, ExitStatus),
+    /// `pkgfs reload`.
+    Reload(UnixStream),
+    /// SIGINT, SIGTERM or SIGHUP: unmount.
+    Signal(i32),
+    /// The connection ended while the keeper answered requests itself.
+    Ended,
+}
+
+/// A server process.
+struct Server {
+    id: u64,
+    pid: u32,
+    sock: OwnedFd,
+    serving: bool,
+    /// It said it panicked.
+    panic: Option<String>,
+    /// It was refused the connection, and why.
+    refused: Option<String>,
+}
+
+/// A reload under way: the new server, the client to tell, and the old server once it
+/// is being stopped.
+struct Reload {
+    client: UnixStream,
+    /// The old server, once the new one serves and it is being stopped.
+    retiring: Option<u64>,
+    /// The old server is gone (what it had read was sent again).
+    retired: bool,
+    /// The new server is fully up (its status answers).
+    ready: bool,
+}
+
+/// The keeper's state.
+struct Keeper {
+    cfg: KeeperConfig,
+    on_ready: Option<Box<dyn FnOnce() + Send>>,
+    tx: mpsc::Sender<Event>,
+    next_id: u64,
+    dev: Option<File>,
+    init: Vec<u8>,
+    reply: Option<Vec<u8>>,
+    digest: Option<String>,
+    /// The tree changed under a server: numbering depends on history.
+    history: bool,
+    current: Option<Server>,
+    pending: Option<Server>,
+    retiring: Vec<Server>,
+    reload: Option<Reload>,
+    /// When servers died (the window of the restart limit).
+    deaths: Vec<Instant>,
+    /// Since when readers wait (a server died or was being replaced).
+    down_since: Option<Instant>,
+    report: KeeperReport,
+    /// Answering `EIO` (gave up): the flag stops the thread.
+    refusing: Option<(Arc<AtomicBool>, std::thread::JoinHandle<u64>)>,
+    listener_bound: bool,
+    unmounting: bool,
+}
+
+/// Run a keeper: start the first server, mount when it is ready, keep the mount served
+/// until it is unmounted or a signal asks to unmount it. Blocks SIGINT, SIGTERM and
+/// SIGHUP in the calling thread (call before any other thread starts).
+pub fn run(cfg: KeeperConfig) -> Result<(), KeeperError> {
+    let set = block_signals();
+    let (tx, rx) = mpsc::channel();
+    let sig_tx = tx.clone();
+    spawn_thread("pkgfs-keeper-sig", move || {
+        loop {
+            let mut sig = 0;
+            // SAFETY: `set` is an initialised signal set; `sig` a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0
+                && sig_tx.send(Event::Signal(sig)).is_err()
+            {
+                return;
+            }
+        }
+    })?;
+    let limit = cfg.limit;
+    let mut k = Keeper {
+        on_ready: None,
+        tx,
+        next_id: 0,
+        dev: None,
+        init: Vec::new(),
+        reply: None,
+        digest: None,
+        history: false,
+        current: None,
+        pending: None,
+        retiring: Vec::new(),
+        reload: None,
+        deaths: Vec::new(),
+        down_since: None,
+        report: KeeperReport {
+            keeper_pid: std::process::id(),
+            restart_limit: limit.to_string(),
+            ..KeeperReport::default()
+        },
+        refusing: None,
+        listener_bound: false,
+        unmounting: false,
+        cfg,
+    };
+    k.on_ready = Some(std::mem::replace(&mut k.cfg.on_ready, Box::new(|| {})));
+    let first = k.start_server()?;
+    k.current = Some(first);
+    for ev in rx.iter() {
+        if let Some(end) = k.handle(ev)? {
+            return end;
+        }
+    }
+    Ok(())
+}
+
+type Step = Result<Option<Result<(), KeeperError>>, KeeperError>;
+
+impl Keeper {
+    fn handle(&mut self, ev: Event) -> Step {
+        match ev {
+            Event::Said(id, msg) => self.said(id, msg),
+            Event::Gone(id, status) => self.gone(id, status),
+            Event::Reload(client) => {
+                self.reload(client);
+                Ok(None)
+            }
+            Event::Signal(sig) => {
+                info!(
+                    "signal {sig}: unmounting {}",
+                    self.cfg.mount.mountpoint.display()
+                );
+                self.unmount()
+            }
+            Event::Ended => {
+                let ended = self
+                    .dev
+                    .as_ref()
+                    .is_some_and(|d| device::ended(d.as_fd(), Duration::ZERO));
+                if ended && self.current.is_none() {
+                    info!("unmounted; exiting");
+                    return Ok(Some(Ok(())));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Start a server process on a new socket pair; its reader and waiter threads
+    /// report to the loop.
+    fn start_server(&mut self) -> Result<Server, KeeperError> {
+        let start = |what, source| KeeperError::Start { what, source };
+        let (ours, theirs) = wire::pair().map_err(|e| start("the keeper socket", e))?;
+        let fd = theirs.as_raw_fd();
+        let mut cmd = Command::new(&self.cfg.exe);
+        cmd.args(&self.cfg.args)
+            .env(wire::SERVER_FD_ENV, fd.to_string())
+            .envs(self.cfg.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let keeper = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe calls between fork and exec: the server dies
+        // with its keeper, and inherits its end of the pair (close-on-exec cleared).
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != keeper {
+                    libc::_exit(1);
+                }
+                libc::fcntl(fd, libc::F_SETFD, 0);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| start("the server", e))?;
+        drop(theirs);
+        let id = self.next_id;
+        self.next_id += 1;
+        let pid = child.id();
+        let tx = self.tx.clone();
+        spawn_thread("pkgfs-keeper-wait", move || {
+            if let Ok(status) = child.wait() {
+                let _ = tx.send(Event::Gone(id, status));
+            }
+        })?;
+        let tx = self.tx.clone();
+        let read = ours
+            .try_clone()
+            .map_err(|e| start("the keeper socket", e))?;
+        spawn_thread("pkgfs-keeper-read", move || {
+            while let Ok((msg, _)) = wire::recv::<ToKeeper>(read.as_fd()) {
+                if tx.send(Event::Said(id, msg)).is_err() {
+                    return;
+                }
+            }
+        })?;
+        info!("started server {pid}");
+        Ok(Server {
+            id,
+            pid,
+            sock: ours,
+            serving: false,
+            panic: None,
+            refused: None,
+        })
+    }
+
+    fn server_mut(&mut self, id: u64) -> Option<&mut Server> {
+        [self.current.as_mut(), self.pending.as_mut()]
+            .into_iter()
+            .flatten()
+            .find(|s| s.id == id)
+    }
+
+    fn said(&mut self, id: u64, msg: ToKeeper) -> Step {
+        match msg {
+            ToKeeper::Hello { wire, digest } => self.hello(id, wire, digest),
+            ToKeeper::Serving { reply } => {
+                self.serving(id, reply);
+                Ok(None)
+            }
+            ToKeeper::Ready => {
+                self.ready(id);
+                Ok(None)
+            }
+            ToKeeper::Changed => {
+                if !self.history {
+                    info!("the tree changed under the server: a restart cannot keep its numbers");
+                }
+                self.history = true;
+                Ok(None)
+            }
+            ToKeeper::Panicked { message } => {
+                if let Some(s) = self.server_mut(id) {
+                    s.panic = Some(message);
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// A server loaded its sources and asks for the connection.
+    fn hello(&mut self, id: u64, wire: u32, digest: String) -> Step {
+        let Some(sock) = self.server_mut(id).map(|s| s.sock.try_clone()) else {
+            return Ok(None);
+        };
+        let Ok(sock) = sock else { return Ok(None) };
+        if let Some(why) = self.refusal(wire, &digest) {
+            warn!("server refused: {why}");
+            let _ = wire::send(sock.as_fd(), &ToServer::Refuse { why: why.clone() }, None);
+            if self.dev.is_none() {
+                return Ok(Some(Err(KeeperError::Mount(why))));
+            }
+            if let Some(s) = self.server_mut(id) {
+                s.refused = Some(why);
+            }
+            return Ok(None);
+        }
+        if self.dev.is_none() {
+            match self.mount() {
+                Ok(()) => self.digest = Some(digest),
+                Err(why) => {
+                    let _ = wire::send(sock.as_fd(), &ToServer::Refuse { why: why.clone() }, None);
+                    return Ok(Some(Err(KeeperError::Mount(why))));
+                }
+            }
+        }
+        let Some(dev) = &self.dev else {
+            return Ok(None);
+        };
+        let take = ToServer::Take {
+            init: self.init.clone(),
+            reply: self.reply.clone(),
+            report: self.report.clone(),
+        };
+        if let Err(e) = wire::send(sock.as_fd(), &take, Some(dev.as_fd())) {
+            warn!("cannot hand the connection over: {e}");
+        }
+        Ok(None)
+    }
+
+    /// Why a server must not take over, if it must not.
+    fn refusal(&self, wire: u32, digest: &str) -> Option<String> {
+        if wire != WIRE {
+            return Some(format!(
+                "the new server speaks handover format {wire}, this keeper {WIRE}: \
+                 unmount and mount again to change it"
+            ));
+        }
+        if self.history {
+            return Some(
+                "the tree changed under the old server (a live activation or a store's \
+                 growth): a new server cannot give the kernel's inode numbers the same \
+                 meaning"
+                    .into(),
+            );
+        }
+        match &self.digest {
+            Some(d) if d != digest => Some(
+                "the sources are not what they were at mount (an archive changed or \
+                 went): a new server would give the kernel's inode numbers another \
+                 meaning"
+                    .into(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// Mount, and read the kernel's INIT.
+    fn mount(&mut self) -> Result<(), String> {
+        let dev = device::mount(&self.cfg.mount).map_err(|e| e.to_string())?;
+        match device::read_init(&dev) {
+            Ok(init) => {
+                self.init = init;
+                self.dev = Some(dev);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = session::unmount(&self.cfg.mount.mountpoint, true);
+                Err(format!("reading the kernel's INIT: {e}"))
+            }
+        }
+    }
+
+    /// A server's session reads requests.
+    fn serving(&mut self, id: u64, reply: Vec<u8>) {
+        if self.reply.is_none() {
+            self.reply = Some(reply);
+        }
+        if self.pending.as_ref().is_some_and(|p| p.id == id) {
+            // A reload: stop the old server; once it is gone the kernel resends what it
+            // had read.
+            let new = self.pending.take();
+            if let Some(old) = std::mem::replace(&mut self.current, new) {
+                stop(&old);
+                if let Some(r) = &mut self.reload {
+                    r.retiring = Some(old.id);
+                }
+                self.retiring.push(old);
+            }
+            self.down_since = Some(Instant::now());
+            return;
+        }
+        if let Some(s) = self.current.as_mut().filter(|s| s.id == id) {
+            s.serving = true;
+        }
+        if self.down_since.is_some() {
+            self.resend();
+        }
+    }
+
+    /// Ask the kernel to resend what a dead server had read, and note the pause.
+    fn resend(&mut self) {
+        if let Some(dev) = &self.dev {
+            if let Err(e) = device::notify_resend(dev.as_fd()) {
+                warn!(
+                    "the kernel cannot resend requests in flight ({e}; Linux 6.9 or later \
+                     can): the readers that waited on them stay blocked"
+                );
+            }
+        }
+        if let Some(t) = self.down_since.take() {
+            let ms = t.elapsed().as_millis() as u64;
+            self.report.last_pause_ms = Some(ms);
+            info!("serving again after {ms} ms");
+            self.send_report();
+        }
+    }
+
+    /// A reload is done when the old server is gone and the new one fully up: tell
+    /// the client, and the new server what its status shows.
+    fn finish_reload(&mut self) {
+        if let Some(r) = self.reload.take_if(|r| r.retired && r.ready) {
+            self.send_report();
+            tell(r.client, "ok: the new server serves");
+        }
+    }
+
+    /// Tell the current server what `pkgfs status` shows of the keeper.
+    fn send_report(&self) {
+        if let Some(s) = &self.current {
+            let msg = ToServer::Report {
+                report: self.report.clone(),
+            };
+            let _ = wire::send(s.sock.as_fd(), &msg, None);
+        }
+    }
+
+    /// A server is fully up (status answers): the first tells `pkgfs mount`.
+    fn ready(&mut self, id: u64) {
+        if let Some(s) = self.current.as_mut().filter(|s| s.id == id) {
+            s.serving = true;
+        }
+        if let Some(r) = &mut self.reload {
+            r.ready = true;
+            self.finish_reload();
+        } else {
+            self.send_report();
+        }
+        if let Some(f) = self.on_ready.take() {
+            f();
+        }
+        if !self.listener_bound {
+            self.listener_bound = true;
+            if let Err(e) = self.listen() {
+                warn!("no reload channel: {e}");
+            }
+        }
+    }
+
+    /// Bind `pkgfs-keeper-<st_dev>` for `pkgfs reload`.
+    fn listen(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(&self.cfg.mount.mountpoint)?.dev();
+        let listener = UnixListener::bind_addr(&address(dev)?)?;
+        let tx = self.tx.clone();
+        // SAFETY: getuid cannot fail.
+        let me = unsafe { libc::getuid() };
+        spawn_thread("pkgfs-keeper-reload", move || {
+            for conn in listener.incoming().flatten() {
+                match crate::status::peer_uid(&conn) {
+                    Some(uid) if uid == me || uid == 0 => {}
+                    _ => continue,
+                }
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut line = String::new();
+                if BufReader::new(&conn).take(64).read_line(&mut line).is_err()
+                    || line.trim() != "reload"
+                {
+                    continue;
+                }
+                if tx.send(Event::Reload(conn)).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    /// A server ended.
+    fn gone(&mut self, id: u64, status: ExitStatus) -> Step {
+        let (panic, refused) = [self.current.as_ref(), self.pending.as_ref()]
+            .into_iter()
+            .flatten()
+            .find(|s| s.id == id)
+            .map_or((None, None), |s| (s.panic.clone(), s.refused.clone()));
+        let cause = match &refused {
+            Some(why) => format!("refused: {why}"),
+            None => cause(status, panic),
+        };
+        if let Some(i) = self.retiring.iter().position(|s| s.id == id) {
+            self.retiring.remove(i);
+            self.resend();
+            if let Some(r) = self.reload.as_mut().filter(|r| r.retiring == Some(id)) {
+                r.retired = true;
+                self.report.reloads += 1;
+                self.report.restarts += 1;
+                self.report.last_cause = Some("reload".into());
+                self.finish_reload();
+            }
+            return Ok(None);
+        }
+        if self.pending.as_ref().is_some_and(|p| p.id == id) {
+            self.pending = None;
+            if let Some(r) = self.reload.take() {
+                tell(
+                    r.client,
+                    &format!(
+                        "error: the new server did not take over ({cause}); the old one serves"
+                    ),
+                );
+            }
+            return Ok(None);
+        }
+        if self.current.as_ref().is_none_or(|c| c.id != id) {
+            return Ok(None);
+        }
+        let was = self.current.take();
+        let Some(dev) = &self.dev else {
+            // The first server ended before the mount: it said why.
+            return Ok(Some(Err(KeeperError::FirstServer(cause))));
+        };
+        if self.unmounting || device::ended(dev.as_fd(), Duration::ZERO) {
+            info!("unmounted; exiting");
+            return Ok(Some(Ok(())));
+        }
+        warn!("server {} ended ({cause})", was.map_or(0, |s| s.pid));
+        self.report.last_cause = Some(cause);
+        self.down_since.get_or_insert_with(Instant::now);
+        if let Some(why) = refused {
+            // Another server would be refused the same way.
+            self.give_up(&why);
+            return Ok(None);
+        }
+        self.restart()
+    }
+
+    /// Start a new server after a death, unless the limit says give up.
+    fn restart(&mut self) -> Step {
+        let now = Instant::now();
+        let window = self.cfg.limit.window;
+        self.deaths.retain(|t| now.duration_since(*t) < window);
+        self.deaths.push(now);
+        if self.deaths.len() as u32 >= self.cfg.limit.count {
+            self.give_up(&format!(
+                "{} servers died within {:?} (--restart-limit {})",
+                self.deaths.len(),
+                window,
+                self.cfg.limit
+            ));
+            return Ok(None);
+        }
+        self.report.restarts += 1;
+        let s = self.start_server()?;
+        self.current = Some(s);
+        Ok(None)
+    }
+
+    /// Answer every request with EIO from now on (until a reload or the unmount).
+    fn give_up(&mut self, why: &str) {
+        let Some(dev) = self.dev.as_ref().and_then(|d| d.try_clone().ok()) else {
+            return;
+        };
+        warn!(
+            "giving up restarting: {why}; every request fails with EIO until `pkgfs reload \
+             {}` or an unmount",
+            self.cfg.mount.mountpoint.display()
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let _ = device::notify_resend(dev.as_fd());
+        let tx = self.tx.clone();
+        match std::thread::Builder::new()
+            .name("pkgfs-keeper-eio".into())
+            .spawn(move || {
+                let n = device::answer_eio(&dev, &flag);
+                let _ = tx.send(Event::Ended);
+                n
+            }) {
+            Ok(h) => self.refusing = Some((stop, h)),
+            Err(e) => warn!("cannot start answering EIO: {e}"),
+        }
+        self.down_since = None;
+    }
+
+    /// `pkgfs reload`: start the installed binary beside the current server.
+    fn reload(&mut self, client: UnixStream) {
+        if self.reload.is_some() || self.pending.is_some() {
+            tell(client, "error: a reload is already under way");
+            return;
+        }
+        if let Some((stop, h)) = self.refusing.take() {
+            stop.store(true, Ordering::Release);
+            let refused = h.join().unwrap_or(0);
+            info!("reload: trying servers again ({refused} requests were refused)");
+            self.deaths.clear();
+            self.down_since = Some(Instant::now());
+            match self.start_server() {
+                Ok(s) => {
+                    self.current = Some(s);
+                    self.report.restarts += 1;
+                    self.report.reloads += 1;
+                    self.report.last_cause = Some("reload after giving up".into());
+                    tell(client, "ok: a new server is starting");
+                }
+                Err(e) => tell(client, &format!("error: {e}")),
+            }
+            return;
+        }
+        match self.start_server() {
+            Ok(s) => {
+                self.pending = Some(s);
+                self.reload = Some(Reload {
+                    client,
+                    retiring: None,
+                    retired: false,
+                    ready: false,
+                });
+            }
+            Err(e) => tell(client, &format!("error: {e}")),
+        }
+    }
+
+    /// Unmount (a signal asked); the servers end when the connection does, and the
+    /// keeper when the current one has.
+    fn unmount(&mut self) -> Step {
+        self.unmounting = true;
+        if let Err(e) = session::unmount(&self.cfg.mount.mountpoint, false) {
+            warn!("{e}");
+        }
+        if let Some((stop, _)) = &self.refusing {
+            stop.store(true, Ordering::Release);
+        }
+        if self.current.is_none() {
+            // Nobody to wait for (gave up, or between servers).
+            return Ok(Some(Ok(())));
+        }
+        // A server that does not notice within a bound is stopped.
+        let pids: Vec<u32> = [self.current.as_ref(), self.pending.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|s| s.pid)
+            .collect();
+        spawn_thread("pkgfs-keeper-stop", move || {
+            std::thread::sleep(Duration::from_secs(5));
+            for pid in pids {
+                // SAFETY: signalling our own child (PR_SET_PDEATHSIG keeps it ours).
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+        })?;
+        Ok(None)
+    }
+}
+
+/// Stop a server that is being replaced.
+fn stop(s: &Server) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(s.pid as libc::pid_t, libc::SIGKILL) };
+}
+
+/// Write one line to a reload client and close it.
+fn tell(mut client: UnixStream, line: &str) {
+    let _ = writeln!(client, "{line}");
+}
+
+/// How a server ended, in words.
+fn cause(status: ExitStatus, panic: Option<String>) -> String {
+    let how = match (status.code(), status.signal()) {
+        (_, Some(sig)) => format!("killed by signal {sig} ({})", signal_name(sig)),
+        (Some(code), _) => format!("exited with status {code}"),
+        _ => "ended".into(),
+    };
+    match panic {
+        Some(p) => format!("{how} after a panic: {p}"),
+        None => how,
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
+}
+
+/// The socket address of the keeper of the mount with device number `dev`.
+fn address(dev: u64) -> std::io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(format!("pkgfs-keeper-{dev}").as_bytes())
+}
+
+/// `pkgfs reload MOUNTPOINT`: ask its keeper to replace its server, and say how it went.
+pub fn ask_reload(mountpoint: &std::path::Path) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mountpoint)
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?
+        .dev();
+    let addr = address(dev).map_err(|e| e.to_string())?;
+    let mut conn = UnixStream::connect_addr(&addr).map_err(|_| {
+        format!(
+            "{} has no keeper (not a pkgfs mount, or mounted with --no-keeper or by an \
+             older pkgfs)",
+            mountpoint.display()
+        )
+    })?;
+    conn.write_all(b"reload\n").map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)
+        .map_err(|e| e.to_string())?;
+    let answer = answer.trim().to_string();
+    match answer.strip_prefix("ok: ") {
+        Some(ok) => Ok(ok.to_string()),
+        None => Err(answer
+            .strip_prefix("error: ")
+            .unwrap_or(if answer.is_empty() {
+                "the keeper closed the connection"
+            } else {
+                &answer
+            })
+            .to_string()),
+    }
+}
+
+fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), KeeperError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map(drop)
+        .map_err(|source| KeeperError::Start {
+            what: "a keeper thread",
+            source,
+        })
+}
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(s, libc::SIG_DFL);
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_name_the_signal_the_status_and_the_panic() {
+        assert_eq!(
+            cause(ExitStatus::from_raw(libc::SIGKILL), None),
+            "killed by signal 9 (SIGKILL)"
+        );
+        assert_eq!(
+            cause(ExitStatus::from_raw(3 << 8), None),
+            "exited with status 3"
+        );
+        assert_eq!(
+            cause(ExitStatus::from_raw(101 << 8), Some("boom".into())),
+            "exited with status 101 after a panic: boom"
+        );
+        assert_eq!(RestartLimit::default().to_string(), "3/60s");
+    }
+}

@@ -1,0 +1,234 @@
+//! What a keeper and its server say to each other: JSON messages over a
+//! `SOCK_SEQPACKET` socket pair (one message per read), the `/dev/fuse` descriptor
+//! passed beside `Take` (`SCM_RIGHTS`).
+//!
+//! ```text
+//! server                                   keeper
+//!   Hello { wire, digest }          ──►      (mounts, if not mounted yet)
+//!                                   ◄──    Take { init, reply, report } + descriptor
+//!                                          or Refuse { why }
+//!                                   ◄──    Report { report } (later, any time)
+//!   Serving { reply }               ──►      (after a death or a reload: resend)
+//!   Ready                           ──►      (the first: `pkgfs mount` returns)
+//!   Changed                         ──►      (numbering now depends on history)
+//!   Panicked { message }            ──►      (kept as the cause if it dies)
+//! ```
+//!
+//! [`WIRE`] names this format: a server that does not speak the keeper's refuses to
+//! take over (`pkgfs reload` then reports it and the old server keeps serving).
+
+use std::io::IoSlice;
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use serde::{Deserialize, Serialize};
+
+/// The version of this protocol and of the state it hands over.
+pub const WIRE: u32 = 1;
+
+/// The environment variable that gives a server its end of the keeper's socket.
+pub const SERVER_FD_ENV: &str = "PKGFS_KEEPER_FD";
+
+/// From a server to its keeper.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum ToKeeper {
+    /// The sources are loaded: give me the connection.
+    Hello {
+        /// The protocol the server speaks ([`WIRE`]).
+        wire: u32,
+        /// What inode numbering depends on (`PkgFs::numbering_digest`).
+        digest: String,
+    },
+    /// The session is up and reading requests; `reply` is its answer to INIT.
+    Serving {
+        /// The INIT answer (the first server's is kept to check later ones against).
+        reply: Vec<u8>,
+    },
+    /// Everything is up (the status channel answers).
+    Ready,
+    /// The server panicked (it may die of it): the message, for `pkgfs status`.
+    Panicked {
+        /// The panic's message and place.
+        message: String,
+    },
+    /// The tree changed (an activation, a store's growth): its numbering now depends on
+    /// history a new server cannot replay.
+    Changed,
+}
+
+/// From a keeper to its server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum ToServer {
+    /// The connection (its descriptor beside this message).
+    Take {
+        /// The kernel's INIT request, to replay.
+        init: Vec<u8>,
+        /// The answer the kernel already has, if one was sent: a later server checks
+        /// its own equals it. `None`: the server is the first and sends its answer.
+        reply: Option<Vec<u8>>,
+        /// What `pkgfs status` shows of the keeper.
+        report: KeeperReport,
+    },
+    /// What `pkgfs status` now shows of the keeper (after a restart's pause is known).
+    Report {
+        /// The keeper's state.
+        report: KeeperReport,
+    },
+    /// Do not take over (and exit).
+    Refuse {
+        /// Why.
+        why: String,
+    },
+}
+
+/// The keeper as `pkgfs status` shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct KeeperReport {
+    /// The keeper's process.
+    pub keeper_pid: u32,
+    /// Servers started after the first (deaths and reloads).
+    pub restarts: u32,
+    /// Of those, reloads asked for.
+    pub reloads: u32,
+    /// Why the last server before this one ended (signal, exit status, reload).
+    pub last_cause: Option<String>,
+    /// How long readers waited for this server: from the last death (or reload) to
+    /// serving, in milliseconds.
+    pub last_pause_ms: Option<u64>,
+    /// Restarts allowed within the window before the keeper gives up.
+    pub restart_limit: String,
+}
+
+/// Why a message could not be sent or read.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The socket failed.
+    #[error("keeper socket: {0}")]
+    Io(#[from] std::io::Error),
+    /// The other side closed it.
+    #[error("the other side closed the keeper socket")]
+    Closed,
+    /// Not a message of this protocol.
+    #[error("unreadable keeper message: {0}")]
+    Garbled(String),
+}
+
+/// Send `msg`, with `fd` beside it if given.
+pub fn send<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fd: Option<BorrowedFd<'_>>,
+) -> Result<(), WireError> {
+    let bytes = serde_json::to_vec(msg).map_err(|e| WireError::Garbled(e.to_string()))?;
+    let iov = [IoSlice::new(&bytes)];
+    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+        .map_err(|e| WireError::Io(e.into()))?;
+    Ok(())
+}
+
+/// Receive one message, and the descriptor beside it if there is one (blocks).
+pub fn recv<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+) -> Result<(T, Option<OwnedFd>), WireError> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let (n, fd) = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) => {
+                let mut fd = None;
+                if let Ok(cmsgs) = m.cmsgs() {
+                    for c in cmsgs {
+                        if let ControlMessageOwned::ScmRights(fds) = c {
+                            for raw in fds {
+                                // SAFETY: the kernel just installed this descriptor in
+                                // our table for us.
+                                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                                fd.get_or_insert(owned);
+                            }
+                        }
+                    }
+                }
+                break (m.bytes, fd);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(WireError::Io(e.into())),
+        }
+    };
+    if n == 0 {
+        return Err(WireError::Closed);
+    }
+    let msg = serde_json::from_slice(&buf[..n]).map_err(|e| WireError::Garbled(e.to_string()))?;
+    Ok((msg, fd))
+}
+
+/// A connected pair for a keeper and one server, close-on-exec (the server's end is
+/// made inheritable only in the child).
+pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: a valid two-element array for socketpair to fill.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: socketpair returned two new descriptors we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn messages_and_a_descriptor_cross_the_pair() {
+        let (a, b) = pair().unwrap();
+        let hello = ToKeeper::Hello {
+            wire: WIRE,
+            digest: "abc".into(),
+        };
+        send(a.as_fd(), &hello, None).unwrap();
+        let (got, fd): (ToKeeper, _) = recv(b.as_fd()).unwrap();
+        assert_eq!(got, hello);
+        assert!(fd.is_none());
+
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"through the socket").unwrap();
+        let take = ToServer::Take {
+            init: vec![1, 2, 3],
+            reply: None,
+            report: KeeperReport::default(),
+        };
+        send(b.as_fd(), &take, Some(f.as_fd())).unwrap();
+        let (got, fd): (ToServer, _) = recv(a.as_fd()).unwrap();
+        assert_eq!(got, take);
+        let mut g = std::fs::File::from(fd.expect("a descriptor"));
+        g.rewind().unwrap();
+        let mut s = String::new();
+        g.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "through the socket");
+
+        drop(b);
+        assert!(matches!(
+            recv::<ToServer>(a.as_fd()),
+            Err(WireError::Closed)
+        ));
+    }
+}

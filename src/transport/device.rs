@@ -1,0 +1,185 @@
+//! The raw `/dev/fuse` descriptor, for what happens outside a `fuser` session: the
+//! keeper's side of a mount that outlives its server (`crate::keeper`).
+//!
+//! A FUSE connection lives as long as some process holds its descriptor, and the kernel
+//! sends INIT once per connection. So the keeper mounts, reads the INIT request and keeps
+//! its bytes ([`read_init`]); every server it starts replays those bytes into its own
+//! `fuser` session ([`super::session::adopt`]). When a server dies, the requests it had
+//! read and not answered stay in the kernel's processing queue; [`notify_resend`] puts
+//! them back on the pending queue for the next server (`FUSE_NOTIFY_RESEND`, Linux 6.9).
+//! A keeper that has given up restarting answers every request with `EIO` itself
+//! ([`answer_eio`]), so readers fail fast instead of hanging.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::session::{MountOptions, SessionError};
+
+/// `FUSE_NOTIFY_RESEND` (include/uapi/linux/fuse.h, protocol 7.40).
+const FUSE_NOTIFY_RESEND: i32 = 7;
+/// Requests that are never answered.
+const FUSE_FORGET: u32 = 2;
+const FUSE_INIT: u32 = 26;
+const FUSE_INTERRUPT: u32 = 36;
+const FUSE_DESTROY: u32 = 38;
+const FUSE_BATCH_FORGET: u32 = 42;
+/// `fuse_in_header`: len u32, opcode u32, unique u64, nodeid u64, uid, gid, pid u32,
+/// total_extlen u16, padding u16.
+const IN_HEADER: usize = 40;
+/// A request buffer as large as the biggest request the kernel sends (a write of
+/// max_write plus headers; pkgfs is read-only, but a buffer too small makes read fail).
+const BUF: usize = 16 * 1024 * 1024 + 4096;
+
+/// Open `/dev/fuse` and mount it at `o.mountpoint` (mount(2): root only).
+pub fn mount(o: &MountOptions) -> Result<File, SessionError> {
+    let fail = |source| SessionError::Mount {
+        path: o.mountpoint.clone(),
+        source,
+    };
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(fail)?;
+    super::session::kernel_mount(&dev, &super::session::mount_path(&o.mountpoint), o)
+        .map_err(fail)?;
+    Ok(dev)
+}
+
+/// The INIT request the kernel sends first on a new connection, as bytes.
+pub fn read_init(dev: &File) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; BUF];
+    let n = loop {
+        match (&*dev).read(&mut buf) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    buf.truncate(n);
+    match header(&buf) {
+        Some((FUSE_INIT, _)) => Ok(buf),
+        Some((op, _)) => Err(std::io::Error::other(format!(
+            "the kernel's first request is opcode {op}, not INIT"
+        ))),
+        None => Err(std::io::Error::other("a short first request")),
+    }
+}
+
+/// The opcode and unique number of a request.
+fn header(req: &[u8]) -> Option<(u32, u64)> {
+    let op = u32::from_ne_bytes(req.get(4..8)?.try_into().ok()?);
+    let unique = u64::from_ne_bytes(req.get(8..16)?.try_into().ok()?);
+    (req.len() >= IN_HEADER).then_some((op, unique))
+}
+
+/// The unique number of a request (INIT's, to check a reply belongs to it).
+pub fn unique_of(req: &[u8]) -> Option<u64> {
+    header(req).map(|(_, u)| u)
+}
+
+/// `fuse_out_header` with no payload: an error reply, or a notification (unique 0, the
+/// notify code in `error`).
+fn out_header(error: i32, unique: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    b[4..8].copy_from_slice(&error.to_ne_bytes());
+    b[8..16].copy_from_slice(&unique.to_ne_bytes());
+    b
+}
+
+/// Ask the kernel to send again every request a server had read and not answered.
+/// Fails on kernels before 6.9 (`EINVAL`): those requests are then never answered.
+pub fn notify_resend(dev: BorrowedFd<'_>) -> std::io::Result<()> {
+    write_all(dev, &out_header(FUSE_NOTIFY_RESEND, 0))
+}
+
+/// Write one reply or notification (the kernel takes it whole or not at all).
+pub fn write_all(dev: BorrowedFd<'_>, bytes: &[u8]) -> std::io::Result<()> {
+    // SAFETY: a valid descriptor and buffer.
+    let n = unsafe { libc::write(dev.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the connection has ended (unmounted or aborted): the device polls as an
+/// error then. Waits up to `wait` (zero: just look).
+pub fn ended(dev: BorrowedFd<'_>, wait: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: dev.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+}
+
+/// Answer every request with `EIO` until `stop` is set or the connection ends (the
+/// keeper after too many restarts). Requests that take no answer (FORGET, INTERRUPT)
+/// are dropped. Returns how many were refused.
+pub fn answer_eio(dev: &File, stop: &AtomicBool) -> u64 {
+    let mut buf = vec![0u8; BUF];
+    let mut refused = 0;
+    while !stop.load(Ordering::Acquire) {
+        let mut p = libc::pollfd {
+            fd: dev.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, 200) };
+        if n <= 0 {
+            continue;
+        }
+        if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            break;
+        }
+        let len = match (&*dev).read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => break,
+            Err(_) => continue,
+        };
+        let Some((op, unique)) = header(&buf[..len]) else {
+            continue;
+        };
+        match op {
+            FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT => {}
+            FUSE_DESTROY => {
+                let _ = (&*dev).write_all(&out_header(0, unique));
+                break;
+            }
+            _ => {
+                if write_all(dev.as_fd(), &out_header(-libc::EIO, unique)).is_ok() {
+                    refused += 1;
+                }
+            }
+        }
+    }
+    refused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_read_from_the_wire_layout() {
+        let mut req = vec![0u8; IN_HEADER];
+        req[0..4].copy_from_slice(&(IN_HEADER as u32).to_ne_bytes());
+        req[4..8].copy_from_slice(&FUSE_INIT.to_ne_bytes());
+        req[8..16].copy_from_slice(&77u64.to_ne_bytes());
+        assert_eq!(header(&req), Some((FUSE_INIT, 77)));
+        assert_eq!(unique_of(&req[..20]), None, "shorter than a header");
+        let h = out_header(-libc::EIO, 77);
+        assert_eq!(u32::from_ne_bytes(h[0..4].try_into().unwrap()), 16);
+        assert_eq!(i32::from_ne_bytes(h[4..8].try_into().unwrap()), -libc::EIO);
+        assert_eq!(u64::from_ne_bytes(h[8..16].try_into().unwrap()), 77);
+    }
+}
