@@ -191,7 +191,7 @@ fn open_files_keep_their_bytes_and_descriptors_are_released() {
     install(&pkgs.join("base.zip"), &[("base/file", b"base")]);
     let m = Mount::foreground(&[&pkgs], &[]);
     let mp = m.path();
-    let pid = m.child.as_ref().unwrap().id();
+    let pid = m.server_pid();
     let baseline = open_fds(pid);
 
     let v1: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();

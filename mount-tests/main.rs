@@ -12,6 +12,7 @@ mod packaging;
 mod prefetch;
 mod registry;
 mod remote;
+mod restart;
 mod targz;
 mod verify;
 
@@ -590,7 +591,7 @@ fn mounting_600_archives_reads_only_their_indexes() {
         total += fs::metadata(&path).unwrap().len();
     }
     let m = Mount::foreground(&[&pkgs], &[]);
-    let pid = m.child.as_ref().unwrap().id();
+    let pid = m.server_pid();
     let io = fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
     let rchar: u64 = io
         .lines()
@@ -678,7 +679,7 @@ fn reading_a_4_gib_bomb_keeps_memory_within_the_cache_budget() {
     }
     let src = large_fixtures().join("large");
     let m = Mount::foreground(&[&src], &["--cache-size", "16M"]);
-    let pid = m.child.as_ref().unwrap().id();
+    let pid = m.server_pid();
     let mut f = fs::File::open(m.path().join("zeros.bin")).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     for _ in 0..768 {
@@ -733,7 +734,7 @@ fn stress_many_threads_random_ranges_for_a_bounded_time() {
         .arg(&pkg)
         .args(["--frame-size", "64K"]));
     let m = Mount::foreground(&[&src, &pkg], &["--cache-size", "8M", "--threads", "4"]);
-    let pid = m.child.as_ref().unwrap().id();
+    let pid = m.server_pid();
 
     // Expected bytes: the unzip extraction (the package's files sit at the root).
     let mut expected: Vec<(PathBuf, Vec<u8>)> = Vec::new();

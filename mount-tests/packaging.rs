@@ -204,6 +204,27 @@ fn the_installed_package_mounts_through_fstab_and_is_removed_cleanly() {
     let st = crate::common::status_json(&mp);
     let exe = fs::read_link(format!("/proc/{}/exe", st["pid"])).unwrap();
     assert_eq!(exe, Path::new("/usr/bin/pkgfs"));
+    // An upgrade (here the same version again: dpkg runs postinst as for one) gives the
+    // mount a server of the new file through its keeper, and the mount stays.
+    run(Command::new("apt-get")
+        .args([
+            "install",
+            "--reinstall",
+            "-y",
+            "-qq",
+            "-o",
+            "DPkg::Lock::Timeout=600",
+        ])
+        .arg(&deb));
+    let after = crate::common::status_json(&mp);
+    assert_ne!(after["server_pid"], st["server_pid"], "{after}");
+    assert_eq!(after["keeper"]["reloads"], 1, "{after}");
+    let exe = fs::read_link(format!("/proc/{}/exe", after["server_pid"])).unwrap();
+    assert_eq!(exe, Path::new("/usr/bin/pkgfs"), "the new file, not a deleted one");
+    assert_eq!(
+        fs::read(mp.join("etc/a.conf")).unwrap(),
+        b"from the package\n"
+    );
     run(Command::new("umount").arg(&mp));
     run(Command::new("apt-get").args([
         "purge",

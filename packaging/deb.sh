@@ -7,8 +7,9 @@
 # link to it: fstab lines and systemd mount units of type fuse.pkgfs work), man pages
 # and bash, zsh and fish completions generated from the binary's own definitions (so
 # they never drift from --help), the README, the example fstab line and systemd mount
-# unit. It depends on fuse3 (fusermount3, for mounts by users other than root). Prints
-# the path of the .deb it wrote.
+# unit. It depends on fuse3 (fusermount3, for mounts by users other than root). Its
+# postinst reloads every pkgfs mount after an upgrade. Prints the path of the .deb it
+# wrote.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=
@@ -69,6 +70,21 @@ Description: read-only FUSE filesystem of package archives, merged, never extrac
  docker-archives) as one merged read-only tree, reading each archive in place.
  Packages dropped into a mounted directory appear without a remount.
 EOF
+# After an upgrade (configure with the old version), every pkgfs mount gets a server of
+# the new binary: `pkgfs reload` through its keeper, readers see no error. A mount that
+# cannot be reloaded (no keeper, or its sources changed) keeps its old server.
+cat > "$R/DEBIAN/postinst" <<'EOF'
+#!/bin/sh
+set -e
+if [ "$1" = configure ] && [ -n "$2" ]; then
+  awk '$3 == "fuse.pkgfs" { print $2 }' /proc/mounts | while read -r mp; do
+    mp=$(printf '%b' "$mp")
+    /usr/bin/pkgfs reload "$mp" || echo "pkgfs: $mp keeps its old server" >&2
+  done
+fi
+exit 0
+EOF
+chmod 0755 "$R/DEBIAN/postinst"
 mkdir -p "$OUT"
 DEB=$OUT/pkgfs_${VERSION}_${ARCH}.deb
 dpkg-deb --root-owner-group -Zxz --build "$R" "$DEB" >/dev/null

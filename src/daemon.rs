@@ -313,11 +313,14 @@ fn spawn_background(args: &[std::ffi::OsString]) -> Result<(), DaemonError> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    // SAFETY: setsid is async-signal-safe; it detaches the daemon from the terminal's
-    // session so the shell's SIGINT/SIGHUP do not reach it.
+    // SAFETY: setsid and close_range are async-signal-safe; setsid detaches the daemon
+    // from the terminal's session so the shell's SIGINT/SIGHUP do not reach it, and no
+    // descriptor but stdio outlives the exec (the daemon must not hold its caller's
+    // pipes for the life of the mount).
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
+            crate::keeper::cloexec_from(3);
             Ok(())
         });
     }

@@ -358,6 +358,11 @@ impl Mount {
         expect_transport(&self.path());
     }
 
+    /// The process serving the mount (under a keeper, not the one `pkgfs mount -f` is).
+    pub fn server_pid(&self) -> u32 {
+        status_json(&self.path())["server_pid"].as_u64().expect("server_pid") as u32
+    }
+
     /// The mountpoint.
     pub fn path(&self) -> PathBuf {
         self.dir.path().join("mnt")

@@ -288,6 +288,7 @@ impl Keeper {
                 if libc::getppid() != keeper {
                     libc::_exit(1);
                 }
+                cloexec_from(3);
                 libc::fcntl(fd, libc::F_SETFD, 0);
                 Ok(())
             });
@@ -530,8 +531,8 @@ impl Keeper {
 
     /// Bind `pkgfs-keeper-<st_dev>` for `pkgfs reload`.
     fn listen(&self) -> std::io::Result<()> {
-        use std::os::unix::fs::MetadataExt;
-        let dev = std::fs::metadata(&self.cfg.mount.mountpoint)?.dev();
+        let dev = session::mount_device(&self.cfg.mount.mountpoint)
+            .ok_or_else(|| std::io::Error::other("the mount is not in the mount table"))?;
         let listener = UnixListener::bind_addr(&address(dev)?)?;
         let tx = self.tx.clone();
         // SAFETY: getuid cannot fail.
@@ -732,6 +733,22 @@ impl Keeper {
     }
 }
 
+/// Mark every descriptor from `first` up close-on-exec: a process that outlives the
+/// one that started it must not keep that one's pipes open (a test harness waiting for
+/// its output's end would wait as long as the mount lives). Async-signal-safe.
+pub fn cloexec_from(first: u32) {
+    // SAFETY: close_range(2) with CLOSE_RANGE_CLOEXEC only sets flags; on a kernel
+    // without it the call fails and nothing changes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+    }
+}
+
 /// Stop a server that is being replaced.
 fn stop(s: &Server) {
     // SAFETY: signalling our own child.
@@ -776,10 +793,9 @@ fn address(dev: u64) -> std::io::Result<SocketAddr> {
 
 /// `pkgfs reload MOUNTPOINT`: ask its keeper to replace its server, and say how it went.
 pub fn ask_reload(mountpoint: &std::path::Path) -> Result<String, String> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(mountpoint)
-        .map_err(|e| format!("{}: {e}", mountpoint.display()))?
-        .dev();
+    // From the mount table, not stat: after the keeper gave up, stat may fail with EIO.
+    let dev = session::mount_device(mountpoint)
+        .ok_or_else(|| format!("{} is not a mountpoint", mountpoint.display()))?;
     let addr = address(dev).map_err(|e| e.to_string())?;
     let mut conn = UnixStream::connect_addr(&addr).map_err(|_| {
         format!(

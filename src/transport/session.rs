@@ -336,6 +336,27 @@ pub fn mount_path(p: &Path) -> PathBuf {
     }
 }
 
+/// The device number of the mount at `p`, from /proc/self/mountinfo: what `stat`
+/// gives, without asking the mount (whose server may be gone).
+pub fn mount_device(p: &Path) -> Option<u64> {
+    let want = mount_path(p);
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mount_device_in(&info, &want)
+}
+
+/// The device of the last mount at `want` in a mountinfo text.
+fn mount_device_in(info: &str, want: &Path) -> Option<u64> {
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let (dev, dir) = (f.get(2)?, f.get(4)?);
+        if Path::new(&unescape_mount_field(dir)) != want {
+            return None;
+        }
+        let (major, minor) = dev.split_once(':')?;
+        Some(libc::makedev(major.parse().ok()?, minor.parse().ok()?))
+    })
+}
+
 /// The filesystem type mounted at `p`, from /proc/self/mounts.
 fn mounted_type(p: &Path) -> Option<String> {
     let want = mount_path(p);
@@ -442,6 +463,21 @@ pkgs /mnt/x fuse ro 0 0
             "stacked: the top one"
         );
         assert_eq!(mounted_type_in(mounts, Path::new("/mnt/none")), None);
+        let info = "\
+36 1 0:33 / /mnt/a\\040b rw - fuse.pkgfs pkgs ro
+37 1 0:34 / /mnt/x rw - tmpfs tmpfs rw
+38 37 0:51 / /mnt/x rw - fuse pkgs ro
+";
+        assert_eq!(
+            mount_device_in(info, Path::new("/mnt/a b")),
+            Some(libc::makedev(0, 33))
+        );
+        assert_eq!(
+            mount_device_in(info, Path::new("/mnt/x")),
+            Some(libc::makedev(0, 51)),
+            "stacked: the top one"
+        );
+        assert_eq!(mount_device_in(info, Path::new("/mnt/none")), None);
         assert!(is_fuse("fuse") && is_fuse("fuse.pkgfs") && !is_fuse("fuseblk2x"));
         assert!(!is_fuse("ext4"));
     }

@@ -1,0 +1,529 @@
+//! A mount outlives its server (issue 35): the keeper holds the connection, a server
+//! killed with SIGKILL is replaced and the kernel resends what it had read, `pkgfs
+//! reload` replaces a server on purpose, and a keeper that gives up answers EIO at once.
+//!
+//! The reference for every read is an independent extraction by `tar xzf` of the
+//! archive `tar czf` made; the mounted tree is read whole by `tar` (a stream compared
+//! byte for byte, hashed) while servers are killed at marks in that stream's progress,
+//! not at times (a loaded machine moves times, not marks).
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::common::{Mount, UmountGuard, pkgfs, require_fuse, run, status_json, wait_until};
+
+/// A tree of 20 directories × 20 files (random bytes in four sizes, two modes, distinct
+/// mtimes), a symlink per directory and one 8 MiB file, packed by `tar czf`, and its
+/// extraction by `tar xzf`. Returns (archive, extraction).
+fn tarball(dir: &Path) -> (PathBuf, PathBuf) {
+    let src = dir.join("src");
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for d in 0..20 {
+        let sub = src.join(format!("d{d:02}/sub"));
+        fs::create_dir_all(&sub).unwrap();
+        for f in 0..20 {
+            let size = [100, 3000, 40_000, 200_000][(next() % 4) as usize];
+            let data: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+            let p = if f % 3 == 0 {
+                sub.join(format!("f{f:02}.bin"))
+            } else {
+                src.join(format!("d{d:02}/f{f:02}.bin"))
+            };
+            fs::write(&p, &data).unwrap();
+            let mode = if f % 2 == 0 { 0o755 } else { 0o644 };
+            fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+            run(Command::new("touch")
+                .arg("-d")
+                .arg(format!("@{}", 1_600_000_000 + d * 100 + f))
+                .arg(&p));
+        }
+        std::os::unix::fs::symlink("../d00/f01.bin", src.join(format!("d{d:02}/link"))).unwrap();
+    }
+    let big: Vec<u8> = (0..8 << 20).map(|_| next() as u8).collect();
+    fs::write(src.join("d00/big.bin"), big).unwrap();
+    let arc = dir.join("pkg.tar.gz");
+    run(Command::new("tar")
+        .arg("czf")
+        .arg(&arc)
+        .arg("-C")
+        .arg(&src)
+        .arg("."));
+    let ext = dir.join("ext");
+    fs::create_dir(&ext).unwrap();
+    run(Command::new("tar")
+        .arg("xzf")
+        .arg(&arc)
+        .arg("-C")
+        .arg(&ext));
+    (arc, ext)
+}
+
+/// `tar` of every top-level name under `root`, in name order with numeric owners: the
+/// same tree gives the same bytes (the root itself is left out: its mtime is the
+/// mount's, not the archive's).
+fn tar_of(root: &Path, names: &[String]) -> Command {
+    let mut c = Command::new("tar");
+    c.arg("--sort=name")
+        .arg("--numeric-owner")
+        .arg("-C")
+        .arg(root)
+        .arg("-cf")
+        .arg("-")
+        .args(names);
+    c
+}
+
+fn top_names(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+fn sha(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// The reference: hash and length of the tar stream of the extraction.
+fn reference(ext: &Path) -> (String, u64) {
+    let out = run(&mut tar_of(ext, &top_names(ext)));
+    (sha(&out.stdout), out.stdout.len() as u64)
+}
+
+/// The server's pid, if its status channel answers.
+fn server_pid(mp: &Path) -> Option<u32> {
+    let out = pkgfs()
+        .arg("status")
+        .arg("--json")
+        .arg(mp)
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["server_pid"].as_u64().map(|p| p as u32)
+}
+
+/// Wait for a server other than `old` to answer, and return its pid.
+fn next_server(mp: &Path, old: Option<u32>) -> u32 {
+    let mut pid = None;
+    wait_until(Duration::from_secs(30), "no new server answers", || {
+        pid = server_pid(mp).filter(|p| Some(*p) != old);
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+fn kill9(pid: u32) {
+    // SAFETY: signalling a process by pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0, "kill {pid}");
+}
+
+/// A `tar` read of the whole mount, consumed on a thread that counts and hashes.
+struct ReadAll {
+    done: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<(String, u64, std::process::Output)>,
+}
+
+impl ReadAll {
+    fn start(mp: &Path, names: &[String]) -> ReadAll {
+        let mut child = tar_of(mp, names)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let done = Arc::new(AtomicU64::new(0));
+        let counter = done.clone();
+        let thread = std::thread::spawn(move || {
+            let mut out = child.stdout.take().unwrap();
+            let mut h = Sha256::new();
+            let mut buf = vec![0u8; 16 << 10];
+            let mut n = 0u64;
+            loop {
+                let got = out.read(&mut buf).unwrap();
+                if got == 0 {
+                    break;
+                }
+                h.update(&buf[..got]);
+                n += got as u64;
+                counter.store(n, Ordering::Release);
+            }
+            let status = child.wait_with_output().unwrap();
+            (format!("{:x}", h.finalize()), n, status)
+        });
+        ReadAll { done, thread }
+    }
+
+    /// Wait until `at` bytes have been read (or the reader ended).
+    fn reach(&self, at: u64) {
+        wait_until(Duration::from_secs(120), "the reader stalled", || {
+            self.done.load(Ordering::Acquire) >= at || self.thread.is_finished()
+        });
+    }
+
+    /// The stream's hash and length; panics if tar failed or said anything.
+    fn finish(self) -> (String, u64) {
+        let (hash, n, out) = self.thread.join().unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "the reader saw an error: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (hash, n)
+    }
+}
+
+/// `kill -9` of the server at four marks of a read-all: the stream equals the
+/// extraction's, the reader saw no error, and the status counts the restarts.
+#[test]
+fn kill_9_of_the_server_during_a_read_all_loses_no_byte_and_fails_no_reader() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let (want, len) = reference(&ext);
+    // A small block cache: most reads decode again, so the servers are busy when killed.
+    let m = Mount::new(&[&arc], &["--restart-limit", "100/60s", "--cache-size", "1M"]);
+    let mp = m.path();
+    let reader = ReadAll::start(&mp, &top_names(&ext));
+    let mut last = None;
+    for mark in [1, 2, 3, 4] {
+        let pid = next_server(&mp, last);
+        reader.reach(len * mark / 5);
+        kill9(pid);
+        last = Some(pid);
+    }
+    let (got, n) = reader.finish();
+    assert_eq!((got, n), (want, len), "the stream read across four kills");
+    let st = status_json(&mp);
+    assert_eq!(st["keeper"]["restarts"], 4, "{st}");
+    assert_eq!(
+        st["keeper"]["last_cause"], "killed by signal 9 (SIGKILL)",
+        "{st}"
+    );
+    assert!(st["keeper"]["last_pause_ms"].as_u64().is_some(), "{st}");
+    assert_ne!(st["server_pid"], st["keeper_pid"]);
+    let log = m.log_text();
+    assert_eq!(log.matches("serving again after").count(), 4, "{log}");
+}
+
+/// `find` across kills lists what the extraction has (names, types, sizes, modes,
+/// mtimes, symlink targets).
+#[test]
+fn kill_9_during_a_walk_lists_the_same_tree() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let listing = |root: &Path| {
+        let out = run(Command::new("find")
+            .arg(".")
+            .arg("-mindepth")
+            .arg("1")
+            .arg("-printf")
+            .arg("%P %y %s %m %T@ %l\n")
+            .current_dir(root));
+        let mut lines: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(normalise)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let want = listing(&ext);
+    let m = Mount::new(&[&arc], &["--restart-limit", "100/60s"]);
+    let mp = m.path();
+    // The walk reads names line by line; the server dies after every 100.
+    let mut find = Command::new("find")
+        .arg(".")
+        .arg("-mindepth")
+        .arg("1")
+        .arg("-printf")
+        .arg("%P %y %s %m %T@ %l\n")
+        .current_dir(&mp)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut got = Vec::new();
+    let mut last = Some(next_server(&mp, None));
+    for line in BufReader::new(find.stdout.take().unwrap()).lines() {
+        got.push(line.unwrap());
+        if got.len() % 100 == 0 {
+            kill9(last.unwrap());
+            last = Some(next_server(&mp, last));
+        }
+    }
+    assert!(find.wait().unwrap().success());
+    let mut got: Vec<String> = got.iter().map(|l| normalise(l)).collect();
+    got.sort();
+    let differ: Vec<_> = want.iter().zip(&got).filter(|(a, b)| a != b).take(5).collect();
+    assert!(
+        got.len() == want.len() && differ.is_empty(),
+        "{} lines against {}; first differences: {differ:?}",
+        got.len(),
+        want.len()
+    );
+    assert!(status_json(&mp)["keeper"]["restarts"].as_u64().unwrap() >= 4);
+}
+
+/// A `find -printf` line without a directory's size (the extraction's directories
+/// have their disk's block size, the mount's 0).
+fn normalise(line: &str) -> String {
+    let mut f: Vec<&str> = line.split(' ').collect();
+    if f.get(1) == Some(&"d") {
+        f[2] = "-";
+    }
+    f.join(" ")
+}
+
+/// A process with a file open and its cwd inside the mount keeps reading across two
+/// kills: the new servers answer for the kernel's node IDs and handles.
+#[test]
+fn an_open_file_and_a_cwd_inside_the_mount_survive_kills() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let m = Mount::new(&[&arc], &["--restart-limit", "100/60s"]);
+    let mp = m.path();
+    let script = r#"
+import hashlib, os, sys
+f = open(os.path.join(sys.argv[1], "d00/big.bin"), "rb")
+first = f.read(4096)
+os.chdir(os.path.join(sys.argv[1], "d04"))
+print("ready", flush=True)
+sys.stdin.readline()
+rest = f.read()
+names = ",".join(sorted(os.listdir(".")))
+rel = open("sub/f03.bin", "rb").read()
+st = os.stat(".")
+print(hashlib.sha256(first + rest).hexdigest(), names, hashlib.sha256(rel).hexdigest(), oct(st.st_mode), flush=True)
+"#;
+    let mut py = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&mp)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(py.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let mut last = None;
+    for _ in 0..2 {
+        let pid = next_server(&mp, last);
+        kill9(pid);
+        last = Some(pid);
+    }
+    py.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(py.wait().unwrap().success());
+    let names = top_names(&ext.join("d04")).join(",");
+    let mode = fs::metadata(ext.join("d04")).unwrap().permissions();
+    let want = format!(
+        "{} {} {} {:#o}",
+        sha(&fs::read(ext.join("d00/big.bin")).unwrap()),
+        names,
+        sha(&fs::read(ext.join("d04/sub/f03.bin")).unwrap()),
+        std::os::unix::fs::PermissionsExt::mode(&mode)
+    );
+    assert_eq!(line.trim(), want);
+}
+
+/// A server that cannot start (its source directory is gone): the keeper stops after
+/// the limit and every request fails with EIO at once; `pkgfs reload`, once the source
+/// is back, serves again.
+#[test]
+fn a_server_that_cannot_start_makes_reads_fail_fast_until_a_reload() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    fs::rename(&arc, pkgs.join("pkg.tar.gz")).unwrap();
+    let m = Mount::new(&[&pkgs], &["--no-watch", "--restart-limit", "2/60s"]);
+    let mp = m.path();
+    let away = dir.path().join("away");
+    fs::rename(&pkgs, &away).unwrap();
+    kill9(next_server(&mp, None));
+    wait_until(Duration::from_secs(30), "the keeper never gave up", || {
+        m.log_text().contains("giving up restarting")
+    });
+    let log = m.log_text();
+    assert!(log.contains("2 servers died within"), "{log}");
+    // Fails, and fast: nobody serves, the keeper refuses.
+    let t = Instant::now();
+    let e = fs::read(mp.join("d07/f02.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+
+    fs::rename(&away, &pkgs).unwrap();
+    let out = run(pkgfs().arg("reload").arg(&mp));
+    assert!(out.status.success());
+    next_server(&mp, None);
+    assert_eq!(
+        fs::read(mp.join("d07/f02.bin")).unwrap(),
+        fs::read(ext.join("d07/f02.bin")).unwrap()
+    );
+    let st = status_json(&mp);
+    assert_eq!(st["keeper"]["reloads"], 1, "{st}");
+}
+
+/// Sources that changed under `--no-watch` would give the kernel's inode numbers
+/// another meaning: `pkgfs reload` is refused and the old server keeps serving the old
+/// bytes; a new server after a kill is refused too, and reads fail with EIO.
+#[test]
+fn a_server_whose_sources_changed_is_refused_and_the_old_one_serves() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    fs::copy(&arc, pkgs.join("pkg.tar.gz")).unwrap();
+    let m = Mount::new(&[&pkgs], &["--no-watch"]);
+    let mp = m.path();
+    let old = next_server(&mp, None);
+    // Another archive in its place (a new file renamed over it, as package managers do).
+    fs::write(ext.join("d01/f01.bin"), b"changed").unwrap();
+    run(Command::new("tar")
+        .arg("czf")
+        .arg(pkgs.join(".new.tar.gz"))
+        .arg("-C")
+        .arg(&ext)
+        .arg("."));
+    fs::rename(pkgs.join(".new.tar.gz"), pkgs.join("pkg.tar.gz")).unwrap();
+
+    let out = pkgfs().arg("reload").arg(&mp).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not what they were at mount"), "{err}");
+    assert_eq!(server_pid(&mp), Some(old), "the old server still serves");
+    assert_ne!(fs::read(mp.join("d01/f01.bin")).unwrap(), b"changed");
+
+    kill9(old);
+    wait_until(Duration::from_secs(30), "the keeper never gave up", || {
+        m.log_text().contains("giving up restarting")
+    });
+    let e = fs::read(mp.join("d02/f02.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+}
+
+/// `pkgfs reload` during a read-all, from a binary replaced the way a package upgrade
+/// replaces it (a new file renamed over the old): the stream is whole, the new server
+/// runs the new file, the keeper still the old one.
+#[test]
+fn reload_during_a_read_all_starts_the_installed_binary() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let (want, len) = reference(&ext);
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    let exe = bin.join("pkgfs");
+    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), &exe).unwrap();
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let log = dir.path().join("log");
+    run(Command::new(&exe)
+        .arg("mount")
+        .arg(&arc)
+        .arg(&mp)
+        .arg("--log-file")
+        .arg(&log)
+        .arg("--cache-size")
+        .arg("1M"));
+    let _guard = UmountGuard(&mp);
+    let old = next_server(&mp, None);
+    let reader = ReadAll::start(&mp, &top_names(&ext));
+    reader.reach(len / 2);
+    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), bin.join(".pkgfs.new")).unwrap();
+    fs::rename(bin.join(".pkgfs.new"), &exe).unwrap();
+    let out = run(Command::new(&exe).arg("reload").arg(&mp));
+    assert!(out.status.success());
+    let (got, n) = reader.finish();
+    assert_eq!((got, n), (want, len), "the stream read across the reload");
+
+    let st = status_json(&mp);
+    let new = st["server_pid"].as_u64().unwrap();
+    assert_ne!(new, old as u64);
+    assert_eq!(st["keeper"]["reloads"], 1, "{st}");
+    assert_eq!(st["keeper"]["last_cause"], "reload", "{st}");
+    let exe_of = |pid: u64| fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert!(
+        !exe_of(new).to_string_lossy().ends_with("(deleted)"),
+        "the new server runs the installed file"
+    );
+    let keeper = st["keeper_pid"].as_u64().unwrap();
+    assert!(
+        exe_of(keeper).to_string_lossy().ends_with("(deleted)"),
+        "the keeper runs what it was started from"
+    );
+    run(Command::new(&exe).arg("umount").arg(&mp));
+    wait_until(Duration::from_secs(10), "keeper or server outlived the mount", || {
+        !Path::new(&format!("/proc/{keeper}")).exists()
+            && !Path::new(&format!("/proc/{new}")).exists()
+    });
+}
+
+/// The keeper stays small (it holds a descriptor and waits), a SIGTERM to it unmounts,
+/// and `--no-keeper` mounts have none.
+#[test]
+fn the_keeper_is_small_and_a_signal_to_it_unmounts() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, _) = tarball(dir.path());
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    run(pkgfs().arg("mount").arg(&arc).arg(&mp).args(["--io-uring", "auto"]));
+    let _guard = UmountGuard(&mp);
+    let st = status_json(&mp);
+    assert_eq!(st["transport"], "/dev/fuse", "no io_uring under a keeper");
+    let keeper = st["keeper_pid"].as_u64().unwrap();
+    let rss_kb: u64 = fs::read_to_string(format!("/proc/{keeper}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    eprintln!("keeper RSS {rss_kb} kB");
+    assert!(rss_kb < 16 * 1024, "keeper RSS {rss_kb} kB");
+    // SAFETY: signalling the keeper.
+    unsafe { libc::kill(keeper as i32, libc::SIGTERM) };
+    wait_until(Duration::from_secs(10), "SIGTERM to the keeper did not unmount", || {
+        !crate::common::is_mountpoint(&mp) && !Path::new(&format!("/proc/{keeper}")).exists()
+    });
+
+    let m = Mount::new(&[&arc], &["--no-keeper"]);
+    let st = status_json(&m.path());
+    assert!(st["keeper_pid"].is_null(), "{st}");
+    assert_eq!(st["server_pid"], st["pid"]);
+}
