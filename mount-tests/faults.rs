@@ -265,9 +265,7 @@ fn thousands_of_archives_mount_under_a_low_descriptor_limit() {
     }
     // The server's descriptors (it inherits the keeper's limit).
     let server = crate::common::status_json(&mp)["server_pid"].clone();
-    let fds = fs::read_dir(format!("/proc/{server}/fd"))
-        .unwrap()
-        .count();
+    let fds = fs::read_dir(format!("/proc/{server}/fd")).unwrap().count();
     assert!(fds <= 64, "{fds} descriptors open");
     run(pkgfs().arg("umount").arg(&mp));
     assert!(child.wait().unwrap().success());

@@ -220,7 +220,11 @@ fn the_installed_package_mounts_through_fstab_and_is_removed_cleanly() {
     assert_ne!(after["server_pid"], st["server_pid"], "{after}");
     assert_eq!(after["keeper"]["reloads"], 1, "{after}");
     let exe = fs::read_link(format!("/proc/{}/exe", after["server_pid"])).unwrap();
-    assert_eq!(exe, Path::new("/usr/bin/pkgfs"), "the new file, not a deleted one");
+    assert_eq!(
+        exe,
+        Path::new("/usr/bin/pkgfs"),
+        "the new file, not a deleted one"
+    );
     assert_eq!(
         fs::read(mp.join("etc/a.conf")).unwrap(),
         b"from the package\n"

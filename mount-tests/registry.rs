@@ -2072,3 +2072,55 @@ fn every_layer_passed_and_digest_checked(mp: &Path, what: &str) {
         );
     }
 }
+
+/// A program of a `docker://` image runs in a chroot of the mount while its server is
+/// killed (issue 35): each run, page cache and dentries dropped first, loses its server
+/// after its first line of output, and still prints what the image's reference unpack
+/// prints. The restarted servers read the layers' indexes and bytes from the disk cache.
+#[test]
+fn a_program_in_a_docker_image_runs_on_across_server_kills() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    reg.push("oci-gzip:latest", "pkgfs/debian:restart", None);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let m = Mount::new(
+        &[Path::new(&reg.reference("pkgfs/debian:restart"))],
+        &[
+            "--tls-verify=false",
+            "--index-cache",
+            dir.path().join("index").to_str().unwrap(),
+            "--disk-cache",
+            cache.to_str().unwrap(),
+            "--restart-limit",
+            "100/60s",
+        ],
+    );
+    let want = fs::read_to_string(images().join("reference.selftest")).unwrap();
+    let mut last = None;
+    for round in 0..3 {
+        let pid = crate::common::next_server(&m.path(), last);
+        let _dropped = page_cache_dropped();
+        fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+        let mut child = Command::new("chroot")
+            .arg(m.path())
+            .arg("/usr/local/bin/pkgfs-selftest")
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut got = String::new();
+        std::io::BufRead::read_line(&mut out, &mut got).unwrap();
+        crate::common::kill9(pid);
+        last = Some(pid);
+        std::io::Read::read_to_string(&mut out, &mut got).unwrap();
+        assert!(child.wait().unwrap().success(), "round {round}: {got}");
+        assert_eq!(got, want, "round {round}");
+    }
+    let st = status_json(&m.path());
+    assert_eq!(st["keeper"]["restarts"], 3, "{st}");
+}

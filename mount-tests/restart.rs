@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::common::{Mount, UmountGuard, pkgfs, require_fuse, run, status_json, wait_until};
+use crate::common::{
+    Mount, UmountGuard, kill9, next_server, pkgfs, require_fuse, run, server_pid, status_json,
+    wait_until,
+};
 
 /// A tree of 20 directories × 20 files (random bytes in four sizes, two modes, distinct
 /// mtimes), a symlink per directory and one 8 MiB file, packed by `tar czf`, and its
@@ -63,11 +66,7 @@ fn tarball(dir: &Path) -> (PathBuf, PathBuf) {
         .arg("."));
     let ext = dir.join("ext");
     fs::create_dir(&ext).unwrap();
-    run(Command::new("tar")
-        .arg("xzf")
-        .arg(&arc)
-        .arg("-C")
-        .arg(&ext));
+    run(Command::new("tar").arg("xzf").arg(&arc).arg("-C").arg(&ext));
     (arc, ext)
 }
 
@@ -105,35 +104,9 @@ fn reference(ext: &Path) -> (String, u64) {
     (sha(&out.stdout), out.stdout.len() as u64)
 }
 
-/// The server's pid, if its status channel answers.
-fn server_pid(mp: &Path) -> Option<u32> {
-    let out = pkgfs()
-        .arg("status")
-        .arg("--json")
-        .arg(mp)
-        .output()
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["server_pid"].as_u64().map(|p| p as u32)
-}
-
-/// Wait for a server other than `old` to answer, and return its pid.
-fn next_server(mp: &Path, old: Option<u32>) -> u32 {
-    let mut pid = None;
-    wait_until(Duration::from_secs(30), "no new server answers", || {
-        pid = server_pid(mp).filter(|p| Some(*p) != old);
-        pid.is_some()
-    });
-    pid.unwrap()
-}
-
-fn kill9(pid: u32) {
-    // SAFETY: signalling a process by pid.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0, "kill {pid}");
-}
-
 /// A `tar` read of the whole mount, consumed on a thread that counts and hashes.
 struct ReadAll {
+    pid: u32,
     done: Arc<AtomicU64>,
     thread: std::thread::JoinHandle<(String, u64, std::process::Output)>,
 }
@@ -145,6 +118,7 @@ impl ReadAll {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let pid = child.id();
         let done = Arc::new(AtomicU64::new(0));
         let counter = done.clone();
         let thread = std::thread::spawn(move || {
@@ -164,18 +138,34 @@ impl ReadAll {
             let status = child.wait_with_output().unwrap();
             (format!("{:x}", h.finalize()), n, status)
         });
-        ReadAll { done, thread }
+        ReadAll { pid, done, thread }
+    }
+
+    /// Wait up to `limit` for `cond`; a reader that hangs is killed (a task waiting on
+    /// FUSE dies of SIGKILL), so a failing test leaves no process behind.
+    fn wait(&self, limit: Duration, what: &str, cond: impl Fn() -> bool) {
+        let t = Instant::now();
+        while !cond() {
+            if t.elapsed() > limit {
+                kill9(self.pid);
+                panic!("{what}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Wait until `at` bytes have been read (or the reader ended).
     fn reach(&self, at: u64) {
-        wait_until(Duration::from_secs(120), "the reader stalled", || {
+        self.wait(Duration::from_secs(120), "the reader stalled", || {
             self.done.load(Ordering::Acquire) >= at || self.thread.is_finished()
         });
     }
 
     /// The stream's hash and length; panics if tar failed or said anything.
     fn finish(self) -> (String, u64) {
+        self.wait(Duration::from_secs(120), "the reader hangs", || {
+            self.thread.is_finished()
+        });
         let (hash, n, out) = self.thread.join().unwrap();
         assert!(
             out.status.success() && out.stderr.is_empty(),
@@ -198,7 +188,10 @@ fn kill_9_of_the_server_during_a_read_all_loses_no_byte_and_fails_no_reader() {
     let (arc, ext) = tarball(dir.path());
     let (want, len) = reference(&ext);
     // A small block cache: most reads decode again, so the servers are busy when killed.
-    let m = Mount::new(&[&arc], &["--restart-limit", "100/60s", "--cache-size", "1M"]);
+    let m = Mount::new(
+        &[&arc],
+        &["--restart-limit", "100/60s", "--cache-size", "1M"],
+    );
     let mp = m.path();
     let reader = ReadAll::start(&mp, &top_names(&ext));
     let mut last = None;
@@ -273,7 +266,12 @@ fn kill_9_during_a_walk_lists_the_same_tree() {
     assert!(find.wait().unwrap().success());
     let mut got: Vec<String> = got.iter().map(|l| normalise(l)).collect();
     got.sort();
-    let differ: Vec<_> = want.iter().zip(&got).filter(|(a, b)| a != b).take(5).collect();
+    let differ: Vec<_> = want
+        .iter()
+        .zip(&got)
+        .filter(|(a, b)| a != b)
+        .take(5)
+        .collect();
     assert!(
         got.len() == want.len() && differ.is_empty(),
         "{} lines against {}; first differences: {differ:?}",
@@ -486,10 +484,14 @@ fn reload_during_a_read_all_starts_the_installed_binary() {
         "the keeper runs what it was started from"
     );
     run(Command::new(&exe).arg("umount").arg(&mp));
-    wait_until(Duration::from_secs(10), "keeper or server outlived the mount", || {
-        !Path::new(&format!("/proc/{keeper}")).exists()
-            && !Path::new(&format!("/proc/{new}")).exists()
-    });
+    wait_until(
+        Duration::from_secs(10),
+        "keeper or server outlived the mount",
+        || {
+            !Path::new(&format!("/proc/{keeper}")).exists()
+                && !Path::new(&format!("/proc/{new}")).exists()
+        },
+    );
 }
 
 /// The keeper stays small (it holds a descriptor and waits), a SIGTERM to it unmounts,
@@ -503,7 +505,11 @@ fn the_keeper_is_small_and_a_signal_to_it_unmounts() {
     let (arc, _) = tarball(dir.path());
     let mp = dir.path().join("mnt");
     fs::create_dir(&mp).unwrap();
-    run(pkgfs().arg("mount").arg(&arc).arg(&mp).args(["--io-uring", "auto"]));
+    run(pkgfs()
+        .arg("mount")
+        .arg(&arc)
+        .arg(&mp)
+        .args(["--io-uring", "auto"]));
     let _guard = UmountGuard(&mp);
     let st = status_json(&mp);
     assert_eq!(st["transport"], "/dev/fuse", "no io_uring under a keeper");
@@ -518,9 +524,11 @@ fn the_keeper_is_small_and_a_signal_to_it_unmounts() {
     assert!(rss_kb < 16 * 1024, "keeper RSS {rss_kb} kB");
     // SAFETY: signalling the keeper.
     unsafe { libc::kill(keeper as i32, libc::SIGTERM) };
-    wait_until(Duration::from_secs(10), "SIGTERM to the keeper did not unmount", || {
-        !crate::common::is_mountpoint(&mp) && !Path::new(&format!("/proc/{keeper}")).exists()
-    });
+    wait_until(
+        Duration::from_secs(10),
+        "SIGTERM to the keeper did not unmount",
+        || !crate::common::is_mountpoint(&mp) && !Path::new(&format!("/proc/{keeper}")).exists(),
+    );
 
     let m = Mount::new(&[&arc], &["--no-keeper"]);
     let st = status_json(&m.path());

@@ -360,7 +360,9 @@ impl Mount {
 
     /// The process serving the mount (under a keeper, not the one `pkgfs mount -f` is).
     pub fn server_pid(&self) -> u32 {
-        status_json(&self.path())["server_pid"].as_u64().expect("server_pid") as u32
+        status_json(&self.path())["server_pid"]
+            .as_u64()
+            .expect("server_pid") as u32
     }
 
     /// The mountpoint.
@@ -721,4 +723,31 @@ pub fn terminate(c: &mut Child) {
     }
     let _ = c.kill();
     let _ = c.wait();
+}
+
+/// The server's pid (`pkgfs status`'s `server_pid`), if its status channel answers.
+pub fn server_pid(mp: &Path) -> Option<u32> {
+    let out = pkgfs().arg("status").arg("--json").arg(mp).output().ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["server_pid"].as_u64().map(|p| p as u32)
+}
+
+/// Wait for a server other than `old` to answer, and return its pid.
+pub fn next_server(mp: &Path, old: Option<u32>) -> u32 {
+    let mut pid = None;
+    wait_until(Duration::from_secs(30), "no new server answers", || {
+        pid = server_pid(mp).filter(|p| Some(*p) != old);
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+/// SIGKILL to `pid` (a server, to test that its keeper replaces it).
+pub fn kill9(pid: u32) {
+    // SAFETY: signalling a process by pid.
+    assert_eq!(
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) },
+        0,
+        "kill {pid}"
+    );
 }
