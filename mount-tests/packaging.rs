@@ -325,6 +325,27 @@ fn a_user_who_is_not_root_mounts_and_unmounts_with_fusermount3() {
     assert_eq!(run(&mut cat).stdout, b"hello, user\n");
     // Root cannot look in (no allow_other): the mount is the user's.
     assert!(fs::read_dir(&mp).is_err());
+    // The user's mount has a keeper too (fusermount3 passed it the descriptor): a
+    // killed server is replaced, and the next lookup is answered, not ENOTCONN.
+    let status = |c: &mut Command| -> serde_json::Value {
+        serde_json::from_slice(&run(c.arg("--json").arg(&mp)).stdout).unwrap()
+    };
+    let st = status(&mut as_user(&["status"]));
+    assert!(st["keeper_pid"].as_u64().is_some(), "{st}");
+    crate::common::kill9(st["server_pid"].as_u64().unwrap() as u32);
+    let mut missing = Command::new("runuser");
+    missing
+        .args(["-u", USER, "--", "stat"])
+        .arg(mp.join("not-there"));
+    let out = missing.output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("No such file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(run(&mut cat).stdout, b"hello, user\n");
+    let after = status(&mut as_user(&["status"]));
+    assert_eq!(after["keeper"]["restarts"], 1, "{after}");
     let mut umount = as_user(&["umount"]);
     umount.arg(&mp);
     run(&mut umount);

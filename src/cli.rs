@@ -284,7 +284,7 @@ struct ServeArgs {
     #[arg(short, long)]
     foreground: bool,
     /// No keeper: the process that serves the mount holds its connection, and the mount
-    /// dies with it (ENOTCONN). By default (as root) a small keeper holds it and starts
+    /// dies with it (ENOTCONN). By default a small keeper holds it and starts
     /// a new server when one dies; FUSE over io_uring is only used without a keeper.
     #[arg(long)]
     no_keeper: bool,

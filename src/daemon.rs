@@ -168,18 +168,9 @@ fn keeper_socket() -> Option<OwnedFd> {
     Some(sock)
 }
 
-/// Whether a keeper holds this mount's connection: asked for (the default), and as
-/// root (a user's mount goes through `fusermount3`, which the keeper does not speak).
+/// Whether a keeper holds this mount's connection: unless `--no-keeper`.
 fn use_keeper(cfg: &MountConfig) -> bool {
-    if !cfg.keeper {
-        return false;
-    }
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        info!("no keeper: only root's mounts have one (a user mounts through fusermount3)");
-        return false;
-    }
-    true
+    cfg.keeper
 }
 
 /// Be the keeper of this mount: start servers, hold the connection (`crate::keeper`).

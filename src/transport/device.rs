@@ -33,12 +33,18 @@ const IN_HEADER: usize = 40;
 /// max_write plus headers; pkgfs is read-only, but a buffer too small makes read fail).
 const BUF: usize = 16 * 1024 * 1024 + 4096;
 
-/// Open `/dev/fuse` and mount it at `o.mountpoint` (mount(2): root only).
+/// Mount at `o.mountpoint` and return the connection's descriptor: as root, open
+/// `/dev/fuse` and mount(2) it; otherwise through `fusermount3`, which mounts on the
+/// user's behalf and passes the descriptor back.
 pub fn mount(o: &MountOptions) -> Result<File, SessionError> {
     let fail = |source| SessionError::Mount {
         path: o.mountpoint.clone(),
         source,
     };
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return fusermount(o).map_err(fail);
+    }
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -47,6 +53,78 @@ pub fn mount(o: &MountOptions) -> Result<File, SessionError> {
     super::session::kernel_mount(&dev, &super::session::mount_path(&o.mountpoint), o)
         .map_err(fail)?;
     Ok(dev)
+}
+
+/// `fusermount3 -o OPTIONS -- MOUNTPOINT` with `_FUSE_COMMFD` naming our end of a
+/// socket pair: it opens `/dev/fuse`, mounts (setuid root), and sends the descriptor
+/// back (`SCM_RIGHTS`, libfuse's protocol).
+fn fusermount(o: &MountOptions) -> std::io::Result<File> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let fd = theirs.as_raw_fd();
+    let mut opts = vec![
+        if o.signals { "rw" } else { "ro" }.to_string(),
+        if o.suid { "suid" } else { "nosuid" }.to_string(),
+        if o.dev { "dev" } else { "nodev" }.to_string(),
+        "default_permissions".to_string(),
+        format!("fsname={}", o.fsname.replace(',', "\\,")),
+        format!("subtype={}", super::session::SUBTYPE),
+    ];
+    if o.noexec {
+        opts.push("noexec".into());
+    }
+    if o.noatime {
+        opts.push("noatime".into());
+    }
+    if o.access.needs_allow_other() {
+        opts.push("allow_other".into());
+    }
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.arg("-o")
+        .arg(opts.join(","))
+        .arg("--")
+        .arg(super::session::mount_path(&o.mountpoint))
+        .env("_FUSE_COMMFD", fd.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: only fcntl between fork and exec: fusermount3 inherits its end.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::fcntl(fd, libc::F_SETFD, 0);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    drop(theirs);
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!(std::os::fd::RawFd);
+    let received = {
+        let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+        nix::sys::socket::recvmsg::<()>(
+            ours.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .ok()
+        .and_then(|m| {
+            m.cmsgs().ok()?.find_map(|c| match c {
+                nix::sys::socket::ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+                _ => None,
+            })
+        })
+    };
+    let out = child.wait_with_output()?;
+    match received {
+        // SAFETY: the kernel installed this descriptor in our table for us.
+        Some(raw) if raw >= 0 => Ok(File::from(unsafe { OwnedFd::from_raw_fd(raw) })),
+        _ => Err(std::io::Error::other(format!(
+            "fusermount3: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
 }
 
 /// The INIT request the kernel sends first on a new connection, as bytes.
