@@ -535,3 +535,78 @@ fn the_keeper_is_small_and_a_signal_to_it_unmounts() {
     assert!(st["keeper_pid"].is_null(), "{st}");
     assert_eq!(st["server_pid"], st["pid"]);
 }
+
+/// A live mount across kills around an activation: a package added while a read-all
+/// runs is activated (its entries take fresh inode numbers); the server is killed at
+/// once, and again later. The new servers number the tree as the activated one did (the
+/// keeper hands them its table): a file of the new package opened before the kills
+/// reads on, the read-all's stream is whole, and the log says the table was taken.
+#[test]
+fn kill_9_right_after_a_live_activation_keeps_its_numbers() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let (want, len) = reference(&ext);
+    let pkgs = dir.path().join("pkgs");
+    fs::create_dir(&pkgs).unwrap();
+    fs::rename(&arc, pkgs.join("a.tar.gz")).unwrap();
+    let m = Mount::new(
+        &[&pkgs],
+        &["--restart-limit", "100/60s", "--cache-size", "1M"],
+    );
+    let mp = m.path();
+    let reader = ReadAll::start(&mp, &top_names(&ext));
+    reader.reach(len / 4);
+
+    // Package b: a directory of its own, installed by rename as package managers do.
+    let bsrc = dir.path().join("bsrc/extra");
+    fs::create_dir_all(&bsrc).unwrap();
+    let big: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fs::write(bsrc.join("big.bin"), &big).unwrap();
+    run(Command::new("tar")
+        .arg("czf")
+        .arg(pkgs.join(".b.tmp"))
+        .arg("-C")
+        .arg(dir.path().join("bsrc"))
+        .arg("extra"));
+    let old = next_server(&mp, None);
+    fs::rename(pkgs.join(".b.tmp"), pkgs.join("b.tar.gz")).unwrap();
+    wait_until(Duration::from_secs(30), "b was never activated", || {
+        mp.join("extra/big.bin").exists()
+    });
+    let mut f = fs::File::open(mp.join("extra/big.bin")).unwrap();
+    let mut head = vec![0u8; 4096];
+    f.read_exact(&mut head).unwrap();
+    kill9(old);
+    let second = next_server(&mp, Some(old));
+    reader.reach(len * 3 / 4);
+    kill9(second);
+    next_server(&mp, Some(second));
+
+    let (got, n) = reader.finish();
+    assert_eq!(
+        (got, n),
+        (want, len),
+        "the stream read across the activation and kills"
+    );
+    let mut rest = Vec::new();
+    f.read_to_end(&mut rest).unwrap();
+    head.extend(rest);
+    assert!(
+        head == big,
+        "the open file of the activated package reads on"
+    );
+    let log = m.log_text();
+    assert_eq!(
+        log.matches("numbers the tree by the last generation's table")
+            .count(),
+        2,
+        "{log}"
+    );
+    let st = status_json(&mp);
+    assert_eq!(st["keeper"]["restarts"], 2, "{st}");
+}

@@ -402,9 +402,7 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     };
     let (session, kernel, rings, kept) = serve(cfg, &fs, keeper)?;
     if let Some(k) = kept.clone() {
-        fs.on_change(Box::new(move || {
-            let _ = k.say(&ToKeeper::Changed);
-        }));
+        fs.on_change(Box::new(move |view, next_ino| k.changed(view, next_ino)));
     }
     let info = MountInfo {
         mountpoint: session::mount_path(&cfg.mountpoint),
@@ -566,7 +564,24 @@ struct Kept {
 
 impl Kept {
     fn say(&self, msg: &ToKeeper) -> Result<(), DaemonError> {
-        Ok(wire::send(self.sock.as_fd(), msg, None)?)
+        Ok(wire::send(self.sock.as_fd(), msg, &[])?)
+    }
+
+    /// Tell the keeper of a new generation before the kernel sees it: its digest and
+    /// numbering table, for a next server to number it the same way.
+    fn changed(&self, view: &crate::tree::view::View, next_ino: u64) {
+        let msg = ToKeeper::Changed {
+            digest: crate::fs::numbering_digest(view),
+            next_ino,
+        };
+        match wire::table_memfd(&view.numbering_table()) {
+            Ok(table) => {
+                if let Err(e) = wire::send(self.sock.as_fd(), &msg, &[table.as_fd()]) {
+                    warn!("cannot tell the keeper of the new generation: {e}");
+                }
+            }
+            Err(e) => warn!("cannot write the numbering table for the keeper: {e}"),
+        }
     }
 
     /// Keep the report up to date with what the keeper sends (`pkgfs-keeper` thread).
@@ -664,7 +679,7 @@ fn take_over(
         std::panic::set_hook(Box::new(move |p| {
             if let Some(s) = PANIC_LINE.get() {
                 let message = p.to_string();
-                let _ = wire::send(s.as_fd(), &ToKeeper::Panicked { message }, None);
+                let _ = wire::send(s.as_fd(), &ToKeeper::Panicked { message }, &[]);
             }
             prev(p);
         }));
@@ -673,20 +688,38 @@ fn take_over(
         wire: wire::WIRE,
         digest: fs.numbering_digest(),
     };
-    wire::send(sock.as_fd(), &hello, None)?;
-    let (init, reply, report, dev) = loop {
-        let (msg, dev) = wire::recv::<ToServer>(sock.as_fd())?;
+    wire::send(sock.as_fd(), &hello, &[])?;
+    let (init, reply, report, numbering, mut fds) = loop {
+        let (msg, fds) = wire::recv::<ToServer>(sock.as_fd())?;
         match msg {
             ToServer::Refuse { why } => return Err(DaemonError::Refused(why)),
             ToServer::Take {
                 init,
                 reply,
                 report,
-            } => break (init, reply, report, dev),
+                numbering,
+            } => break (init, reply, report, numbering, fds),
             ToServer::Report { .. } => continue,
         }
     };
-    let dev = dev.ok_or_else(|| DaemonError::Refused("the keeper sent no descriptor".into()))?;
+    if fds.is_empty() {
+        return Err(DaemonError::Refused("the keeper sent no descriptor".into()));
+    }
+    let dev = fds.remove(0);
+    if let Some(next_ino) = numbering {
+        // The tree changed under an earlier server: number it as that one did.
+        let table = fds
+            .first()
+            .ok_or_else(|| DaemonError::Refused("the keeper sent no numbering table".into()))
+            .and_then(|t| {
+                wire::read_table(t).map_err(|e| {
+                    DaemonError::Refused(format!("cannot read the numbering table: {e}"))
+                })
+            })?;
+        fs.adopt_numbering(table, next_ino)
+            .map_err(|e| DaemonError::Refused(format!("the numbering table: {e}")))?;
+        info!("numbered as the last server numbered its generation");
+    }
     let answer = dev.try_clone().map_err(|source| DaemonError::Start {
         what: "the session (a copy of the keeper's descriptor)",
         source,

@@ -185,6 +185,43 @@ pub struct Activation {
     pub retired: usize,
 }
 
+/// What hears of a new generation ([`PkgFs::on_change`]).
+pub type ChangeHook = Box<dyn Fn(&View, u64) + Send + Sync>;
+
+/// A digest of what the kernel's inode numbers mean in generation `v`, numbering aside:
+/// every node of its tree (local number, parent, name, type, attributes, hard-link
+/// target) and every grafted package (name and version; a graft numbers its own nodes
+/// from its directory's number). Two servers whose trees have the same digest number
+/// them the same way given the same numbering table (the first generation's is the
+/// tree's own), so a new server may take over from an old one (`crate::keeper`).
+pub fn numbering_digest(v: &View) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update((v.tree.len() as u64).to_le_bytes());
+    for ino in 1..=v.tree.len() as u64 {
+        let Some(n) = v.tree.node(ino) else { continue };
+        h.update(n.parent.to_le_bytes());
+        h.update([n.kind as u8]);
+        h.update(n.perm.to_le_bytes());
+        h.update(n.uid.to_le_bytes());
+        h.update(n.gid.to_le_bytes());
+        h.update(n.mtime.to_le_bytes());
+        h.update(n.size.to_le_bytes());
+        h.update(v.tree.canonical(ino).to_le_bytes());
+        let name = v.tree.name(n);
+        h.update((name.len() as u32).to_le_bytes());
+        h.update(name);
+    }
+    for g in &v.grafts {
+        let name = g.source.name().as_os_str().as_encoded_bytes();
+        h.update((name.len() as u32).to_le_bytes());
+        h.update(name);
+        h.update(g.source.version().as_bytes());
+        h.update([0]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The mounted filesystem.
 pub struct PkgFs {
     current: RwLock<Arc<View>>,
@@ -205,7 +242,7 @@ pub struct PkgFs {
     /// Request counters.
     pub stats: OpStats,
     /// Told of every activation ([`PkgFs::on_change`]).
-    changed: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    changed: std::sync::OnceLock<ChangeHook>,
 }
 
 impl PkgFs {
@@ -484,6 +521,9 @@ impl PkgFs {
         let generation = old.generation + 1;
         let (view, invalidations) =
             crate::tree::view::carry_over(&old, tree, layers, grafts, generation, &self.next_ino);
+        if let Some(f) = self.changed.get() {
+            f(&view, self.next_ino.load(Relaxed));
+        }
         let view = Arc::new(view);
         let kept: HashSet<*const Graft> = view.grafts.iter().map(Arc::as_ptr).collect();
         let gone: Vec<&Arc<Graft>> = old
@@ -536,9 +576,6 @@ impl PkgFs {
                 l.archive.blob.pin();
             }
         }
-        if let Some(f) = self.changed.get() {
-            f();
-        }
         Activation {
             generation,
             invalidations,
@@ -546,45 +583,50 @@ impl PkgFs {
         }
     }
 
-    /// Call `f` after every activation (a live change, a store's growth): the numbering
-    /// of inodes then depends on history (the keeper must know). Set once.
-    pub fn on_change(&self, f: Box<dyn Fn() + Send + Sync>) {
+    /// Call `f` with every new generation before the kernel can see it (a live
+    /// change, a store's growth), and the next fresh inode number: its numbering then
+    /// depends on history, and a keeper must hold it before any number of it is given
+    /// out. Set once.
+    pub fn on_change(&self, f: ChangeHook) {
         let _ = self.changed.set(f);
     }
 
-    /// A digest of what the kernel's inode numbers mean in the current generation: every
-    /// node of the tree (number, parent, name, type, attributes, hard-link target) and
-    /// every grafted package (name and version; a graft numbers its own nodes from its
-    /// directory's number). Two servers with the same digest answer every inode number
-    /// the same way, so a new server may take over from an old one (`crate::keeper`).
+    /// The current generation's numbering digest ([`numbering_digest`]).
     pub fn numbering_digest(&self) -> String {
-        use sha2::{Digest, Sha256};
-        let v = self.view();
-        let mut h = Sha256::new();
-        h.update(v.generation.to_le_bytes());
-        h.update((v.tree.len() as u64).to_le_bytes());
-        for ino in 1..=v.tree.len() as u64 {
-            let Some(n) = v.tree.node(ino) else { continue };
-            h.update(n.parent.to_le_bytes());
-            h.update([n.kind as u8]);
-            h.update(n.perm.to_le_bytes());
-            h.update(n.uid.to_le_bytes());
-            h.update(n.gid.to_le_bytes());
-            h.update(n.mtime.to_le_bytes());
-            h.update(n.size.to_le_bytes());
-            h.update(v.tree.canonical(ino).to_le_bytes());
-            let name = v.tree.name(n);
-            h.update((name.len() as u32).to_le_bytes());
-            h.update(name);
+        numbering_digest(&self.view())
+    }
+
+    /// Number the current generation as another server numbered the same tree
+    /// (`table` from [`View::numbering_table`], `next_ino` its next fresh number).
+    /// Only before the filesystem serves: the current generation must not be shared.
+    pub fn adopt_numbering(&self, table: Vec<u64>, next_ino: u64) -> Result<()> {
+        let mut current = crate::sync::write(&self.current);
+        let mut inodes = lock(&self.inodes);
+        let empty = Arc::new(View::first(
+            crate::tree::TreeBuilder::new(crate::tree::Ownership::defaults(0, 0)).finish(),
+            Vec::new(),
+        ));
+        inodes.current = empty.clone();
+        let shared = std::mem::replace(&mut *current, empty);
+        let mut view = match Arc::try_unwrap(shared) {
+            Ok(v) => v,
+            Err(shared) => {
+                inodes.current = shared.clone();
+                *current = shared;
+                return Err(Error::Internal("the generation is in use".into()));
+            }
+        };
+        let fits = view.set_numbering(table);
+        let view = Arc::new(view);
+        inodes.current = view.clone();
+        *current = view;
+        if !fits {
+            return Err(Error::Internal(
+                "the numbering does not fit this tree".into(),
+            ));
         }
-        for g in &v.grafts {
-            let name = g.source.name().as_os_str().as_encoded_bytes();
-            h.update((name.len() as u32).to_le_bytes());
-            h.update(name);
-            h.update(g.source.version().as_bytes());
-            h.update([0]);
-        }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        self.next_ino.store(next_ino, Relaxed);
+        Ok(())
     }
 
     /// The kernel now holds an inode of file `node` (see `prefetch`).
@@ -990,6 +1032,52 @@ mod tests {
         assert_eq!(paged, all);
         assert!(list(52, 10).is_empty());
         assert_eq!(list(51, 10)[0].0, "f49");
+    }
+
+    #[test]
+    fn a_new_filesystem_takes_the_numbering_an_activated_one_gave_out() {
+        use crate::tree::view::testing::{archive, build, file};
+        let (a, b, c) = (archive("a"), archive("b"), archive("c"));
+        let la = vec![file("d/a1", 1), file("d/a2", 2)];
+        let lb = vec![file("d/b1", 3), file("e/b2", 4)];
+        let lc = vec![file("d/c1", 5), file("f/c2", 6)];
+        let (t, l) = build(&[(a.clone(), la.clone()), (b.clone(), lb.clone())]);
+        let old = PkgFs::with_layers(t, l, 0, true);
+        let heard = Arc::new(Mutex::new(None));
+        let h = heard.clone();
+        old.on_change(Box::new(move |v, next| {
+            *lock(&h) = Some((numbering_digest(v), v.numbering_table(), next));
+        }));
+        // b replaced by c: d/b1 and e go, d/c1 and f come with fresh numbers.
+        let (t, l) = build(&[(a.clone(), la.clone()), (c.clone(), lc.clone())]);
+        old.activate(t, l);
+        let (digest, table, next) = lock(&heard).take().expect("told of the generation");
+        assert_eq!(
+            digest,
+            old.numbering_digest(),
+            "told before the swap, of the same tree"
+        );
+
+        // A new server scans the same sources: the same tree, first-generation numbers.
+        let (t, l) = build(&[(a, la), (c, lc)]);
+        let new = PkgFs::with_layers(t, l, 0, true);
+        assert_eq!(new.numbering_digest(), digest);
+        let paths: [&[u8]; 6] = [b"d", b"d/a1", b"d/a2", b"d/c1", b"f", b"f/c2"];
+        let differs = paths.iter().any(|p| new.resolve(p) != old.resolve(p));
+        assert!(differs, "without the table the numbers differ");
+        new.adopt_numbering(table, next).unwrap();
+        for p in paths {
+            let ino = old.resolve(p).unwrap();
+            assert_eq!(new.resolve(p), Some(ino), "{}", String::from_utf8_lossy(p));
+            assert_eq!(
+                new.getattr(ino).unwrap().size,
+                old.getattr(ino).unwrap().size
+            );
+        }
+        assert!(
+            new.adopt_numbering(vec![1], next).is_err(),
+            "a table of another tree"
+        );
     }
 
     #[test]

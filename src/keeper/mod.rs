@@ -116,8 +116,10 @@ pub enum KeeperError {
 
 /// What reaches the keeper's loop.
 enum Event {
-    /// Server `id` said something.
-    Said(u64, ToKeeper),
+    /// Server `id` said something (with these descriptors beside it).
+    Said(u64, ToKeeper, Vec<OwnedFd>),
+    /// Server `id`'s socket reached its end: everything it said has been heard.
+    Closed(u64),
     /// Server `id` ended.
     Gone(u64, ExitStatus),
     /// `pkgfs reload`.
@@ -138,6 +140,11 @@ struct Server {
     panic: Option<String>,
     /// It was refused the connection, and why.
     refused: Option<String>,
+    /// How it ended, once reaped.
+    exited: Option<ExitStatus>,
+    /// Its socket reached its end (all it said was heard): its end is handled once both
+    /// this and `exited` are in, so a last `Changed` is never lost to the race.
+    closed: bool,
 }
 
 /// A reload under way: the new server, the client to tell, and the old server once it
@@ -162,8 +169,9 @@ struct Keeper {
     init: Vec<u8>,
     reply: Option<Vec<u8>>,
     digest: Option<String>,
-    /// The tree changed under a server: numbering depends on history.
-    history: bool,
+    /// The last generation a server announced: its next fresh inode number and its
+    /// numbering table (a memfd), handed to the next server.
+    journal: Option<(u64, OwnedFd)>,
     current: Option<Server>,
     pending: Option<Server>,
     retiring: Vec<Server>,
@@ -206,7 +214,7 @@ pub fn run(cfg: KeeperConfig) -> Result<(), KeeperError> {
         init: Vec::new(),
         reply: None,
         digest: None,
-        history: false,
+        journal: None,
         current: None,
         pending: None,
         retiring: Vec::new(),
@@ -239,8 +247,28 @@ type Step = Result<Option<Result<(), KeeperError>>, KeeperError>;
 impl Keeper {
     fn handle(&mut self, ev: Event) -> Step {
         match ev {
-            Event::Said(id, msg) => self.said(id, msg),
-            Event::Gone(id, status) => self.gone(id, status),
+            Event::Said(id, msg, fds) => self.said(id, msg, fds),
+            Event::Gone(id, status) => {
+                let Some(s) = self.server_any(id) else {
+                    return Ok(None);
+                };
+                s.exited = Some(status);
+                if s.closed {
+                    self.gone(id, status)
+                } else {
+                    Ok(None)
+                }
+            }
+            Event::Closed(id) => {
+                let Some(s) = self.server_any(id) else {
+                    return Ok(None);
+                };
+                s.closed = true;
+                match s.exited {
+                    Some(status) => self.gone(id, status),
+                    None => Ok(None),
+                }
+            }
             Event::Reload(client) => {
                 self.reload(client);
                 Ok(None)
@@ -309,11 +337,12 @@ impl Keeper {
             .try_clone()
             .map_err(|e| start("the keeper socket", e))?;
         spawn_thread("pkgfs-keeper-read", move || {
-            while let Ok((msg, _)) = wire::recv::<ToKeeper>(read.as_fd()) {
-                if tx.send(Event::Said(id, msg)).is_err() {
+            while let Ok((msg, fds)) = wire::recv::<ToKeeper>(read.as_fd()) {
+                if tx.send(Event::Said(id, msg, fds)).is_err() {
                     return;
                 }
             }
+            let _ = tx.send(Event::Closed(id));
         })?;
         info!("started server {pid}");
         Ok(Server {
@@ -323,7 +352,19 @@ impl Keeper {
             serving: false,
             panic: None,
             refused: None,
+            exited: None,
+            closed: false,
         })
+    }
+
+    /// Any server by id, the retiring included.
+    fn server_any(&mut self, id: u64) -> Option<&mut Server> {
+        let retiring = self.retiring.iter_mut();
+        [self.current.as_mut(), self.pending.as_mut()]
+            .into_iter()
+            .flatten()
+            .chain(retiring)
+            .find(|s| s.id == id)
     }
 
     fn server_mut(&mut self, id: u64) -> Option<&mut Server> {
@@ -333,7 +374,7 @@ impl Keeper {
             .find(|s| s.id == id)
     }
 
-    fn said(&mut self, id: u64, msg: ToKeeper) -> Step {
+    fn said(&mut self, id: u64, msg: ToKeeper, mut fds: Vec<OwnedFd>) -> Step {
         match msg {
             ToKeeper::Hello { wire, digest } => self.hello(id, wire, digest),
             ToKeeper::Serving { reply } => {
@@ -344,11 +385,14 @@ impl Keeper {
                 self.ready(id);
                 Ok(None)
             }
-            ToKeeper::Changed => {
-                if !self.history {
-                    info!("the tree changed under the server: a restart cannot keep its numbers");
+            ToKeeper::Changed { digest, next_ino } => {
+                match fds.pop() {
+                    Some(table) => {
+                        self.digest = Some(digest);
+                        self.journal = Some((next_ino, table));
+                    }
+                    None => warn!("a new generation came without its numbering table"),
                 }
-                self.history = true;
                 Ok(None)
             }
             ToKeeper::Panicked { message } => {
@@ -368,7 +412,7 @@ impl Keeper {
         let Ok(sock) = sock else { return Ok(None) };
         if let Some(why) = self.refusal(wire, &digest) {
             warn!("server refused: {why}");
-            let _ = wire::send(sock.as_fd(), &ToServer::Refuse { why: why.clone() }, None);
+            let _ = wire::send(sock.as_fd(), &ToServer::Refuse { why: why.clone() }, &[]);
             if self.dev.is_none() {
                 return Ok(Some(Err(KeeperError::Mount(why))));
             }
@@ -381,7 +425,7 @@ impl Keeper {
             match self.mount() {
                 Ok(()) => self.digest = Some(digest),
                 Err(why) => {
-                    let _ = wire::send(sock.as_fd(), &ToServer::Refuse { why: why.clone() }, None);
+                    let _ = wire::send(sock.as_fd(), &ToServer::Refuse { why: why.clone() }, &[]);
                     return Ok(Some(Err(KeeperError::Mount(why))));
                 }
             }
@@ -393,8 +437,14 @@ impl Keeper {
             init: self.init.clone(),
             reply: self.reply.clone(),
             report: self.report.clone(),
+            numbering: self.journal.as_ref().map(|(next, _)| *next),
         };
-        if let Err(e) = wire::send(sock.as_fd(), &take, Some(dev.as_fd())) {
+        let mut fds = vec![dev.as_fd()];
+        if let Some((_, table)) = &self.journal {
+            info!("the new server numbers the tree by the last generation's table");
+            fds.push(table.as_fd());
+        }
+        if let Err(e) = wire::send(sock.as_fd(), &take, &fds) {
             warn!("cannot hand the connection over: {e}");
         }
         Ok(None)
@@ -408,21 +458,19 @@ impl Keeper {
                  unmount and mount again to change it"
             ));
         }
-        if self.history {
-            return Some(
-                "the tree changed under the old server (a live activation or a store's \
-                 growth): a new server cannot give the kernel's inode numbers the same \
-                 meaning"
-                    .into(),
-            );
-        }
         match &self.digest {
-            Some(d) if d != digest => Some(
+            Some(d) if d != digest => Some(if self.journal.is_some() {
+                "the new server's tree is not the one the old server served last (the \
+                 sources changed since its last activation, or the tree grew by lookups, \
+                 which a new server does not repeat): the kernel's inode numbers would \
+                 mean other entries"
+                    .into()
+            } else {
                 "the sources are not what they were at mount (an archive changed or \
                  went): a new server would give the kernel's inode numbers another \
                  meaning"
-                    .into(),
-            ),
+                    .into()
+            }),
             _ => None,
         }
     }
@@ -503,7 +551,7 @@ impl Keeper {
             let msg = ToServer::Report {
                 report: self.report.clone(),
             };
-            let _ = wire::send(s.sock.as_fd(), &msg, None);
+            let _ = wire::send(s.sock.as_fd(), &msg, &[]);
         }
     }
 

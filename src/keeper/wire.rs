@@ -5,12 +5,14 @@
 //! ```text
 //! server                                   keeper
 //!   Hello { wire, digest }          ──►      (mounts, if not mounted yet)
-//!                                   ◄──    Take { init, reply, report } + descriptor
+//!                                   ◄──    Take { init, reply, report, numbering }
+//!                                          + descriptor (+ the last numbering table)
 //!                                          or Refuse { why }
 //!                                   ◄──    Report { report } (later, any time)
 //!   Serving { reply }               ──►      (after a death or a reload: resend)
 //!   Ready                           ──►      (the first: `pkgfs mount` returns)
-//!   Changed                         ──►      (numbering now depends on history)
+//!   Changed { digest, next_ino }    ──►      + the numbering table (a memfd), before
+//!                                            the kernel sees a new generation
 //!   Panicked { message }            ──►      (kept as the cause if it dies)
 //! ```
 //!
@@ -52,9 +54,15 @@ pub enum ToKeeper {
         /// The panic's message and place.
         message: String,
     },
-    /// The tree changed (an activation, a store's growth): its numbering now depends on
-    /// history a new server cannot replay.
-    Changed,
+    /// A new generation (an activation, a store's growth), before the kernel sees it:
+    /// its numbering table travels beside this message (a memfd of little-endian u64,
+    /// one per local node), for the next server to number the same tree the same way.
+    Changed {
+        /// The new generation's tree digest.
+        digest: String,
+        /// The next fresh inode number after it.
+        next_ino: u64,
+    },
 }
 
 /// From a keeper to its server.
@@ -69,6 +77,9 @@ pub enum ToServer {
         reply: Option<Vec<u8>>,
         /// What `pkgfs status` shows of the keeper.
         report: KeeperReport,
+        /// The tree changed under an earlier server: number it by the table beside
+        /// this message (the second descriptor), and go on from this inode number.
+        numbering: Option<u64>,
     },
     /// What `pkgfs status` now shows of the keeper (after a restart's pause is known).
     Report {
@@ -114,29 +125,29 @@ pub enum WireError {
     Garbled(String),
 }
 
-/// Send `msg`, with `fd` beside it if given.
+/// Send `msg`, with `fds` beside it.
 pub fn send<T: Serialize>(
     sock: BorrowedFd<'_>,
     msg: &T,
-    fd: Option<BorrowedFd<'_>>,
+    fds: &[BorrowedFd<'_>],
 ) -> Result<(), WireError> {
     let bytes = serde_json::to_vec(msg).map_err(|e| WireError::Garbled(e.to_string()))?;
     let iov = [IoSlice::new(&bytes)];
-    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
     sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
         .map_err(|e| WireError::Io(e.into()))?;
     Ok(())
 }
 
-/// Receive one message, and the descriptor beside it if there is one (blocks).
+/// Receive one message, and the descriptors beside it (blocks).
 pub fn recv<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
-) -> Result<(T, Option<OwnedFd>), WireError> {
+) -> Result<(T, Vec<OwnedFd>), WireError> {
     let mut buf = vec![0u8; 64 * 1024];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
-    let (n, fd) = loop {
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let (n, fds) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         match recvmsg::<()>(
             sock.as_raw_fd(),
@@ -145,20 +156,17 @@ pub fn recv<T: for<'de> Deserialize<'de>>(
             MsgFlags::MSG_CMSG_CLOEXEC,
         ) {
             Ok(m) => {
-                let mut fd = None;
+                let mut fds = Vec::new();
                 if let Ok(cmsgs) = m.cmsgs() {
                     for c in cmsgs {
-                        if let ControlMessageOwned::ScmRights(fds) = c {
-                            for raw in fds {
-                                // SAFETY: the kernel just installed this descriptor in
-                                // our table for us.
-                                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                                fd.get_or_insert(owned);
-                            }
+                        if let ControlMessageOwned::ScmRights(raw) = c {
+                            // SAFETY: the kernel just installed these descriptors in our
+                            // table for us.
+                            fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
                         }
                     }
                 }
-                break (m.bytes, fd);
+                break (m.bytes, fds);
             }
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(WireError::Io(e.into())),
@@ -168,7 +176,36 @@ pub fn recv<T: for<'de> Deserialize<'de>>(
         return Err(WireError::Closed);
     }
     let msg = serde_json::from_slice(&buf[..n]).map_err(|e| WireError::Garbled(e.to_string()))?;
-    Ok((msg, fd))
+    Ok((msg, fds))
+}
+
+/// A numbering table in a memfd (little-endian u64s), to pass beside a message.
+pub fn table_memfd(table: &[u64]) -> std::io::Result<OwnedFd> {
+    use std::io::Write;
+    // SAFETY: a valid C string; memfd_create returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(c"pkgfs-numbering".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor we own.
+    let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let bytes: Vec<u8> = table.iter().flat_map(|n| n.to_le_bytes()).collect();
+    f.write_all(&bytes)?;
+    Ok(f.into())
+}
+
+/// The numbering table in a memfd [`table_memfd`] wrote (read from its start, whatever
+/// the shared file offset).
+pub fn read_table(fd: &OwnedFd) -> std::io::Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::from(fd.try_clone()?);
+    let len = f.metadata()?.len() as usize;
+    let mut bytes = vec![0u8; len];
+    f.read_exact_at(&mut bytes, 0)?;
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect())
 }
 
 /// A connected pair for a keeper and one server, close-on-exec (the server's end is
@@ -204,10 +241,10 @@ mod tests {
             wire: WIRE,
             digest: "abc".into(),
         };
-        send(a.as_fd(), &hello, None).unwrap();
-        let (got, fd): (ToKeeper, _) = recv(b.as_fd()).unwrap();
+        send(a.as_fd(), &hello, &[]).unwrap();
+        let (got, fds): (ToKeeper, _) = recv(b.as_fd()).unwrap();
         assert_eq!(got, hello);
-        assert!(fd.is_none());
+        assert!(fds.is_empty());
 
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(b"through the socket").unwrap();
@@ -215,11 +252,15 @@ mod tests {
             init: vec![1, 2, 3],
             reply: None,
             report: KeeperReport::default(),
+            numbering: Some(7),
         };
-        send(b.as_fd(), &take, Some(f.as_fd())).unwrap();
-        let (got, fd): (ToServer, _) = recv(a.as_fd()).unwrap();
+        let table = table_memfd(&[1, 5, 1 << 40]).unwrap();
+        send(b.as_fd(), &take, &[f.as_fd(), table.as_fd()]).unwrap();
+        let (got, mut fds): (ToServer, _) = recv(a.as_fd()).unwrap();
         assert_eq!(got, take);
-        let mut g = std::fs::File::from(fd.expect("a descriptor"));
+        assert_eq!(fds.len(), 2);
+        assert_eq!(read_table(&fds[1]).unwrap(), vec![1, 5, 1 << 40]);
+        let mut g = std::fs::File::from(fds.remove(0));
         g.rewind().unwrap();
         let mut s = String::new();
         g.read_to_string(&mut s).unwrap();

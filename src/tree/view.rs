@@ -269,6 +269,29 @@ impl View {
         v
     }
 
+    /// The global number of every local node (`l - 1` holds node `l`'s): what a new
+    /// server needs to number this generation as this one does (`crate::keeper`).
+    pub fn numbering_table(&self) -> Vec<u64> {
+        // Hard-link aliases take their target's number, as `global` gives it.
+        (1..=self.tree.len() as u64)
+            .map(|l| self.global(l))
+            .collect()
+    }
+
+    /// Number this generation by `table` (as [`View::numbering_table`] gave it, from a
+    /// generation with the same tree). False, and nothing changed, if it does not fit.
+    pub fn set_numbering(&mut self, table: Vec<u64>) -> bool {
+        if table.len() != self.tree.len() || table.contains(&0) {
+            return false;
+        }
+        let to_local = local_numbers(&self.tree, &table);
+        self.numbering = Numbering::Mapped {
+            to_global: table,
+            to_local,
+        };
+        true
+    }
+
     /// The inodes this generation numbers beyond its root, if it is a graft's: `base..end`.
     pub fn graft_range(&self) -> Option<std::ops::Range<u64>> {
         match self.numbering {
