@@ -12,14 +12,14 @@
 //! (`transport::device::notify_resend`). Readers see a pause, not an error.
 //!
 //! **Inode numbers.** The kernel keeps the node IDs the old server gave out (open files,
-//! a shell's cwd, a container's root). A new server answers for them because numbering
-//! is deterministic: the first generation numbers the merged tree itself, and grafts
-//! take ranges fixed by their directory's number (`tree::view`). The first server's
-//! digest of what numbering depends on (`PkgFs::numbering_digest`) is kept; a new server
-//! whose digest differs (a source changed under `--no-watch`), or any server after the
-//! tree changed under the old one (a live activation, a store's growth: numbering then
-//! depends on history), is refused. See docs/ARCHITECTURE.md, "A mount that outlives its
-//! server".
+//! a shell's cwd, a container's root). A new server answers for them: the first
+//! generation numbers the merged tree itself, grafts take ranges fixed by their
+//! directory's number (`tree::view`), and after an activation (whose numbers depend on
+//! history) the server hands the keeper the new generation's numbering table before the
+//! kernel sees it (`Changed`, a memfd), which the next server takes. The keeper keeps the
+//! digest of the last tree (`fs::numbering_digest`); a new server whose tree differs (a
+//! source changed under `--no-watch`, a store that grew by lookups) is refused. See
+//! docs/ARCHITECTURE.md, "A mount that outlives its server".
 //!
 //! **Giving up.** [`RestartLimit::count`] deaths within its window, or a new server
 //! refused: the keeper answers every request with `EIO` itself
