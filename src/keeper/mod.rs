@@ -520,13 +520,13 @@ impl Keeper {
 
     /// Ask the kernel to resend what a dead server had read, and note the pause.
     fn resend(&mut self) {
-        if let Some(dev) = &self.dev {
-            if let Err(e) = device::notify_resend(dev.as_fd()) {
-                warn!(
-                    "the kernel cannot resend requests in flight ({e}; Linux 6.9 or later \
-                     can): the readers that waited on them stay blocked"
-                );
-            }
+        if let Some(dev) = &self.dev
+            && let Err(e) = device::notify_resend(dev.as_fd())
+        {
+            warn!(
+                "the kernel cannot resend requests in flight ({e}; Linux 6.9 or later \
+                 can): the readers that waited on them stay blocked"
+            );
         }
         if let Some(t) = self.down_since.take() {
             let ms = t.elapsed().as_millis() as u64;
