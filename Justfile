@@ -50,7 +50,7 @@ demo-stop MNT="/mnt":
 # and plots go to docs/bench/ and docs/img/.
 # All benchmarks on the Linux source: packing, the peer comparison, the scaling run,
 # gzip tarballs; and container images.
-bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates
+bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates bench-restart
 
 # Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
@@ -122,3 +122,11 @@ bench-verify WORKDIR="/var/tmp/pkgfs-bench":
 bench-crates WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release
     python3 bench/crates.py {{WORKDIR}} docs/bench/crates.json
+
+# What a server's death costs readers (the keeper restarts it): the longest stall a reader
+# of the mount sees and the keeper's pause, against a warm mount of the same sources, for
+# this machine's crates (--layout each, locally and over HTTP), 10,000 packages and a
+# million entries (a few minutes; release build first).
+bench-restart WORKDIR="/var/tmp/pkgfs-bench":
+    cargo build --release
+    python3 bench/restart.py {{WORKDIR}} docs/bench/restart.json

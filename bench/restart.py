@@ -10,6 +10,9 @@ For each set of sources (built once under WORKDIR/restart):
   10k-each      10,000 small ZIP archives (two members each), `--layout each`
   million       one ZIP of 1,000,000 empty members in 1,000 directories (merged)
   609-zip       the 609 Linux packages as ZIP archives, if bench/corpus.sh made them
+  http-crates   the crates over HTTP (nginx on loopback, autoindex), `--layout each
+                --strip-components 1`, on a warm disk cache: a restart lists the store
+                again and reads what it indexes from the disk cache
 two measures, N rounds (default 3), median:
   warm mount    `pkgfs mount` until it returns, index cache and page cache warm
   pause         a reader stats new names in the mount in a loop (each a LOOKUP the
@@ -80,6 +83,30 @@ def million():
     return p
 
 
+class Nginx:
+    """nginx serving WORK with autoindex on a free loopback port (as the mount tests)."""
+
+    def __init__(self):
+        d = os.path.join(WORK, "nginx")
+        os.makedirs(os.path.join(d, "logs"), exist_ok=True)
+        os.makedirs(os.path.join(d, "tmp"), exist_ok=True)
+        self.port = common.free_port()
+        with open(os.path.join(d, "nginx.conf"), "w") as f:
+            f.write(f"daemon off; pid {d}/nginx.pid; error_log {d}/logs/error.log;\n"
+                    "events {}\n"
+                    f"http {{ access_log off; client_body_temp_path {d}/tmp;\n"
+                    f"  proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n"
+                    f"  uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n"
+                    f"  server {{ listen 127.0.0.1:{self.port}; root {WORK}; autoindex on; }} }}\n")
+        self.proc = subprocess.Popen(["nginx", "-c", os.path.join(d, "nginx.conf"), "-p", d],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        common.wait_listening(self.port, "nginx")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
 def mount(src, args):
     t = time.monotonic()
     subprocess.run([PKGFS, "mount", src, MNT, "--index-cache", CACHE, *args], check=True,
@@ -143,6 +170,23 @@ def main():
     zips = os.path.join(sys.argv[1], "pkgs-zip-all")
     if os.path.isdir(zips):
         sets.append(("609-zip", zips, []))
+    nginx = None
+    if c and shutil.which("nginx"):
+        subprocess.run(["chmod", "-R", "a+rX", WORK], check=True)
+        nginx = Nginx()
+        sets.append(("http-crates", f"http://127.0.0.1:{nginx.port}/crates/",
+                     ["--layout", "each", "--strip-components", "1",
+                      "--disk-cache", os.path.join(WORK, "disk-cache")]))
+    try:
+        results = run_sets(sets)
+    finally:
+        if nginx:
+            nginx.stop()
+    with open(OUT, "w") as f:
+        json.dump({"rounds": ROUNDS, "results": results}, f, indent=1)
+
+
+def run_sets(sets):
     results = {}
     for name, src, args in sets:
         log(f"{name}: warming")
@@ -170,8 +214,7 @@ def main():
         print(f"{name:12} warm mount {r['warm_mount_s']:.3f} s, stall {r['stall_s']:.3f} s "
               f"(max {r['stall_max_s']:.3f}), keeper's pause {r['keeper_pause_s']:.3f} s, "
               f"{r['stall_over_warm_mount']:.2f}x, failed reads {errors}", flush=True)
-    with open(OUT, "w") as f:
-        json.dump({"rounds": ROUNDS, "results": results}, f, indent=1)
+    return results
 
 
 if __name__ == "__main__":

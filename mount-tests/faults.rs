@@ -105,11 +105,18 @@ fn stored_mount(dir: &Path) -> (std::path::PathBuf, Mount) {
     (arc, m)
 }
 
-/// SIGKILL a foreground mount's daemon and reap it.
+/// SIGKILL a foreground mount's daemon (its keeper, whose server dies with it) and wait
+/// until both are gone.
 fn kill_daemon(m: &mut Mount) {
+    let server = m.server_pid();
     let mut child = m.child.take().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the server outlived its keeper",
+        || crate::common::process_ended(server),
+    );
 }
 
 crate::on_both_transports! {

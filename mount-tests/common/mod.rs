@@ -360,9 +360,7 @@ impl Mount {
 
     /// The process serving the mount (under a keeper, not the one `pkgfs mount -f` is).
     pub fn server_pid(&self) -> u32 {
-        status_json(&self.path())["server_pid"]
-            .as_u64()
-            .expect("server_pid") as u32
+        next_server(&self.path(), None)
     }
 
     /// The mountpoint.
@@ -725,11 +723,34 @@ pub fn terminate(c: &mut Child) {
     let _ = c.wait();
 }
 
-/// The server's pid (`pkgfs status`'s `server_pid`), if its status channel answers.
+/// The server's pid (`pkgfs status`'s `server_pid`), if its status channel answers for
+/// this mountpoint (device numbers are reused: for a moment the server of a mount that
+/// has just gone may still answer on the status channel of a new one with its number).
 pub fn server_pid(mp: &Path) -> Option<u32> {
     let out = pkgfs().arg("status").arg("--json").arg(mp).output().ok()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["server_pid"].as_u64().map(|p| p as u32)
+    let here = fs_canonical(mp);
+    (v["mountpoint"].as_str().map(PathBuf::from) == Some(here))
+        .then(|| v["server_pid"].as_u64().map(|p| p as u32))
+        .flatten()
+}
+
+/// `mp` with its parent canonicalised (as /proc/mounts and `pkgfs status` name it).
+fn fs_canonical(mp: &Path) -> PathBuf {
+    match (mp.parent(), mp.file_name()) {
+        (Some(p), Some(n)) => p.canonicalize().map_or(mp.to_path_buf(), |p| p.join(n)),
+        _ => mp.to_path_buf(),
+    }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+pub fn process_ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
 }
 
 /// Wait for a server other than `old` to answer, and return its pid.

@@ -581,11 +581,30 @@ impl Keeper {
     fn listen(&self) -> std::io::Result<()> {
         let dev = session::mount_device(&self.cfg.mount.mountpoint)
             .ok_or_else(|| std::io::Error::other("the mount is not in the mount table"))?;
-        let listener = UnixListener::bind_addr(&address(dev)?)?;
+        let address = address(dev)?;
+        let here = session::mount_path(&self.cfg.mount.mountpoint);
         let tx = self.tx.clone();
         // SAFETY: getuid cannot fail.
         let me = unsafe { libc::getuid() };
         spawn_thread("pkgfs-keeper-reload", move || {
+            // Device numbers are reused: the keeper of a mount that has just gone may
+            // hold this name for the moment it takes to exit.
+            let start = Instant::now();
+            let listener = loop {
+                match UnixListener::bind_addr(&address) {
+                    Ok(l) => break l,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::AddrInUse
+                            && start.elapsed() < Duration::from_secs(10) =>
+                    {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => {
+                        warn!("no reload channel: {e}");
+                        return;
+                    }
+                }
+            };
             for conn in listener.incoming().flatten() {
                 match crate::status::peer_uid(&conn) {
                     Some(uid) if uid == me || uid == 0 => {}
@@ -593,10 +612,22 @@ impl Keeper {
                 }
                 let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
                 let mut line = String::new();
-                if BufReader::new(&conn).take(64).read_line(&mut line).is_err()
-                    || line.trim() != "reload"
+                if BufReader::new(&conn)
+                    .take(4096)
+                    .read_line(&mut line)
+                    .is_err()
                 {
                     continue;
+                }
+                match line.trim_end_matches('\n').strip_prefix("reload ") {
+                    Some(mp) if std::path::Path::new(mp) == here => {}
+                    _ => {
+                        tell(
+                            conn,
+                            &format!("error: this keeper serves {}", here.display()),
+                        );
+                        continue;
+                    }
                 }
                 if tx.send(Event::Reload(conn)).is_err() {
                     return;
@@ -852,7 +883,9 @@ pub fn ask_reload(mountpoint: &std::path::Path) -> Result<String, String> {
             mountpoint.display()
         )
     })?;
-    conn.write_all(b"reload\n").map_err(|e| e.to_string())?;
+    let here = session::mount_path(mountpoint);
+    conn.write_all(format!("reload {}\n", here.display()).as_bytes())
+        .map_err(|e| e.to_string())?;
     let mut answer = String::new();
     conn.read_to_string(&mut answer)
         .map_err(|e| e.to_string())?;
