@@ -2124,3 +2124,86 @@ fn a_program_in_a_docker_image_runs_on_across_server_kills() {
     let st = status_json(&m.path());
     assert_eq!(st["keeper"]["restarts"], 3, "{st}");
 }
+
+/// `pkgfs store` across server kills (issue 35): what lookups grew under the dead server
+/// is grown again by the next, in order, so the kernel's inode numbers keep their
+/// meaning: paths stat to the same inodes, a layer file opened before the kills reads
+/// on, and a layer looked up after them appears.
+#[test]
+fn a_layer_store_keeps_what_it_grew_across_server_kills() {
+    if !tools() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let reg = Registry::start(Auth::Anonymous);
+    reg.push("oci-gzip:latest", "pkgfs/st:1", None);
+    let cache = tempfile::tempdir().unwrap();
+    let store = Store::start(&[
+        "--tls-verify=false",
+        "--disk-cache",
+        cache.path().to_str().unwrap(),
+        "--restart-limit",
+        "100/60s",
+    ]);
+    let name = "pkgfs/st:1";
+    let (manifest, _) = manifest_and_config(&reg, name);
+    let layers: Vec<String> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    assert!(layers.len() >= 2, "{manifest}");
+    let pulled = format!("{}/{name}", reg.host());
+    let first = store.layer_dir(&pulled, &layers[0]);
+    let bash = first.join("diff/usr/bin/bash");
+    let inos = |paths: &[&Path]| -> Vec<u64> {
+        paths
+            .iter()
+            .map(|p| {
+                fs::symlink_metadata(p)
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "{}: {e}\n{}",
+                            p.display(),
+                            fs::read_to_string(store.dir.path().join("pkgfs.log"))
+                                .unwrap_or_default()
+                        )
+                    })
+                    .ino()
+            })
+            .collect()
+    };
+    let usr = first.join("diff/usr");
+    let before = inos(&[&first, &usr, &bash]);
+    let mut f = fs::File::open(&bash).unwrap();
+    let mut head = vec![0u8; 4096];
+    std::io::Read::read_exact(&mut f, &mut head).unwrap();
+    let mut last = None;
+    for _ in 0..2 {
+        let pid = crate::common::next_server(&store.path(), last);
+        crate::common::kill9(pid);
+        last = Some(pid);
+    }
+    crate::common::next_server(&store.path(), last);
+    assert_eq!(
+        inos(&[&first, &usr, &bash]),
+        before,
+        "the same inodes after the kills"
+    );
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut rest).unwrap();
+    head.extend(rest);
+    let reference = images().join("reference/rootfs/usr/bin/bash");
+    assert!(
+        head == fs::read(reference).unwrap(),
+        "the open layer file reads on"
+    );
+    let second = store.layer_dir(&pulled, &layers[1]);
+    assert!(
+        fs::read(second.join("info")).is_ok(),
+        "a layer looked up after the kills"
+    );
+    let st = status_json(&store.path());
+    assert_eq!(st["keeper"]["restarts"], 2, "{st}");
+}

@@ -402,7 +402,15 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     };
     let (session, kernel, rings, kept) = serve(cfg, &fs, keeper)?;
     if let Some(k) = kept.clone() {
+        let g = k.clone();
         fs.on_change(Box::new(move |view, next_ino| k.changed(view, next_ino)));
+        fs.on_grow(Box::new(move |dir, name| {
+            let msg = ToKeeper::Grew {
+                dir: dir.to_vec(),
+                name: name.to_vec(),
+            };
+            let _ = g.say(&msg);
+        }));
     }
     let info = MountInfo {
         mountpoint: session::mount_path(&cfg.mountpoint),
@@ -700,6 +708,20 @@ fn take_over(
                 numbering,
             } => break (init, reply, report, numbering, fds),
             ToServer::Report { .. } => continue,
+            ToServer::Grow { names } => {
+                // A store's tree grew under earlier servers: grow the same names.
+                for (dir, name) in &names {
+                    if let Err(e) = fs.replay_growth(dir, name) {
+                        warn!("growing {} again: {e}", String::from_utf8_lossy(name));
+                    }
+                }
+                let hello = ToKeeper::Hello {
+                    wire: wire::WIRE,
+                    digest: fs.numbering_digest(),
+                };
+                wire::send(sock.as_fd(), &hello, &[])?;
+                continue;
+            }
         }
     };
     if fds.is_empty() {

@@ -188,6 +188,10 @@ pub struct Activation {
 /// What hears of a new generation ([`PkgFs::on_change`]).
 pub type ChangeHook = Box<dyn Fn(&View, u64) + Send + Sync>;
 
+/// What hears of a name a growing tree grew by ([`PkgFs::on_grow`]): the directory's
+/// path and the name.
+pub type GrowHook = Box<dyn Fn(&[u8], &[u8]) + Send + Sync>;
+
 /// A digest of what the kernel's inode numbers mean in generation `v`, numbering aside:
 /// every node of its tree (local number, parent, name, type, attributes, hard-link
 /// target) and every grafted package (name and version; a graft numbers its own nodes
@@ -243,6 +247,8 @@ pub struct PkgFs {
     pub stats: OpStats,
     /// Told of every activation ([`PkgFs::on_change`]).
     changed: std::sync::OnceLock<ChangeHook>,
+    /// Told of every name the tree grew by ([`PkgFs::on_grow`]).
+    grown: std::sync::OnceLock<GrowHook>,
 }
 
 impl PkgFs {
@@ -288,6 +294,7 @@ impl PkgFs {
             grow: None,
             stats: OpStats::default(),
             changed: std::sync::OnceLock::new(),
+            grown: std::sync::OnceLock::new(),
         }
     }
 
@@ -354,9 +361,13 @@ impl PkgFs {
         if v.tree.lookup(dir, name).is_some() {
             return Ok(true);
         }
-        let Some((tree, layers, grafts)) = grow.grow(&v.tree.path_of(pl), name)? else {
+        let path = v.tree.path_of(pl);
+        let Some((tree, layers, grafts)) = grow.grow(&path, name)? else {
             return Ok(false);
         };
+        if let Some(f) = self.grown.get() {
+            f(&path, name);
+        }
         // Only names are added: the kernel has cached no entry of them (a growing tree's
         // misses are not cached), so there is nothing to invalidate.
         self.activate_with(tree, layers, grafts);
@@ -416,13 +427,22 @@ impl PkgFs {
         if let Some(l) = top.local(ino) {
             return Some((top.clone(), l));
         }
-        let grafted = crate::sync::read(&self.grafted);
-        if grafted.is_empty() {
-            return None;
+        {
+            let grafted = crate::sync::read(&self.grafted);
+            if let Some((_, g)) = grafted.range(..=ino).next_back()
+                && let Some(v) = g.indexed()
+                && let Some(l) = v.local(ino)
+            {
+                return Some((v.clone(), l));
+            }
         }
-        let (_, g) = grafted.range(..=ino).next_back()?;
-        let v = g.indexed()?;
-        v.local(ino).map(|l| (v.clone(), l))
+        // A number in a graft not indexed here yet: given out by an earlier server
+        // (`crate::keeper`), whose graft ranges are the same as ours. Index it now.
+        let root = crate::tree::view::graft_root_of(ino)?;
+        let rl = top.local(root)?;
+        let g = top.graft_at(rl)?.clone();
+        let v = self.enter(top, rl, &g);
+        v.local(ino).map(|l| (v, l))
     }
 
     /// The generation and node whose children directory `ino` lists: for a graft, its
@@ -589,6 +609,23 @@ impl PkgFs {
     /// out. Set once.
     pub fn on_change(&self, f: ChangeHook) {
         let _ = self.changed.set(f);
+    }
+
+    /// Call `f` with the directory and name of every lookup that grows the tree, before
+    /// the new generation is made ([`PkgFs::on_change`] follows): a new server grows
+    /// the same names in the same order to come to the same tree. Set once.
+    pub fn on_grow(&self, f: GrowHook) {
+        let _ = self.grown.set(f);
+    }
+
+    /// Look `name` up in the directory at `dir` as a lookup would, growing the tree if
+    /// it grows (a new server repeating what an old one grew). Whether the name is
+    /// there now.
+    pub fn replay_growth(&self, dir: &[u8], name: &[u8]) -> Result<bool> {
+        match self.resolve(dir) {
+            Some(ino) => self.grow_into(ino, name),
+            None => Ok(false),
+        }
     }
 
     /// The current generation's numbering digest ([`numbering_digest`]).
@@ -1257,6 +1294,30 @@ mod tests {
             }))));
         }
         (b.finish(), grafts)
+    }
+
+    #[test]
+    fn a_graft_numbers_alike_in_any_order_and_an_unindexed_ones_inode_indexes_it() {
+        let counter = Arc::new(AtomicU64::new(0));
+        let (tree, grafts) = grafted(&["p1", "p2"], &[], &counter, false);
+        let old = PkgFs::with_grafts(tree, Vec::new(), grafts, 1 << 20, true);
+        let p2 = old.lookup(ROOT, b"p2").unwrap();
+        let b2 = old.lookup(p2.ino, b"b.txt").unwrap();
+        let p1 = old.lookup(ROOT, b"p1").unwrap();
+        let lib1 = old.lookup(p1.ino, b"lib").unwrap();
+        // A new server of the same sources, asked first for numbers the old one gave
+        // out (the kernel still holds them), in another order.
+        let (tree, grafts) = grafted(&["p1", "p2"], &[], &counter, false);
+        let new = PkgFs::with_grafts(tree, Vec::new(), grafts, 1 << 20, true);
+        assert_eq!(new.getattr(lib1.ino).unwrap().kind, Kind::Dir);
+        assert_eq!(new.lookup(lib1.ino, b"a.txt").unwrap().size, 5);
+        assert_eq!(new.read(b2.ino, 0, 100).unwrap(), b"beta");
+        assert_eq!(
+            new.lookup(new.lookup(ROOT, b"p2").unwrap().ino, b"b.txt")
+                .unwrap()
+                .ino,
+            b2.ino
+        );
     }
 
     #[test]

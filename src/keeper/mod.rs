@@ -17,8 +17,9 @@
 //! directory's number (`tree::view`), and after an activation (whose numbers depend on
 //! history) the server hands the keeper the new generation's numbering table before the
 //! kernel sees it (`Changed`, a memfd), which the next server takes. The keeper keeps the
-//! digest of the last tree (`fs::numbering_digest`); a new server whose tree differs (a
-//! source changed under `--no-watch`, a store that grew by lookups) is refused. See
+//! digest of the last tree (`fs::numbering_digest`); a `pkgfs store`'s new server first
+//! grows the names its predecessors grew (`Grew`, `Grow`); a new server whose tree still
+//! differs (a source changed under `--no-watch`) is refused. See
 //! docs/ARCHITECTURE.md, "A mount that outlives its server".
 //!
 //! **Giving up.** [`RestartLimit::count`] deaths within its window, or a new server
@@ -142,6 +143,10 @@ struct Server {
     refused: Option<String>,
     /// How it ended, once reaped.
     exited: Option<ExitStatus>,
+    /// It was handed the connection (only then do its announcements count).
+    taken: bool,
+    /// It was asked to grow the names earlier servers grew.
+    grew: bool,
     /// Its socket reached its end (all it said was heard): its end is handled once both
     /// this and `exited` are in, so a last `Changed` is never lost to the race.
     closed: bool,
@@ -172,6 +177,8 @@ struct Keeper {
     /// The last generation a server announced: its next fresh inode number and its
     /// numbering table (a memfd), handed to the next server.
     journal: Option<(u64, OwnedFd)>,
+    /// What lookups grew the tree by (`pkgfs store`), in order.
+    grown: Vec<(Vec<u8>, Vec<u8>)>,
     current: Option<Server>,
     pending: Option<Server>,
     retiring: Vec<Server>,
@@ -215,6 +222,7 @@ pub fn run(cfg: KeeperConfig) -> Result<(), KeeperError> {
         reply: None,
         digest: None,
         journal: None,
+        grown: Vec::new(),
         current: None,
         pending: None,
         retiring: Vec::new(),
@@ -353,6 +361,8 @@ impl Keeper {
             panic: None,
             refused: None,
             exited: None,
+            taken: false,
+            grew: false,
             closed: false,
         })
     }
@@ -386,12 +396,21 @@ impl Keeper {
                 Ok(None)
             }
             ToKeeper::Changed { digest, next_ino } => {
+                if !self.server_mut(id).is_some_and(|s| s.taken) {
+                    return Ok(None);
+                }
                 match fds.pop() {
                     Some(table) => {
                         self.digest = Some(digest);
                         self.journal = Some((next_ino, table));
                     }
                     None => warn!("a new generation came without its numbering table"),
+                }
+                Ok(None)
+            }
+            ToKeeper::Grew { dir, name } => {
+                if self.server_mut(id).is_some_and(|s| s.taken) {
+                    self.grown.push((dir, name));
                 }
                 Ok(None)
             }
@@ -410,6 +429,20 @@ impl Keeper {
             return Ok(None);
         };
         let Ok(sock) = sock else { return Ok(None) };
+        let replay = !self.grown.is_empty()
+            && self.digest.as_ref().is_some_and(|d| *d != digest)
+            && self.server_mut(id).is_some_and(|s| !s.grew);
+        if replay {
+            // A store: grow what earlier servers grew, then compare again.
+            if let Some(s) = self.server_mut(id) {
+                s.grew = true;
+            }
+            let msg = ToServer::Grow {
+                names: self.grown.clone(),
+            };
+            let _ = wire::send(sock.as_fd(), &msg, &[]);
+            return Ok(None);
+        }
         if let Some(why) = self.refusal(wire, &digest) {
             warn!("server refused: {why}");
             let _ = wire::send(sock.as_fd(), &ToServer::Refuse { why: why.clone() }, &[]);
@@ -429,6 +462,9 @@ impl Keeper {
                     return Ok(Some(Err(KeeperError::Mount(why))));
                 }
             }
+        }
+        if let Some(s) = self.server_mut(id) {
+            s.taken = true;
         }
         let Some(dev) = &self.dev else {
             return Ok(None);

@@ -7,12 +7,14 @@
 //!   Hello { wire, digest }          ──►      (mounts, if not mounted yet)
 //!                                   ◄──    Take { init, reply, report, numbering }
 //!                                          + descriptor (+ the last numbering table)
+//!                                          or Grow { names } (then Hello again)
 //!                                          or Refuse { why }
 //!                                   ◄──    Report { report } (later, any time)
 //!   Serving { reply }               ──►      (after a death or a reload: resend)
 //!   Ready                           ──►      (the first: `pkgfs mount` returns)
 //!   Changed { digest, next_ino }    ──►      + the numbering table (a memfd), before
 //!                                            the kernel sees a new generation
+//!   Grew { dir, name }              ──►      (a store's lookup, replayed by the next)
 //!   Panicked { message }            ──►      (kept as the cause if it dies)
 //! ```
 //!
@@ -49,6 +51,14 @@ pub enum ToKeeper {
     },
     /// Everything is up (the status channel answers).
     Ready,
+    /// A lookup is about to grow the tree (`pkgfs store`): the directory's path and the
+    /// name, for a next server to grow the same names in the same order.
+    Grew {
+        /// The directory's path in the tree.
+        dir: Vec<u8>,
+        /// The name looked up.
+        name: Vec<u8>,
+    },
     /// The server panicked (it may die of it): the message, for `pkgfs status`.
     Panicked {
         /// The panic's message and place.
@@ -80,6 +90,12 @@ pub enum ToServer {
         /// The tree changed under an earlier server: number it by the table beside
         /// this message (the second descriptor), and go on from this inode number.
         numbering: Option<u64>,
+    },
+    /// Your tree is not the last one: grow these names in this order (what lookups grew
+    /// under earlier servers), then say `Hello` again.
+    Grow {
+        /// (directory path, name), oldest first.
+        names: Vec<(Vec<u8>, Vec<u8>)>,
     },
     /// What `pkgfs status` now shows of the keeper (after a restart's pause is known).
     Report {

@@ -192,6 +192,13 @@ fn graft_base(root: u64, extra: u64) -> Option<u64> {
     root.checked_mul(GRAFT_RANGE)?.checked_add(GRAFT_SPACE)
 }
 
+/// The directory inode of the graft whose fixed range holds `ino`, if `ino` lies in the
+/// graft space: a new server asked for a number an older one gave out indexes that graft
+/// first (its numbers are the same whoever indexes it).
+pub fn graft_root_of(ino: u64) -> Option<u64> {
+    ino.checked_sub(GRAFT_SPACE).map(|off| off / GRAFT_RANGE)
+}
+
 /// Local (tree) numbers to global (kernel) inode numbers and back.
 #[derive(Debug)]
 enum Numbering {
