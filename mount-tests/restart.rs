@@ -494,8 +494,9 @@ fn reload_during_a_read_all_starts_the_installed_binary() {
     );
 }
 
-/// The keeper stays small (it holds a descriptor and waits), a SIGTERM to it unmounts,
-/// and `--no-keeper` mounts have none.
+/// The keeper stays small (it holds a descriptor and waits); a mount that asked for
+/// io_uring serves /dev/fuse under it and survives a kill; a SIGTERM to the keeper
+/// unmounts; `--no-keeper` mounts have none.
 #[test]
 fn the_keeper_is_small_and_a_signal_to_it_unmounts() {
     if !require_fuse() {
@@ -514,14 +515,30 @@ fn the_keeper_is_small_and_a_signal_to_it_unmounts() {
     let st = status_json(&mp);
     assert_eq!(st["transport"], "/dev/fuse", "no io_uring under a keeper");
     let keeper = st["keeper_pid"].as_u64().unwrap();
-    let rss_kb: u64 = fs::read_to_string(format!("/proc/{keeper}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    eprintln!("keeper RSS {rss_kb} kB");
-    assert!(rss_kb < 16 * 1024, "keeper RSS {rss_kb} kB");
+    let field = |name: &str| -> u64 {
+        fs::read_to_string(format!("/proc/{keeper}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    // Its own memory (anonymous); the rest is the binary's pages, shared with the server.
+    let (rss, anon) = (field("VmRSS:"), field("RssAnon:"));
+    eprintln!("keeper RSS {rss} kB, {anon} kB of its own");
+    assert!(anon < 4 * 1024, "keeper's own memory {anon} kB");
+    assert!(rss < 16 * 1024, "keeper RSS {rss} kB");
+    // Asked for io_uring, served on /dev/fuse: a kill costs a pause, not the mount.
+    let old = st["server_pid"].as_u64().unwrap() as u32;
+    kill9(old);
+    assert_eq!(
+        fs::read(mp.join("d03/f05.bin")).unwrap().len() as u64,
+        fs::metadata(mp.join("d03/f05.bin")).unwrap().len()
+    );
+    next_server(&mp, Some(old));
+    let st = status_json(&mp);
+    assert_eq!(st["keeper"]["restarts"], 1, "{st}");
+    assert_eq!(st["transport"], "/dev/fuse");
     // SAFETY: signalling the keeper.
     unsafe { libc::kill(keeper as i32, libc::SIGTERM) };
     wait_until(
