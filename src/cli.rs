@@ -957,6 +957,25 @@ mod tests {
         assert!(!c.watch);
         assert!(!c.io_uring);
         assert_eq!(c.sources.len(), 2);
+        assert!(c.keeper, "a keeper unless asked otherwise");
+        assert_eq!(c.restart_limit, crate::keeper::RestartLimit::default());
+        let Command::Mount(c) = cli(&[
+            "pkgfs",
+            "mount",
+            "-o",
+            "no_keeper,restart_limit=5/2m",
+            "/a",
+            "/b",
+        ])
+        .unwrap() else {
+            panic!()
+        };
+        assert!(!c.keeper);
+        assert_eq!(
+            (c.restart_limit.count, c.restart_limit.window),
+            (5, std::time::Duration::from_secs(120))
+        );
+        assert!(cli(&["pkgfs", "mount", "--restart-limit", "3", "/a", "/b"]).is_err());
         // -f (fake): nothing to do.
         assert_eq!(
             helper_args(&os(&["mount.pkgfs", "-f", "/a", "/b"])).unwrap(),

@@ -493,7 +493,8 @@ fn text_mount(o: &mut String, r: &Report) {
         Some(k) => {
             let _ = write!(
                 o,
-                "keeper: pid {} holds the connection; {} restarts ({} reloads, limit {})",
+                "keeper: pid {} holds the connection (so FUSE over io_uring is not used); {} \
+                 restarts ({} reloads, limit {})",
                 k.keeper_pid, k.restarts, k.reloads, k.restart_limit
             );
             if let Some(c) = &k.last_cause {
