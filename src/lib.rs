@@ -5,9 +5,9 @@
 //!
 //! ```text
 //! daemon, cli, tools      wiring, arguments, offline commands
-//! keeper                  holds a mount's connection across its servers' lives
 //! source, status          finding, indexing, watching archives; the status report
 //! layout                  where each package goes (merge, each, npm, cargo)
+//! keeper                  holds a mount's connection across its servers' lives
 //! transport               the operation layer (ops) and its codecs: fuse, uring
 //! fs                      the filesystem operations → Result, directory read-ahead
 //! tree                    the merged tree, its generations, path rules

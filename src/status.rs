@@ -771,29 +771,6 @@ fn address(dev: u64) -> std::io::Result<SocketAddr> {
     SocketAddr::from_abstract_name(format!("pkgfs-status-{dev}").as_bytes())
 }
 
-/// The user id of the process at the other end of `s` (status and the keeper's reload
-/// channel answer only it and root).
-pub fn peer_uid(s: &UnixStream) -> Option<u32> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt into a correctly sized local struct.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast::<libc::c_void>(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(cred.uid)
-}
-
 /// How long the status channel waits for its name while another process holds it.
 const BIND_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -833,7 +810,7 @@ pub fn serve(
         .spawn(move || {
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
-                match peer_uid(&conn) {
+                match crate::keeper::wire::peer_uid(&conn) {
                     Some(uid) if uid == me || uid == 0 => {}
                     other => {
                         debug!("status request from uid {other:?} refused");

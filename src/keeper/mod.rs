@@ -642,7 +642,7 @@ impl Keeper {
                 }
             };
             for conn in listener.incoming().flatten() {
-                match crate::status::peer_uid(&conn) {
+                match wire::peer_uid(&conn) {
                     Some(uid) if uid == me || uid == 0 => {}
                     _ => continue,
                 }

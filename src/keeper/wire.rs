@@ -224,6 +224,29 @@ pub fn read_table(fd: &OwnedFd) -> std::io::Result<Vec<u64>> {
         .collect())
 }
 
+/// The user id of the process at the other end of `s` (status and the keeper's reload
+/// channel answer only it and root).
+pub fn peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt into a correctly sized local struct.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
 /// A connected pair for a keeper and one server, close-on-exec (the server's end is
 /// made inheritable only in the child).
 pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
