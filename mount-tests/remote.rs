@@ -970,3 +970,73 @@ fn a_remote_mount_survives_server_kills_on_its_disk_cache() {
         "nginx sent {sent} bytes of a {size}-byte archive"
     );
 }
+
+/// A read blocked on a slow server when its pkgfs server is killed (issue 35): with the
+/// kernel's resend it completes, late, with the right bytes; on the path for kernels
+/// without resend (`PKGFS_KEEPER_NO_RESEND`: each server on a cloned descriptor) it
+/// fails at once instead of waiting forever, and the mount serves the next read.
+#[test]
+fn a_read_in_flight_at_a_kill_is_resent_or_on_older_kernels_fails_fast() {
+    if !require_tools(&["nginx", "unzip"]) {
+        return;
+    }
+    let www = www();
+    let arc = big_zip(&www.path().join("pkgs"));
+    let nginx = Nginx::start(www.path());
+    let want = run(Command::new("unzip").arg("-p").arg(&arc).arg("f1.bin")).stdout;
+    for no_resend in ["", "1"] {
+        let proxy = Proxy::start(nginx.port);
+        let m = Mount::with_env(
+            &[Path::new(&proxy.url("pkgs/"))],
+            &["--no-disk-cache", "--prefetch", "0"],
+            &[("PKGFS_KEEPER_NO_RESEND", no_resend)],
+        );
+        let f1 = m.path().join("f1.bin");
+        // Every request now waits at the proxy: a read of f1 is in flight in the server
+        // when it is killed; the delay goes with the kill, so the next server is quick.
+        proxy.set(r#"{"delay_ms": 20000}"#);
+        let old = crate::common::next_server(&m.path(), None);
+        let reader = {
+            let f1 = f1.clone();
+            std::thread::spawn(move || fs::read(&f1))
+        };
+        std::thread::sleep(Duration::from_millis(1000));
+        assert!(
+            !reader.is_finished(),
+            "the read did not wait on the slow server"
+        );
+        crate::common::kill9(old);
+        proxy.set("{}");
+        let t = Instant::now();
+        wait_until(Duration::from_secs(30), "the reader hangs", || {
+            reader.is_finished()
+        });
+        let took = t.elapsed();
+        let got = reader.join().unwrap();
+        match (&got, no_resend.is_empty()) {
+            (Ok(data), _) => assert!(*data == want, "a read that completes has the right bytes"),
+            // Without resend the request the dead server had read fails (the kernel may
+            // also read the page again through the new server: then it succeeds).
+            (Err(e), false) => {
+                assert!(
+                    took < Duration::from_secs(5),
+                    "it failed at once: {took:?} ({e})"
+                )
+            }
+            (Err(e), true) => panic!("the resent read failed: {e}"),
+        }
+        crate::common::next_server(&m.path(), Some(old));
+        assert!(
+            fs::read(&f1).unwrap() == want,
+            "the mount serves the next read"
+        );
+        if !no_resend.is_empty() {
+            // Said at mount, on the terminal.
+            assert!(
+                m.stderr.contains("cannot resend requests in flight"),
+                "{}",
+                m.stderr
+            );
+        }
+    }
+}

@@ -36,7 +36,6 @@ use crate::source::store::{LayerStore, StoreOptions};
 use crate::source::watch::Watcher;
 use crate::source::{LoadOptions, Packages};
 use crate::status::{self, MountInfo};
-use crate::transport::device;
 use crate::transport::fuse::{Fuse, KernelNotifier};
 use crate::transport::ops::{AccessRule, Handler};
 use crate::transport::session::{self, MountOptions, SessionError};
@@ -742,28 +741,16 @@ fn take_over(
             .map_err(|e| DaemonError::Refused(format!("the numbering table: {e}")))?;
         info!("numbered as the last server numbered its generation");
     }
-    let answer = dev.try_clone().map_err(|source| DaemonError::Start {
-        what: "the session (a copy of the keeper's descriptor)",
-        source,
-    })?;
     let (session, ours) = session::adopt(fuse, dev, &init, options)?;
-    match &reply {
-        None => device::write_all(answer.as_fd(), &ours).map_err(|source| {
-            DaemonError::Session(session::SessionError::Mount {
-                path: options.mountpoint.clone(),
-                source,
-            })
-        })?,
-        Some(first) if *first != ours => {
-            return Err(DaemonError::Refused(
-                "this server answers the kernel's INIT otherwise than the first did (another \
-                 version's capabilities), and the kernel keeps the first answer"
-                    .into(),
-            ));
-        }
-        Some(_) => {}
+    // The first server's answer goes to the kernel through the keeper (`Serving`); a
+    // later one's must equal it.
+    if reply.as_ref().is_some_and(|first| *first != ours) {
+        return Err(DaemonError::Refused(
+            "this server answers the kernel's INIT otherwise than the first did (another \
+             version's capabilities), and the kernel keeps the first answer"
+                .into(),
+        ));
     }
-    drop(answer);
     let session = session.spawn().map_err(|source| {
         DaemonError::Session(session::SessionError::Mount {
             path: options.mountpoint.clone(),

@@ -9,7 +9,9 @@
 //! any reason, the keeper starts another; the new one replays INIT into its own session
 //! (`transport::session::adopt`), and once it serves, the keeper asks the kernel to send
 //! again what the dead one had read and not answered
-//! (`transport::device::notify_resend`). Readers see a pause, not an error.
+//! (`transport::device::notify_resend`). Readers see a pause, not an error. On a kernel
+//! without resend each server gets a cloned descriptor, whose release fails what the
+//! dead server had read instead of leaving it waiting.
 //!
 //! **Inode numbers.** The kernel keeps the node IDs the old server gave out (open files,
 //! a shell's cwd, a container's root). A new server answers for them: the first
@@ -53,6 +55,10 @@ use log::{info, warn};
 use crate::transport::device;
 use crate::transport::session::{self, MountOptions};
 use wire::{KeeperReport, ToKeeper, ToServer, WIRE};
+
+/// Set (non-empty), the keeper acts as on a kernel without `FUSE_NOTIFY_RESEND`: each
+/// server gets a cloned descriptor (tests of that path run on kernels that have it).
+pub const NO_RESEND_ENV: &str = "PKGFS_KEEPER_NO_RESEND";
 
 /// How many server deaths within a window make the keeper give up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +178,9 @@ struct Keeper {
     next_id: u64,
     dev: Option<File>,
     init: Vec<u8>,
+    /// The kernel resends what a dead server had read (`FUSE_NOTIFY_RESEND`); without
+    /// it each server gets a cloned descriptor, whose end fails those requests.
+    resend: bool,
     reply: Option<Vec<u8>>,
     digest: Option<String>,
     /// The last generation a server announced: its next fresh inode number and its
@@ -219,6 +228,7 @@ pub fn run(cfg: KeeperConfig) -> Result<(), KeeperError> {
         next_id: 0,
         dev: None,
         init: Vec::new(),
+        resend: false,
         reply: None,
         digest: None,
         journal: None,
@@ -475,7 +485,18 @@ impl Keeper {
             report: self.report.clone(),
             numbering: self.journal.as_ref().map(|(next, _)| *next),
         };
-        let mut fds = vec![dev.as_fd()];
+        let clone = if self.resend {
+            None
+        } else {
+            match device::clone_device(dev) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    warn!("cannot clone the connection's descriptor ({e}): sharing it");
+                    None
+                }
+            }
+        };
+        let mut fds = vec![clone.as_ref().map_or(dev.as_fd(), |c| c.as_fd())];
         if let Some((_, table)) = &self.journal {
             info!("the new server numbers the tree by the last generation's table");
             fds.push(table.as_fd());
@@ -516,6 +537,15 @@ impl Keeper {
         let dev = device::mount(&self.cfg.mount).map_err(|e| e.to_string())?;
         match device::read_init(&dev) {
             Ok(init) => {
+                self.resend = device::kernel_resends(&init)
+                    && std::env::var_os(NO_RESEND_ENV).is_none_or(|v| v.is_empty());
+                if !self.resend {
+                    warn!(
+                        "the kernel cannot resend requests in flight (FUSE_NOTIFY_RESEND, \
+                         Linux 6.9): each server gets a descriptor of its own, and the \
+                         requests a dying server had read fail (ECONNABORTED)"
+                    );
+                }
                 self.init = init;
                 self.dev = Some(dev);
                 Ok(())
@@ -527,9 +557,15 @@ impl Keeper {
         }
     }
 
-    /// A server's session reads requests.
+    /// A server's session reads requests. The first one's answer to INIT goes to the
+    /// kernel now (through the descriptor INIT came on: a cloned one would not find it).
     fn serving(&mut self, id: u64, reply: Vec<u8>) {
         if self.reply.is_none() {
+            if let Some(dev) = &self.dev
+                && let Err(e) = device::write_all(dev.as_fd(), &reply)
+            {
+                warn!("cannot answer the kernel's INIT: {e}");
+            }
             self.reply = Some(reply);
         }
         if self.pending.as_ref().is_some_and(|p| p.id == id) {
@@ -556,7 +592,7 @@ impl Keeper {
 
     /// Ask the kernel to resend what a dead server had read, and note the pause.
     fn resend(&mut self) {
-        if let Some(dev) = &self.dev
+        if let Some(dev) = self.dev.as_ref().filter(|_| self.resend)
             && let Err(e) = device::notify_resend(dev.as_fd())
         {
             warn!(

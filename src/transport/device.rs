@@ -154,6 +154,49 @@ fn header(req: &[u8]) -> Option<(u32, u64)> {
     (req.len() >= IN_HEADER).then_some((op, unique))
 }
 
+/// `FUSE_INIT_EXT`: the INIT request has a second flags word.
+const FUSE_INIT_EXT: u32 = 1 << 30;
+/// `FUSE_HAS_RESEND` (1 << 39), bit 7 of the second flags word (protocol 7.40).
+const FUSE_HAS_RESEND_HIGH: u32 = 1 << 7;
+
+/// Whether the kernel that sent this INIT takes `FUSE_NOTIFY_RESEND` (it says so in
+/// INIT's flags: `FUSE_HAS_RESEND`, Linux 6.9). `fuse_init_in`: major, minor,
+/// max_readahead, flags, flags2 (u32 each).
+pub fn kernel_resends(init: &[u8]) -> bool {
+    let word = |i: usize| {
+        init.get(IN_HEADER + 4 * i..IN_HEADER + 4 * i + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes)
+    };
+    let (Some(major), Some(minor), Some(flags)) = (word(0), word(1), word(3)) else {
+        return false;
+    };
+    major == 7
+        && minor >= 40
+        && flags & FUSE_INIT_EXT != 0
+        && word(4).is_some_and(|f| f & FUSE_HAS_RESEND_HIGH != 0)
+}
+
+/// A descriptor of the same connection with a processing queue of its own
+/// (`FUSE_DEV_IOC_CLONE`): when it closes, the kernel fails the requests read through
+/// it (`ECONNABORTED`) while the connection lives on through `dev`. A keeper on a
+/// kernel that cannot resend gives each server one, so a dying server's requests fail
+/// instead of waiting forever.
+pub fn clone_device(dev: &File) -> std::io::Result<File> {
+    /// `_IOR(229, 0, uint32_t)`.
+    const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
+    let new = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let mut fd = dev.as_raw_fd() as u32;
+    // SAFETY: the ioctl reads one u32 (the descriptor to clone) from a valid pointer.
+    if unsafe { libc::ioctl(new.as_raw_fd(), FUSE_DEV_IOC_CLONE, &mut fd) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(new)
+}
+
 /// The unique number of a request (INIT's, to check a reply belongs to it).
 pub fn unique_of(req: &[u8]) -> Option<u64> {
     header(req).map(|(_, u)| u)
@@ -255,6 +298,16 @@ mod tests {
         req[8..16].copy_from_slice(&77u64.to_ne_bytes());
         assert_eq!(header(&req), Some((FUSE_INIT, 77)));
         assert_eq!(unique_of(&req[..20]), None, "shorter than a header");
+        // An INIT of protocol 7.45 with FUSE_INIT_EXT and FUSE_HAS_RESEND, and without.
+        let mut init = req.clone();
+        for w in [7u32, 45, 1 << 17, FUSE_INIT_EXT, FUSE_HAS_RESEND_HIGH] {
+            init.extend_from_slice(&w.to_ne_bytes());
+        }
+        assert!(kernel_resends(&init));
+        let n = init.len();
+        init[n - 4..].copy_from_slice(&0u32.to_ne_bytes());
+        assert!(!kernel_resends(&init));
+        assert!(!kernel_resends(&req), "no body");
         let h = out_header(-libc::EIO, 77);
         assert_eq!(u32::from_ne_bytes(h[0..4].try_into().unwrap()), 16);
         assert_eq!(i32::from_ne_bytes(h[4..8].try_into().unwrap()), -libc::EIO);
