@@ -210,6 +210,9 @@ fn kill_9_of_the_server_during_a_read_all_loses_no_byte_and_fails_no_reader() {
         "{st}"
     );
     assert!(st["keeper"]["last_pause_ms"].as_u64().is_some(), "{st}");
+    let pauses = st["keeper"]["pauses_ms"].as_array().unwrap();
+    assert_eq!(pauses.len(), 4, "a pause for each restart: {st}");
+    assert_eq!(pauses.last(), Some(&st["keeper"]["last_pause_ms"]));
     assert_ne!(st["server_pid"], st["keeper_pid"]);
     let log = m.log_text();
     assert_eq!(log.matches("serving again after").count(), 4, "{log}");

@@ -503,6 +503,14 @@ fn text_mount(o: &mut String, r: &Report) {
             if let Some(ms) = k.last_pause_ms {
                 let _ = write!(o, ", readers paused {ms} ms");
             }
+            if k.pauses_ms.len() > 1 {
+                let longest = k.pauses_ms.iter().max().copied().unwrap_or(0);
+                let _ = write!(
+                    o,
+                    " (longest of the last {}: {longest} ms)",
+                    k.pauses_ms.len()
+                );
+            }
             let _ = writeln!(o);
         }
         None => {

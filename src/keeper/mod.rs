@@ -603,6 +603,13 @@ impl Keeper {
         if let Some(t) = self.down_since.take() {
             let ms = t.elapsed().as_millis() as u64;
             self.report.last_pause_ms = Some(ms);
+            self.report.pauses_ms.push(ms);
+            let over = self
+                .report
+                .pauses_ms
+                .len()
+                .saturating_sub(wire::PAUSES_KEPT);
+            self.report.pauses_ms.drain(..over);
             info!("serving again after {ms} ms");
             self.send_report();
         }

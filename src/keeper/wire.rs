@@ -109,6 +109,9 @@ pub enum ToServer {
     },
 }
 
+/// How many restarts' pauses the report keeps.
+pub const PAUSES_KEPT: usize = 16;
+
 /// The keeper as `pkgfs status` shows it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct KeeperReport {
@@ -123,6 +126,8 @@ pub struct KeeperReport {
     /// How long readers waited for this server: from the last death (or reload) to
     /// serving, in milliseconds.
     pub last_pause_ms: Option<u64>,
+    /// The pauses of the last restarts (at most [`PAUSES_KEPT`]), oldest first.
+    pub pauses_ms: Vec<u64>,
     /// Restarts allowed within the window before the keeper gives up.
     pub restart_limit: String,
 }
