@@ -148,7 +148,8 @@ def pause(src, args):
         os.kill(old, signal.SIGKILL)
         while True:
             st = status()
-            if st and st["server_pid"] != old:
+            # The new server answers, and has heard from the keeper what its start cost.
+            if st and st["server_pid"] != old and st["keeper"]["last_pause_ms"] is not None:
                 break
             time.sleep(0.01)
         time.sleep(0.3)
