@@ -630,3 +630,61 @@ fn kill_9_right_after_a_live_activation_keeps_its_numbers() {
     let st = status_json(&mp);
     assert_eq!(st["keeper"]["restarts"], 2, "{st}");
 }
+
+/// An installed binary that speaks another handover format (here a stand-in script that
+/// says `Hello` with format 2 on the keeper's socket, as a future pkgfs would): `pkgfs
+/// reload` fails saying so, and the old server keeps serving; the real binary put back,
+/// the reload goes through.
+#[test]
+fn a_new_binary_of_another_handover_format_is_refused_and_the_old_server_serves() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    let exe = bin.join("pkgfs");
+    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), &exe).unwrap();
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    run(Command::new(&exe)
+        .arg("mount")
+        .arg(&arc)
+        .arg(&mp)
+        .arg("--log-file")
+        .arg(dir.path().join("log")));
+    let _guard = UmountGuard(&mp);
+    let old = next_server(&mp, None);
+
+    let future = r#"#!/usr/bin/env python3
+import json, os, socket
+s = socket.socket(fileno=int(os.environ["PKGFS_KEEPER_FD"]))
+s.send(json.dumps({"Hello": {"wire": 2, "digest": "-"}}).encode())
+print(s.recv(65536).decode(), flush=True)
+raise SystemExit(1)
+"#;
+    fs::write(bin.join(".pkgfs.new"), future).unwrap();
+    fs::set_permissions(
+        bin.join(".pkgfs.new"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    fs::rename(bin.join(".pkgfs.new"), &exe).unwrap();
+    let out = pkgfs().arg("reload").arg(&mp).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("handover format 2"), "{err}");
+    assert_eq!(server_pid(&mp), Some(old), "the old server still serves");
+    assert_eq!(
+        fs::read(mp.join("d06/f04.bin")).unwrap(),
+        fs::read(ext.join("d06/f04.bin")).unwrap()
+    );
+
+    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), bin.join(".pkgfs.new")).unwrap();
+    fs::rename(bin.join(".pkgfs.new"), &exe).unwrap();
+    run(pkgfs().arg("reload").arg(&mp));
+    assert_ne!(next_server(&mp, Some(old)), old);
+    let st = status_json(&mp);
+    assert_eq!(st["keeper"]["reloads"], 1, "{st}");
+}
