@@ -142,7 +142,6 @@ struct Server {
     id: u64,
     pid: u32,
     sock: OwnedFd,
-    serving: bool,
     /// It said it panicked.
     panic: Option<String>,
     /// It was refused the connection, and why.
@@ -367,7 +366,6 @@ impl Keeper {
             id,
             pid,
             sock: ours,
-            serving: false,
             panic: None,
             refused: None,
             exited: None,
@@ -582,9 +580,6 @@ impl Keeper {
             self.down_since = Some(Instant::now());
             return;
         }
-        if let Some(s) = self.current.as_mut().filter(|s| s.id == id) {
-            s.serving = true;
-        }
         if self.down_since.is_some() {
             self.resend();
         }
@@ -636,8 +631,8 @@ impl Keeper {
 
     /// A server is fully up (status answers): the first tells `pkgfs mount`.
     fn ready(&mut self, id: u64) {
-        if let Some(s) = self.current.as_mut().filter(|s| s.id == id) {
-            s.serving = true;
+        if self.current.as_ref().is_none_or(|s| s.id != id) {
+            return;
         }
         if let Some(r) = &mut self.reload {
             r.ready = true;
