@@ -15,7 +15,7 @@
 //! waits for them with `sigwait`; on a signal it unmounts (lazily if busy) and exits. An external
 //! `pkgfs umount` ends the session, which wakes the main thread too.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -401,7 +401,8 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     };
     let (session, kernel, rings, kept) = serve(cfg, &fs, keeper)?;
     if let Some(k) = kept.clone() {
-        let g = k.clone();
+        let (g, r) = (k.clone(), k.clone());
+        fs.on_retire(Box::new(move |list| r.retired(list)));
         fs.on_change(Box::new(move |view, next_ino| k.changed(view, next_ino)));
         fs.on_grow(Box::new(move |dir, name| {
             let msg = ToKeeper::Grew {
@@ -468,6 +469,79 @@ fn load_options(cfg: &MountConfig) -> LoadOptions {
         cfg.index_cache.clone(),
         cfg.remote.clone(),
     )
+}
+
+/// How a new server loads the archives of the inodes of older generations the kernel
+/// still holds: each alone, merged (as a graft's package is), the mount's strip applied,
+/// not checked against a seal (the old server checked them).
+fn restore_options(cfg: &MountConfig) -> LoadOptions {
+    let mut merge = cfg.merge.clone();
+    merge.layout.kind = crate::layout::Kind::Merge;
+    merge.layout.lockfile = None;
+    merge.verify = None;
+    merge.load_options(
+        MIN_INDEX_THREADS,
+        cfg.owner,
+        cfg.cache_bytes,
+        cfg.index_cache.clone(),
+        cfg.remote.clone(),
+    )
+}
+
+/// Serve the inodes of older generations an earlier server served (a file open in a
+/// package an activation removed; its file may be gone): each archive is opened through
+/// the descriptor the keeper kept (`/proc/self/fd/N`, by a link named as the archive so
+/// its format is known), loaded alone, and each inode found there by its path. What
+/// cannot be found is logged and fails as an unknown inode.
+fn restore_retired(
+    fs: &PkgFs,
+    entries: &[wire::RetiredEntry],
+    archives: Vec<OwnedFd>,
+    opts: &LoadOptions,
+) {
+    use std::os::fd::AsRawFd;
+    let Ok(dir) = tempfile::tempdir() else {
+        warn!("no directory for the archives of older generations: not serving them");
+        return;
+    };
+    for (i, fd) in archives.iter().enumerate() {
+        let mine: Vec<&wire::RetiredEntry> =
+            entries.iter().filter(|e| e.archive as usize == i).collect();
+        let Some(first) = mine.first() else { continue };
+        let name = Path::new(&first.name)
+            .file_name()
+            .map_or_else(|| std::ffi::OsString::from("archive"), |n| n.to_os_string());
+        let link = dir.path().join(i.to_string()).join(name);
+        let made = std::fs::create_dir_all(dir.path().join(i.to_string())).and_then(|()| {
+            std::os::unix::fs::symlink(format!("/proc/self/fd/{}", fd.as_raw_fd()), &link)
+        });
+        if let Err(e) = made {
+            warn!("{}: cannot link it: {e}", first.name);
+            continue;
+        }
+        match crate::source::load(std::slice::from_ref(&link), opts) {
+            Ok((alone, _)) => {
+                let view = alone.view();
+                // Kept open for as long as they serve: the link goes with this function.
+                for l in &view.layers {
+                    l.archive.blob.pin();
+                }
+                for e in &mine {
+                    match view.tree.resolve(&e.path) {
+                        Some(local) => fs.adopt_retired(e.ino, view.clone(), local),
+                        None => warn!(
+                            "{}: {} not found again",
+                            first.name,
+                            String::from_utf8_lossy(&e.path)
+                        ),
+                    }
+                }
+            }
+            Err(e) => warn!("{}: cannot open it again: {e}", first.name),
+        }
+    }
+    // The descriptors opened through the links are the archives' own now.
+    drop(archives);
 }
 
 /// Stage 2: the watcher of the source directories (and the poll), if the mount is live.
@@ -574,6 +648,51 @@ impl Kept {
         Ok(wire::send(self.sock.as_fd(), msg, &[])?)
     }
 
+    /// Tell the keeper which inodes of older generations the kernel still holds, with
+    /// descriptors of their archives (a next server serves them from those).
+    fn retired(&self, list: &[crate::fs::Retired]) {
+        let mut index: HashMap<u32, u32> = HashMap::new();
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut entries = Vec::new();
+        for (ino, view, local) in list {
+            let Some(node) = view.tree.node(*local) else {
+                continue;
+            };
+            let Some(layer) = view.layers.get(node.archive as usize) else {
+                continue;
+            };
+            let a = &layer.archive;
+            let archive = match index.get(&a.key) {
+                Some(&i) => i,
+                // SCM_RIGHTS carries at most 253 descriptors a message.
+                None if fds.len() >= 200 => continue,
+                None => {
+                    let Some(fd) = a.blob.duplicate_fd() else {
+                        continue;
+                    };
+                    fds.push(fd);
+                    let i = (fds.len() - 1) as u32;
+                    index.insert(a.key, i);
+                    i
+                }
+            };
+            entries.push(wire::RetiredEntry {
+                ino: *ino,
+                archive,
+                name: a
+                    .path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                path: view.tree.path_of(*local),
+            });
+        }
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        if let Err(e) = wire::send(self.sock.as_fd(), &ToKeeper::Retired { entries }, &borrowed) {
+            warn!("cannot tell the keeper of the inodes of older generations: {e}");
+        }
+    }
+
     /// Tell the keeper of a new generation before the kernel sees it: its digest and
     /// numbering table, for a next server to number it the same way.
     fn changed(&self, view: &crate::tree::view::View, next_ino: u64) {
@@ -642,7 +761,7 @@ fn serve(
             (session, dev, None)
         }
         Some(sock) => {
-            let (session, kept) = take_over(fuse, &options, sock, fs)?;
+            let (session, kept) = take_over(fuse, &options, sock, fs, &restore_options(cfg))?;
             (session, None, Some(kept))
         }
     };
@@ -679,6 +798,7 @@ fn take_over(
     options: &MountOptions,
     sock: OwnedFd,
     fs: &PkgFs,
+    restore: &LoadOptions,
 ) -> Result<(fuser::BackgroundSession, Kept), DaemonError> {
     let sock = Arc::new(sock);
     if PANIC_LINE.set(sock.clone()).is_ok() {
@@ -696,7 +816,7 @@ fn take_over(
         digest: fs.numbering_digest(),
     };
     wire::send(sock.as_fd(), &hello, &[])?;
-    let (init, reply, report, numbering, mut fds) = loop {
+    let (init, reply, report, numbering, retired, mut fds) = loop {
         let (msg, fds) = wire::recv::<ToServer>(sock.as_fd())?;
         match msg {
             ToServer::Refuse { why } => return Err(DaemonError::Refused(why)),
@@ -705,7 +825,8 @@ fn take_over(
                 reply,
                 report,
                 numbering,
-            } => break (init, reply, report, numbering, fds),
+                retired,
+            } => break (init, reply, report, numbering, retired, fds),
             ToServer::Report { .. } => continue,
             ToServer::Grow { names } => {
                 // A store's tree grew under earlier servers: grow the same names.
@@ -740,6 +861,10 @@ fn take_over(
         fs.adopt_numbering(table, next_ino)
             .map_err(|e| DaemonError::Refused(format!("the numbering table: {e}")))?;
         info!("numbered as the last server numbered its generation");
+    }
+    if !retired.is_empty() {
+        let archives = fds.split_off(usize::from(numbering.is_some()).min(fds.len()));
+        restore_retired(fs, &retired, archives, restore);
     }
     let (session, ours) = session::adopt(fuse, dev, &init, options)?;
     // The first server's answer goes to the kernel through the keeper (`Serving`); a

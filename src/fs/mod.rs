@@ -188,6 +188,14 @@ pub struct Activation {
 /// What hears of a new generation ([`PkgFs::on_change`]).
 pub type ChangeHook = Box<dyn Fn(&View, u64) + Send + Sync>;
 
+/// An inode of an older generation the kernel still holds: its number, its generation,
+/// its node there.
+pub type Retired = (u64, Arc<View>, u64);
+
+/// What hears of the inodes of older generations the kernel holds, after each
+/// activation ([`PkgFs::on_retire`]).
+pub type RetireHook = Box<dyn Fn(&[Retired]) + Send + Sync>;
+
 /// What hears of a name a growing tree grew by ([`PkgFs::on_grow`]): the directory's
 /// path and the name.
 pub type GrowHook = Box<dyn Fn(&[u8], &[u8]) + Send + Sync>;
@@ -249,6 +257,8 @@ pub struct PkgFs {
     changed: std::sync::OnceLock<ChangeHook>,
     /// Told of every name the tree grew by ([`PkgFs::on_grow`]).
     grown: std::sync::OnceLock<GrowHook>,
+    /// Told of the retired inodes after every activation ([`PkgFs::on_retire`]).
+    retiring: std::sync::OnceLock<RetireHook>,
 }
 
 impl PkgFs {
@@ -295,6 +305,7 @@ impl PkgFs {
             stats: OpStats::default(),
             changed: std::sync::OnceLock::new(),
             grown: std::sync::OnceLock::new(),
+            retiring: std::sync::OnceLock::new(),
         }
     }
 
@@ -583,6 +594,9 @@ impl PkgFs {
             retired.retain(|ino, _| view.local(*ino).is_none());
             retired.len()
         };
+        if let Some(f) = self.retiring.get() {
+            f(&self.retired_inodes());
+        }
         // Archives that only older generations use must stay open for them: they must
         // not be closed to save descriptors (their files may be gone).
         let live_keys: HashSet<u32> = view.layers.iter().map(|l| l.archive.key).collect();
@@ -626,6 +640,30 @@ impl PkgFs {
             Some(ino) => self.grow_into(ino, name),
             None => Ok(false),
         }
+    }
+
+    /// Call `f` after every activation with the inodes of older generations the kernel
+    /// still holds (a file open in a package the activation removed): a keeper keeps
+    /// their archives for a next server. Set once.
+    pub fn on_retire(&self, f: RetireHook) {
+        let _ = self.retiring.set(f);
+    }
+
+    /// The inodes of older generations the kernel still holds.
+    pub fn retired_inodes(&self) -> Vec<Retired> {
+        lock(&self.inodes)
+            .retired
+            .iter()
+            .map(|(&ino, (v, l))| (ino, v.clone(), *l))
+            .collect()
+    }
+
+    /// Serve `ino` from node `local` of `view` (an older generation an earlier server
+    /// served it from), until the kernel forgets it. Only before serving.
+    pub fn adopt_retired(&self, ino: u64, view: Arc<View>, local: u64) {
+        let mut inodes = lock(&self.inodes);
+        inodes.retired.insert(ino, (view, local));
+        *inodes.counts.entry(ino).or_insert(0) += 1;
     }
 
     /// The current generation's numbering digest ([`numbering_digest`]).

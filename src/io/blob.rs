@@ -70,6 +70,11 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     /// Keep any resource it holds (an open descriptor) for as long as it lives: it serves
     /// an older generation, and the object may be gone.
     fn pin(&self) {}
+    /// A descriptor of its local file, if it is one (a keeper keeps the files of older
+    /// generations for the next server: `crate::keeper`).
+    fn duplicate_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        None
+    }
     /// From now on fetch sparingly: sequential reads grow their fetches to
     /// `sequential` bytes at most, 0 for none (a layer read through a table of contents
     /// or a zTOC with `--no-background-fetch`, where bytes fetched unread are what the
@@ -392,6 +397,11 @@ impl Blob for LocalFile {
 
     fn mtime(&self) -> i64 {
         self.mtime_ns.0
+    }
+
+    fn duplicate_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        let f = self.file().ok()?;
+        f.try_clone().ok().map(Into::into)
     }
 
     fn pin(&self) {

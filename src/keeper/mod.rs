@@ -187,6 +187,8 @@ struct Keeper {
     journal: Option<(u64, OwnedFd)>,
     /// What lookups grew the tree by (`pkgfs store`), in order.
     grown: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The inodes of older generations the kernel holds, with their archives.
+    retired: (Vec<wire::RetiredEntry>, Vec<OwnedFd>),
     current: Option<Server>,
     pending: Option<Server>,
     retiring: Vec<Server>,
@@ -232,6 +234,7 @@ pub fn run(cfg: KeeperConfig) -> Result<(), KeeperError> {
         digest: None,
         journal: None,
         grown: Vec::new(),
+        retired: (Vec::new(), Vec::new()),
         current: None,
         pending: None,
         retiring: Vec::new(),
@@ -416,6 +419,12 @@ impl Keeper {
                 }
                 Ok(None)
             }
+            ToKeeper::Retired { entries } => {
+                if self.server_mut(id).is_some_and(|s| s.taken) {
+                    self.retired = (entries, fds);
+                }
+                Ok(None)
+            }
             ToKeeper::Grew { dir, name } => {
                 if self.server_mut(id).is_some_and(|s| s.taken) {
                     self.grown.push((dir, name));
@@ -482,6 +491,7 @@ impl Keeper {
             reply: self.reply.clone(),
             report: self.report.clone(),
             numbering: self.journal.as_ref().map(|(next, _)| *next),
+            retired: self.retired.0.clone(),
         };
         let clone = if self.resend {
             None
@@ -499,6 +509,7 @@ impl Keeper {
             info!("the new server numbers the tree by the last generation's table");
             fds.push(table.as_fd());
         }
+        fds.extend(self.retired.1.iter().map(|f| f.as_fd()));
         if let Err(e) = wire::send(sock.as_fd(), &take, &fds) {
             warn!("cannot hand the connection over: {e}");
         }

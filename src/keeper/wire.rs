@@ -59,6 +59,13 @@ pub enum ToKeeper {
         /// The name looked up.
         name: Vec<u8>,
     },
+    /// After an activation: the inodes of older generations the kernel still holds (a
+    /// file open in a removed package), with the archives they are read from beside this
+    /// message, for a next server to serve them too. Replaces the last such list.
+    Retired {
+        /// One per inode.
+        entries: Vec<RetiredEntry>,
+    },
     /// The server panicked (it may die of it): the message, for `pkgfs status`.
     Panicked {
         /// The panic's message and place.
@@ -90,6 +97,9 @@ pub enum ToServer {
         /// The tree changed under an earlier server: number it by the table beside
         /// this message (the second descriptor), and go on from this inode number.
         numbering: Option<u64>,
+        /// Inodes of older generations to serve too; their archives' descriptors follow
+        /// (after the table, if any), in the order `RetiredEntry::archive` counts.
+        retired: Vec<RetiredEntry>,
     },
     /// Your tree is not the last one: grow these names in this order (what lookups grew
     /// under earlier servers), then say `Hello` again.
@@ -107,6 +117,19 @@ pub enum ToServer {
         /// Why.
         why: String,
     },
+}
+
+/// An inode of an older generation the kernel holds: where a next server finds it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RetiredEntry {
+    /// The inode.
+    pub ino: u64,
+    /// Which of the archives passed beside the message holds it.
+    pub archive: u32,
+    /// The archive's file name (its extensions say its format).
+    pub name: String,
+    /// Its path in that archive's own tree (merged alone, the mount's strip applied).
+    pub path: Vec<u8>,
 }
 
 /// How many restarts' pauses the report keeps.
@@ -297,6 +320,7 @@ mod tests {
             reply: None,
             report: KeeperReport::default(),
             numbering: Some(7),
+            retired: Vec::new(),
         };
         let table = table_memfd(&[1, 5, 1 << 40]).unwrap();
         send(b.as_fd(), &take, &[f.as_fd(), table.as_fd()]).unwrap();
