@@ -692,58 +692,92 @@ raise SystemExit(1)
 /// A file open in a package that a live activation replaced, then a restart: the new
 /// server still serves the old version to the open file (the keeper kept the old
 /// archive's descriptor and where the inode lies in it), while a new open reads the new
-/// version.
+/// version. Merged, with a directory per package (`--layout each`), and as cargo
+/// places crates.
 #[test]
 fn a_file_open_in_a_replaced_package_reads_its_old_bytes_across_a_restart() {
     if !require_fuse() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let pkgs = dir.path().join("pkgs");
-    fs::create_dir(&pkgs).unwrap();
-    let version = |tag: u8, out: &Path| -> Vec<u8> {
-        let src = dir.path().join(format!("src{tag}"));
-        fs::create_dir_all(src.join("lib")).unwrap();
-        let data: Vec<u8> = (0..4u32 << 20)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ tag)
-            .collect();
-        fs::write(src.join("lib/x.bin"), &data).unwrap();
-        run(Command::new("zip")
-            .current_dir(&src)
-            .args(["-0", "-q", "-X", "-r"])
-            .arg(out)
-            .arg("lib"));
-        data
-    };
-    let old = version(1, &pkgs.join("a.zip"));
-    // No directory read-ahead: nothing pushes the file into the page cache.
-    let m = Mount::new(&[&pkgs], &["--restart-limit", "100/60s", "--prefetch", "0"]);
-    let mp = m.path();
-    let mut f = fs::File::open(mp.join("lib/x.bin")).unwrap();
-    let mut head = vec![0u8; 4096];
-    f.read_exact(&mut head).unwrap();
+    // (layout, the archive's name, where its files are in the mount)
+    for (layout, name, inside) in [
+        ("merge", "a.zip", ""),
+        ("each", "a.zip", "a/"),
+        // cargo drops the crate's top directory: found again under the layout's rules.
+        ("cargo", "foo-1.0.0.crate", "foo-1.0.0/"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let pkgs = dir.path().join("pkgs");
+        fs::create_dir(&pkgs).unwrap();
+        let version = |tag: u8, out: &Path| -> Vec<u8> {
+            let src = dir.path().join(format!("src{tag}"));
+            let top = if layout == "cargo" { "foo-1.0.0" } else { "" };
+            fs::create_dir_all(src.join(top).join("lib")).unwrap();
+            let data: Vec<u8> = (0..4u32 << 20)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ tag)
+                .collect();
+            fs::write(src.join(top).join("lib/x.bin"), &data).unwrap();
+            if layout == "cargo" {
+                run(Command::new("tar")
+                    .arg("czf")
+                    .arg(out)
+                    .arg("-C")
+                    .arg(&src)
+                    .arg(top));
+            } else {
+                run(Command::new("zip")
+                    .current_dir(&src)
+                    .args(["-0", "-q", "-X", "-r"])
+                    .arg(out)
+                    .arg("lib"));
+            }
+            data
+        };
+        let old = version(1, &pkgs.join(name));
+        // No directory read-ahead: nothing pushes the file into the page cache.
+        let m = Mount::new(
+            &[&pkgs],
+            &[
+                "--restart-limit",
+                "100/60s",
+                "--prefetch",
+                "0",
+                "--layout",
+                layout,
+            ],
+        );
+        let mp = m.path();
+        let x = mp.join(format!("{inside}lib/x.bin"));
+        let mut f = fs::File::open(&x).unwrap();
+        let mut head = vec![0u8; 4096];
+        f.read_exact(&mut head).unwrap();
 
-    let new = version(2, &pkgs.join(".a.tmp"));
-    fs::rename(pkgs.join(".a.tmp"), pkgs.join("a.zip")).unwrap();
-    wait_until(
-        Duration::from_secs(30),
-        "the new version was never activated",
-        || fs::read(mp.join("lib/x.bin")).is_ok_and(|d| d == new),
-    );
-    let server = next_server(&mp, None);
-    kill9(server);
-    next_server(&mp, Some(server));
+        let new = version(2, &pkgs.join(".new.tmp"));
+        fs::rename(pkgs.join(".new.tmp"), pkgs.join(name)).unwrap();
+        wait_until(
+            Duration::from_secs(30),
+            "the new version was never activated",
+            || fs::read(&x).is_ok_and(|d| d == new),
+        );
+        let server = next_server(&mp, None);
+        kill9(server);
+        next_server(&mp, Some(server));
 
-    // What the kernel cached of the open file is dropped: the rest is asked of the new
-    // server.
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a valid descriptor; advice only.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        // What the kernel cached of the open file is dropped: the rest is asked of the
+        // new server.
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid descriptor; advice only.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+        let mut rest = Vec::new();
+        f.read_to_end(&mut rest)
+            .unwrap_or_else(|e| panic!("{layout}: the open file: {e}"));
+        head.extend(rest);
+        assert!(
+            head == old,
+            "{layout}: the open file reads its own version on"
+        );
+        assert!(fs::read(&x).unwrap() == new, "{layout}");
     }
-    let mut rest = Vec::new();
-    f.read_to_end(&mut rest).unwrap();
-    head.extend(rest);
-    assert!(head == old, "the open file reads its own version on");
-    assert!(fs::read(mp.join("lib/x.bin")).unwrap() == new);
 }

@@ -472,11 +472,19 @@ fn load_options(cfg: &MountConfig) -> LoadOptions {
 }
 
 /// How a new server loads the archives of the inodes of older generations the kernel
-/// still holds: each alone, merged (as a graft's package is), the mount's strip applied,
-/// not checked against a seal (the old server checked them).
-fn restore_options(cfg: &MountConfig) -> LoadOptions {
+/// still holds: each alone, merged, or placed by the mount's layout for an inode in a
+/// package's own directory; the mount's strip applied; not checked against a seal (the
+/// old server checked them).
+fn restore_options(cfg: &MountConfig) -> (LoadOptions, LoadOptions) {
+    let merged = restore_options_as(cfg, crate::layout::Kind::Merge);
+    let own = restore_options_as(cfg, cfg.merge.layout.kind);
+    (merged, own)
+}
+
+/// [`restore_options`] under layout `kind`.
+fn restore_options_as(cfg: &MountConfig, kind: crate::layout::Kind) -> LoadOptions {
     let mut merge = cfg.merge.clone();
-    merge.layout.kind = crate::layout::Kind::Merge;
+    merge.layout.kind = kind;
     merge.layout.lockfile = None;
     merge.verify = None;
     merge.load_options(
@@ -497,7 +505,7 @@ fn restore_retired(
     fs: &PkgFs,
     entries: &[wire::RetiredEntry],
     archives: Vec<OwnedFd>,
-    opts: &LoadOptions,
+    (merged, own): &(LoadOptions, LoadOptions),
 ) {
     use std::os::fd::AsRawFd;
     let Ok(dir) = tempfile::tempdir() else {
@@ -519,25 +527,44 @@ fn restore_retired(
             warn!("{}: cannot link it: {e}", first.name);
             continue;
         }
-        match crate::source::load(std::slice::from_ref(&link), opts) {
-            Ok((alone, _)) => {
-                let view = alone.view();
-                // Kept open for as long as they serve: the link goes with this function.
-                for l in &view.layers {
-                    l.archive.blob.pin();
-                }
-                for e in &mine {
-                    match view.tree.resolve(&e.path) {
-                        Some(local) => fs.adopt_retired(e.ino, view.clone(), local),
-                        None => warn!(
-                            "{}: {} not found again",
-                            first.name,
-                            String::from_utf8_lossy(&e.path)
-                        ),
-                    }
-                }
+        let opts = if first.in_graft { own } else { merged };
+        let alone = match crate::source::load(std::slice::from_ref(&link), opts) {
+            Ok((alone, _)) => alone,
+            Err(e) => {
+                warn!("{}: cannot open it again: {e}", first.name);
+                continue;
             }
-            Err(e) => warn!("{}: cannot open it again: {e}", first.name),
+        };
+        // A package with a directory of its own: the one directory at the root.
+        let prefix: Vec<u8> = if first.in_graft {
+            let v = alone.view();
+            let root = v.tree.node(crate::tree::ROOT_INO);
+            match root.and_then(|r| v.tree.children(r).next()) {
+                Some((_, n)) => [v.tree.name(n), b"/"].concat(),
+                None => Vec::new(),
+            }
+        } else {
+            Vec::new()
+        };
+        for e in &mine {
+            let found = alone
+                .resolve(&[&prefix[..], &e.path[..]].concat())
+                .and_then(|ino| alone.served(ino));
+            match found {
+                Some((_, view, local)) => {
+                    // Kept open for as long as they serve: the link goes with this
+                    // function.
+                    for l in &view.layers {
+                        l.archive.blob.pin();
+                    }
+                    fs.adopt_retired(e.ino, view, local);
+                }
+                None => warn!(
+                    "{}: {} not found again",
+                    first.name,
+                    String::from_utf8_lossy(&e.path)
+                ),
+            }
         }
     }
     // The descriptors opened through the links are the archives' own now.
@@ -685,6 +712,7 @@ impl Kept {
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default(),
                 path: view.tree.path_of(*local),
+                in_graft: view.graft_range().is_some(),
             });
         }
         let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
@@ -798,7 +826,7 @@ fn take_over(
     options: &MountOptions,
     sock: OwnedFd,
     fs: &PkgFs,
-    restore: &LoadOptions,
+    restore: &(LoadOptions, LoadOptions),
 ) -> Result<(fuser::BackgroundSession, Kept), DaemonError> {
     let sock = Arc::new(sock);
     if PANIC_LINE.set(sock.clone()).is_ok() {

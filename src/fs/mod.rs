@@ -649,6 +649,12 @@ impl PkgFs {
         let _ = self.retiring.set(f);
     }
 
+    /// Where inode `ino` is served from now (the current generation or an indexed
+    /// graft), indexing the graft whose range holds it if need be.
+    pub fn served(&self, ino: u64) -> Option<Retired> {
+        self.locate(&self.view(), ino).map(|(v, l)| (ino, v, l))
+    }
+
     /// The inodes of older generations the kernel still holds.
     pub fn retired_inodes(&self) -> Vec<Retired> {
         lock(&self.inodes)

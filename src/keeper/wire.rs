@@ -128,8 +128,11 @@ pub struct RetiredEntry {
     pub archive: u32,
     /// The archive's file name (its extensions say its format).
     pub name: String,
-    /// Its path in that archive's own tree (merged alone, the mount's strip applied).
+    /// Its path in that archive's own tree (merged alone, the mount's strip applied), or
+    /// for a package with a directory of its own (a graft), in that directory.
     pub path: Vec<u8>,
+    /// It lies in a package's own directory (`--layout each`, `cargo`).
+    pub in_graft: bool,
 }
 
 /// How many restarts' pauses the report keeps.
