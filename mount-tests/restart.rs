@@ -104,6 +104,32 @@ fn reference(ext: &Path) -> (String, u64) {
     (sha(&out.stdout), out.stdout.len() as u64)
 }
 
+/// `DIR/bin/pkgfs`, a copy of the binary under test installed as a package installs it,
+/// mounting `arc` at `DIR/mnt` (log in `DIR/log`). Returns the binary and the mountpoint.
+fn mount_with_installed_copy(dir: &Path, arc: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
+    fs::create_dir(dir.join("bin")).unwrap();
+    let exe = dir.join("bin/pkgfs");
+    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), &exe).unwrap();
+    let mp = dir.join("mnt");
+    fs::create_dir(&mp).unwrap();
+    run(Command::new(&exe)
+        .arg("mount")
+        .arg(arc)
+        .arg(&mp)
+        .arg("--log-file")
+        .arg(dir.join("log"))
+        .args(extra));
+    (exe, mp)
+}
+
+/// Put `from` at `exe` as an upgrade does: a new file renamed over the old one (whose
+/// running copies keep the old inode).
+fn install_over(exe: &Path, from: &Path) {
+    let tmp = exe.with_extension("new");
+    fs::copy(from, &tmp).unwrap();
+    fs::rename(&tmp, exe).unwrap();
+}
+
 /// A `tar` read of the whole mount, consumed on a thread that counts and hashes.
 struct ReadAll {
     pid: u32,
@@ -445,27 +471,12 @@ fn reload_during_a_read_all_starts_the_installed_binary() {
     let dir = tempfile::tempdir().unwrap();
     let (arc, ext) = tarball(dir.path());
     let (want, len) = reference(&ext);
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    let exe = bin.join("pkgfs");
-    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), &exe).unwrap();
-    let mp = dir.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    let log = dir.path().join("log");
-    run(Command::new(&exe)
-        .arg("mount")
-        .arg(&arc)
-        .arg(&mp)
-        .arg("--log-file")
-        .arg(&log)
-        .arg("--cache-size")
-        .arg("1M"));
+    let (exe, mp) = mount_with_installed_copy(dir.path(), &arc, &["--cache-size", "1M"]);
     let _guard = UmountGuard(&mp);
     let old = next_server(&mp, None);
     let reader = ReadAll::start(&mp, &top_names(&ext));
     reader.reach(len / 2);
-    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), bin.join(".pkgfs.new")).unwrap();
-    fs::rename(bin.join(".pkgfs.new"), &exe).unwrap();
+    install_over(&exe, Path::new(env!("CARGO_BIN_EXE_pkgfs")));
     let out = run(Command::new(&exe).arg("reload").arg(&mp));
     assert!(out.status.success());
     let (got, n) = reader.finish();
@@ -642,18 +653,7 @@ fn a_new_binary_of_another_handover_format_is_refused_and_the_old_server_serves(
     }
     let dir = tempfile::tempdir().unwrap();
     let (arc, ext) = tarball(dir.path());
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    let exe = bin.join("pkgfs");
-    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), &exe).unwrap();
-    let mp = dir.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    run(Command::new(&exe)
-        .arg("mount")
-        .arg(&arc)
-        .arg(&mp)
-        .arg("--log-file")
-        .arg(dir.path().join("log")));
+    let (exe, mp) = mount_with_installed_copy(dir.path(), &arc, &[]);
     let _guard = UmountGuard(&mp);
     let old = next_server(&mp, None);
 
@@ -664,13 +664,10 @@ s.send(json.dumps({"Hello": {"wire": 2, "digest": "-"}}).encode())
 print(s.recv(65536).decode(), flush=True)
 raise SystemExit(1)
 "#;
-    fs::write(bin.join(".pkgfs.new"), future).unwrap();
-    fs::set_permissions(
-        bin.join(".pkgfs.new"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    fs::rename(bin.join(".pkgfs.new"), &exe).unwrap();
+    let script = dir.path().join("future-pkgfs");
+    fs::write(&script, future).unwrap();
+    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    install_over(&exe, &script);
     let out = pkgfs().arg("reload").arg(&mp).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -681,8 +678,7 @@ raise SystemExit(1)
         fs::read(ext.join("d06/f04.bin")).unwrap()
     );
 
-    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), bin.join(".pkgfs.new")).unwrap();
-    fs::rename(bin.join(".pkgfs.new"), &exe).unwrap();
+    install_over(&exe, Path::new(env!("CARGO_BIN_EXE_pkgfs")));
     run(pkgfs().arg("reload").arg(&mp));
     assert_ne!(next_server(&mp, Some(old)), old);
     let st = status_json(&mp);

@@ -281,21 +281,7 @@ pub fn peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
 /// A connected pair for a keeper and one server, close-on-exec (the server's end is
 /// made inheritable only in the child).
 pub fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: a valid two-element array for socketpair to fill.
-    let r = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: socketpair returned two new descriptors we now own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    crate::transport::session::seqpacket_pair()
 }
 
 #[cfg(test)]

@@ -200,7 +200,7 @@ pub fn adopt(
 
 /// A connected pair of `SOCK_SEQPACKET` sockets (one message per read, as on
 /// `/dev/fuse`), close-on-exec.
-fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     use std::os::fd::FromRawFd;
     let mut fds = [0; 2];
     // SAFETY: a valid two-element array for socketpair to fill.
