@@ -996,11 +996,17 @@ fn a_read_in_flight_at_a_kill_is_resent_or_on_older_kernels_fails_fast() {
         // when it is killed; the delay goes with the kill, so the next server is quick.
         proxy.set(r#"{"delay_ms": 20000}"#);
         let old = crate::common::next_server(&m.path(), None);
+        let before = remote_stat(&m.path(), "requests");
         let reader = {
             let f1 = f1.clone();
             std::thread::spawn(move || fs::read(&f1))
         };
-        std::thread::sleep(Duration::from_millis(1000));
+        // The read is in flight once the server has sent its request to the proxy.
+        wait_until(
+            Duration::from_secs(30),
+            "the read never reached the server",
+            || remote_stat(&m.path(), "requests") > before,
+        );
         assert!(
             !reader.is_finished(),
             "the read did not wait on the slow server"
