@@ -896,7 +896,37 @@ pub fn query(mountpoint: &Path, style: Style) -> Result<String, QueryError> {
         source,
     })?;
     let addr = address(meta.dev()).map_err(channel)?;
-    let mut s = UnixStream::connect_addr(&addr).map_err(|source| QueryError::NoDaemon {
+    let here = crate::transport::session::mount_path(mountpoint);
+    // Device numbers are reused: for a moment the daemon of a mount that has just gone
+    // may still answer on this mount's channel. Its report names its own mountpoint;
+    // ask again until the answer is this mount's.
+    let start = std::time::Instant::now();
+    loop {
+        let out = ask(&addr, style, mountpoint)?;
+        match answered_for(&out, style) {
+            Some(m) if Path::new(&m) != here && start.elapsed() < ANSWER_PATIENCE => {
+                debug!(
+                    "status answered for {m}, not {}: asking again",
+                    here.display()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// How long `pkgfs status` asks again while another mount's daemon answers.
+const ANSWER_PATIENCE: Duration = Duration::from_secs(5);
+
+/// One request on the status channel at `addr`.
+fn ask(addr: &SocketAddr, style: Style, mountpoint: &Path) -> Result<String, QueryError> {
+    let path = || mountpoint.to_path_buf();
+    let channel = |source| QueryError::Channel {
+        path: path(),
+        source,
+    };
+    let mut s = UnixStream::connect_addr(addr).map_err(|source| QueryError::NoDaemon {
         path: path(),
         source,
     })?;
@@ -912,10 +942,42 @@ pub fn query(mountpoint: &Path, style: Style) -> Result<String, QueryError> {
     Ok(out)
 }
 
+/// The mountpoint a status report is about (`mountpoint` in JSON, the first line of
+/// the text).
+fn answered_for(report: &str, style: Style) -> Option<String> {
+    if style == Style::Json {
+        let v: serde_json::Value = serde_json::from_str(report).ok()?;
+        return v["mountpoint"].as_str().map(str::to_string);
+    }
+    let first = report.lines().next()?.strip_prefix("pkgfs at ")?;
+    first.rsplit_once(" (pid ").map(|(m, _)| m.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tree::{Ownership, TreeBuilder};
+
+    #[test]
+    fn a_report_names_the_mount_it_is_about() {
+        let fs = PkgFs::new(
+            TreeBuilder::new(Ownership::defaults(0, 0)).finish(),
+            vec![],
+            0,
+        );
+        let mut i = info();
+        i.mountpoint = PathBuf::from("/srv/a b (pid 7)");
+        let act = Activity::default();
+        for style in [Style::Summary, Style::All, Style::Json] {
+            let r = report(&fs, &i, &act, style);
+            assert_eq!(
+                answered_for(&r, style).as_deref(),
+                Some("/srv/a b (pid 7)"),
+                "{style:?}"
+            );
+        }
+        assert_eq!(answered_for("error: nothing", Style::Summary), None);
+    }
 
     /// A mount (no FUSE) of `n` ZIP packages `p00.zip`...: each holds its own file, and
     /// the packages in `shared` also hold `shared`, so the later ones win it.

@@ -743,13 +743,19 @@ fn fs_canonical(mp: &Path) -> PathBuf {
     }
 }
 
-/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+/// Whether process `pid` has ended: gone, or a zombie nobody reaped yet whose threads
+/// have all exited (a thread group's leader shows as a zombie while its other threads
+/// still exit, holding the descriptors they share).
 pub fn process_ended(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
-        Ok(s) => s
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Ok(s) => {
+            let zombie = s
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+            zombie && threads <= 1
+        }
     }
 }
 
