@@ -686,7 +686,8 @@ fn reading_a_4_gib_bomb_keeps_memory_within_the_cache_budget() {
         f.read_exact(&mut buf).unwrap();
     }
     assert!(buf.iter().all(|&b| b == 0));
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("server {pid}: {e}; the mount's log:\n{}", m.log_text()));
     let rss_kb: u64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))

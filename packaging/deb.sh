@@ -70,15 +70,24 @@ Description: read-only FUSE filesystem of package archives, merged, never extrac
  docker-archives) as one merged read-only tree, reading each archive in place.
  Packages dropped into a mounted directory appear without a remount.
 EOF
-# After an upgrade (configure with the old version), every pkgfs mount gets a server of
-# the new binary: `pkgfs reload` through its keeper, readers see no error. A mount that
-# cannot be reloaded (no keeper, or its sources changed) keeps its old server.
+# After an upgrade (configure with the old version), every mount of the installed binary
+# (its keeper runs /usr/bin/pkgfs, replaced or not) gets a server of the new one: `pkgfs
+# reload` through its keeper, readers see no error. Mounts of other pkgfs binaries are
+# left alone; a mount that cannot be reloaded (no keeper, or its sources changed) keeps
+# its old server.
 cat > "$R/DEBIAN/postinst" <<'EOF'
 #!/bin/sh
 set -e
 if [ "$1" = configure ] && [ -n "$2" ]; then
   awk '$3 == "fuse.pkgfs" { print $2 }' /proc/mounts | while read -r mp; do
     mp=$(printf '%b' "$mp")
+    keeper=$(/usr/bin/pkgfs status --json "$mp" 2>/dev/null |
+      sed -n 's/.*"keeper_pid":\([0-9][0-9]*\).*/\1/p')
+    [ -n "$keeper" ] || continue
+    case "$(readlink "/proc/$keeper/exe")" in
+      /usr/bin/pkgfs | "/usr/bin/pkgfs (deleted)") ;;
+      *) continue ;;
+    esac
     /usr/bin/pkgfs reload "$mp" || echo "pkgfs: $mp keeps its old server" >&2
   done
 fi
