@@ -44,6 +44,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+LOG_LOCK = threading.Lock()
+
 PORT = int(sys.argv[1])
 LAYOUT = sys.argv[2]
 INDEX = json.load(open(os.path.join(LAYOUT, "index.json")))
@@ -112,7 +114,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def log(self, status):
         rng = (self.headers.get("Range") or "-").replace(" ", "")
-        print(f"{self.command} {self.path} {status} {rng}", flush=True)
+        # One write a line, under a lock: print() writes the text and its newline
+        # separately, and the handlers run on threads of their own.
+        with LOG_LOCK:
+            sys.stdout.write(f"{self.command} {self.path} {status} {rng}\n")
+            sys.stdout.flush()
 
     def send(self, status, body=b"", headers=()):
         self.send_response(status)
