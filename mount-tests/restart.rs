@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::common::{
     Mount, UmountGuard, kill9, next_server, pkgfs, require_fuse, run, server_pid, status_json,
-    wait_until,
+    strict, wait_until,
 };
 
 /// A tree of 20 directories × 20 files (random bytes in four sizes, two modes, distinct
@@ -107,9 +107,14 @@ fn reference(ext: &Path) -> (String, u64) {
 /// `DIR/bin/pkgfs`, a copy of the binary under test installed as a package installs it,
 /// mounting `arc` at `DIR/mnt` (log in `DIR/log`). Returns the binary and the mountpoint.
 fn mount_with_installed_copy(dir: &Path, arc: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
+    mount_with_installed(Path::new(env!("CARGO_BIN_EXE_pkgfs")), dir, arc, extra)
+}
+
+/// [`mount_with_installed_copy`] of the binary `from`.
+fn mount_with_installed(from: &Path, dir: &Path, arc: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
     fs::create_dir(dir.join("bin")).unwrap();
     let exe = dir.join("bin/pkgfs");
-    fs::copy(env!("CARGO_BIN_EXE_pkgfs"), &exe).unwrap();
+    fs::copy(from, &exe).unwrap();
     let mp = dir.join("mnt");
     fs::create_dir(&mp).unwrap();
     run(Command::new(&exe)
@@ -468,10 +473,42 @@ fn reload_during_a_read_all_starts_the_installed_binary() {
     if !require_fuse() {
         return;
     }
+    reload_during_a_read_all(Path::new(env!("CARGO_BIN_EXE_pkgfs")));
+}
+
+/// The same from the previous release's binary (built by mount-tests/previous-release.sh,
+/// which mount-tests/run.sh runs first): its keeper hands the mount to this build's
+/// server, and this build's `pkgfs reload` speaks to its keeper.
+#[test]
+fn reload_from_the_previous_release_to_this_one() {
+    if !require_fuse() {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let listed = fs::read_to_string(root.join("mount-tests/previous-release")).unwrap();
+    let commit = listed.lines().next().unwrap().trim();
+    let prev = root.join(format!("target/prev-release/pkgfs-{commit}"));
+    if !prev.exists() {
+        assert!(
+            !strict(),
+            "{} is missing: run mount-tests/previous-release.sh (run.sh does)",
+            prev.display()
+        );
+        eprintln!("skipping: no build of the previous release");
+        return;
+    }
+    let version = run(Command::new(&prev).arg("--version")).stdout;
+    assert!(!version.is_empty());
+    reload_during_a_read_all(&prev);
+}
+
+/// Mount with an installed copy of `old`, read the whole tree, install this build over
+/// it halfway and `pkgfs reload`.
+fn reload_during_a_read_all(old: &Path) {
     let dir = tempfile::tempdir().unwrap();
     let (arc, ext) = tarball(dir.path());
     let (want, len) = reference(&ext);
-    let (exe, mp) = mount_with_installed_copy(dir.path(), &arc, &["--cache-size", "1M"]);
+    let (exe, mp) = mount_with_installed(old, dir.path(), &arc, &["--cache-size", "1M"]);
     let _guard = UmountGuard(&mp);
     let old = next_server(&mp, None);
     let reader = ReadAll::start(&mp, &top_names(&ext));

@@ -36,6 +36,8 @@ if ((${#need[@]})); then
 fi
 
 export PKGFS_TEST_STRICT=1
+# The previous release's binary, for the test that reloads a mount from it to this one.
+bash mount-tests/previous-release.sh >/dev/null
 # A hang must fail with its output, not run into CI's limit: the whole run (build
 # included) gets PKGFS_TEST_TIMEOUT, 50 minutes unless set.
 exec timeout --kill-after=60 "${PKGFS_TEST_TIMEOUT:-50m}" cargo test "$@"
