@@ -725,8 +725,8 @@ raise SystemExit(1)
 /// A file open in a package that a live activation replaced, then a restart: the new
 /// server still serves the old version to the open file (the keeper kept the old
 /// archive's descriptor and where the inode lies in it), while a new open reads the new
-/// version. Merged, with a directory per package (`--layout each`), and as cargo
-/// places crates.
+/// version. Merged, with a directory per package (`--layout each`), as cargo places
+/// crates, and as npm places tarballs (at the package's name; at a lockfile's places).
 #[test]
 fn a_file_open_in_a_replaced_package_reads_its_old_bytes_across_a_restart() {
     if !require_fuse() {
@@ -738,50 +738,68 @@ fn a_file_open_in_a_replaced_package_reads_its_old_bytes_across_a_restart() {
         ("each", "a.zip", "a/"),
         // cargo drops the crate's top directory: found again under the layout's rules.
         ("cargo", "foo-1.0.0.crate", "foo-1.0.0/"),
+        // npm places the package at its name (package.json's), without its `package/`.
+        ("npm", "foo-1.0.0.tgz", "foo/"),
+        // ... or wherever a lockfile installs it (here at two places).
+        ("npm-lock", "foo-1.0.0.tgz", "bar/node_modules/foo/"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let pkgs = dir.path().join("pkgs");
         fs::create_dir(&pkgs).unwrap();
+        let top = match layout {
+            "cargo" => "foo-1.0.0",
+            "npm" | "npm-lock" => "package",
+            _ => "",
+        };
         let version = |tag: u8, out: &Path| -> Vec<u8> {
             let src = dir.path().join(format!("src{tag}"));
-            let top = if layout == "cargo" { "foo-1.0.0" } else { "" };
             fs::create_dir_all(src.join(top).join("lib")).unwrap();
             let data: Vec<u8> = (0..4u32 << 20)
                 .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ tag)
                 .collect();
             fs::write(src.join(top).join("lib/x.bin"), &data).unwrap();
-            if layout == "cargo" {
+            if top.is_empty() {
+                run(Command::new("zip")
+                    .current_dir(&src)
+                    .args(["-0", "-q", "-X", "-r"])
+                    .arg(out)
+                    .arg("lib"));
+            } else {
+                if top == "package" {
+                    fs::write(
+                        src.join("package/package.json"),
+                        r#"{"name": "foo", "version": "1.0.0"}"#,
+                    )
+                    .unwrap();
+                }
                 run(Command::new("tar")
                     .arg("czf")
                     .arg(out)
                     .arg("-C")
                     .arg(&src)
                     .arg(top));
-            } else {
-                run(Command::new("zip")
-                    .current_dir(&src)
-                    .args(["-0", "-q", "-X", "-r"])
-                    .arg(out)
-                    .arg("lib"));
             }
             data
         };
+        let lock = dir.path().join("package-lock.json");
+        fs::write(
+            &lock,
+            r#"{"name": "p", "lockfileVersion": 3, "packages": {
+                "": {"name": "p"}, "node_modules/foo": {"version": "1.0.0"},
+                "node_modules/bar/node_modules/foo": {"version": "1.0.0"}}}"#,
+        )
+        .unwrap();
+        let mut args = vec!["--restart-limit", "100/60s", "--prefetch", "0", "--layout"];
+        args.push(layout.trim_end_matches("-lock"));
+        if layout == "npm-lock" {
+            args.extend(["--lockfile", lock.to_str().unwrap()]);
+        }
         let old = version(1, &pkgs.join(name));
         // No directory read-ahead: nothing pushes the file into the page cache.
-        let m = Mount::new(
-            &[&pkgs],
-            &[
-                "--restart-limit",
-                "100/60s",
-                "--prefetch",
-                "0",
-                "--layout",
-                layout,
-            ],
-        );
+        let m = Mount::new(&[&pkgs], &args);
         let mp = m.path();
         let x = mp.join(format!("{inside}lib/x.bin"));
-        let mut f = fs::File::open(&x).unwrap();
+        let mut f = fs::File::open(&x).unwrap_or_else(|e| panic!("{layout}: {e}"));
         let mut head = vec![0u8; 4096];
         f.read_exact(&mut head).unwrap();
 

@@ -472,13 +472,22 @@ fn load_options(cfg: &MountConfig) -> LoadOptions {
 }
 
 /// How a new server loads the archives of the inodes of older generations the kernel
-/// still holds: each alone, merged, or placed by the mount's layout for an inode in a
-/// package's own directory; the mount's strip applied; not checked against a seal (the
-/// old server checked them).
+/// still holds: each alone, placed by the mount's layout (npm without its lockfile: the
+/// package at its name, its modes as npm writes them), or merged for an inode outside
+/// the packages' own directories of `each` and `cargo`; the mount's strip applied; not
+/// checked against a seal (the old server checked them).
 fn restore_options(cfg: &MountConfig) -> (LoadOptions, LoadOptions) {
-    let merged = restore_options_as(cfg, crate::layout::Kind::Merge);
-    let own = restore_options_as(cfg, cfg.merge.layout.kind);
-    (merged, own)
+    use crate::layout::Kind;
+    let kind = cfg.merge.layout.kind;
+    let folded = restore_options_as(
+        cfg,
+        match kind {
+            Kind::Merge | Kind::Npm => kind,
+            Kind::Each | Kind::Cargo => Kind::Merge,
+        },
+    );
+    let own = restore_options_as(cfg, kind);
+    (folded, own)
 }
 
 /// [`restore_options`] under layout `kind`.
@@ -535,21 +544,28 @@ fn restore_retired(
                 continue;
             }
         };
-        // A package with a directory of its own: the one directory at the root.
+        // A package with a directory of its own: the one directory at the root; a
+        // package the layout folded in at a place (npm's NAME): that place.
+        let v = alone.view();
         let prefix: Vec<u8> = if first.in_graft {
-            let v = alone.view();
             let root = v.tree.node(crate::tree::ROOT_INO);
             match root.and_then(|r| v.tree.children(r).next()) {
-                Some((_, n)) => [v.tree.name(n), b"/"].concat(),
+                Some((_, n)) => v.tree.name(n).to_vec(),
                 None => Vec::new(),
             }
         } else {
-            Vec::new()
+            v.layers
+                .iter()
+                .find_map(|l| l.places.first().cloned())
+                .unwrap_or_default()
         };
         for e in &mine {
-            let found = alone
-                .resolve(&[&prefix[..], &e.path[..]].concat())
-                .and_then(|ino| alone.served(ino));
+            let path = match (prefix.is_empty(), e.path.is_empty()) {
+                (true, _) => e.path.clone(),
+                (false, true) => prefix.clone(),
+                (false, false) => [&prefix[..], b"/", &e.path[..]].concat(),
+            };
+            let found = alone.resolve(&path).and_then(|ino| alone.served(ino));
             match found {
                 Some((_, view, local)) => {
                     // Kept open for as long as they serve: the link goes with this
@@ -711,7 +727,11 @@ impl Kept {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default(),
-                path: view.tree.path_of(*local),
+                path: if view.graft_range().is_some() {
+                    view.tree.path_of(*local)
+                } else {
+                    within_place(view.tree.path_of(*local), &layer.places)
+                },
                 in_graft: view.graft_range().is_some(),
             });
         }
@@ -748,6 +768,21 @@ impl Kept {
                 }
             }
         })
+    }
+}
+
+/// `path` (in a generation's tree) within the place a layout folded its package in:
+/// what follows the longest of `places` it lies in (itself, if in none).
+fn within_place(path: Vec<u8>, places: &[Vec<u8>]) -> Vec<u8> {
+    let at = places
+        .iter()
+        .filter(|p| {
+            path.starts_with(p) && (path.len() == p.len() || path.get(p.len()) == Some(&b'/'))
+        })
+        .max_by_key(|p| p.len());
+    match at {
+        Some(p) => path.get(p.len() + 1..).unwrap_or_default().to_vec(),
+        None => path,
     }
 }
 
@@ -1070,5 +1105,22 @@ fn raise_fd_limit() {
             lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within_place;
+
+    #[test]
+    fn a_path_within_the_longest_place_it_lies_in() {
+        let places = vec![b"foo".to_vec(), b"bar/node_modules/foo".to_vec()];
+        let within = |p: &str| within_place(p.as_bytes().to_vec(), &places);
+        assert_eq!(within("foo/lib/x.js"), b"lib/x.js");
+        assert_eq!(within("bar/node_modules/foo/lib/x.js"), b"lib/x.js");
+        assert_eq!(within("foo"), b"");
+        // A name that only begins like a place is not in it.
+        assert_eq!(within("foobar/x"), b"foobar/x");
+        assert_eq!(within_place(b"a/b".to_vec(), &[]), b"a/b");
     }
 }

@@ -266,10 +266,7 @@ impl PkgFs {
     pub fn new(tree: Tree, archives: Vec<Archive>, cache_bytes: u64) -> Self {
         let layers = archives
             .into_iter()
-            .map(|a| Layer {
-                archive: Arc::new(a),
-                entries: 0,
-            })
+            .map(|a| Layer::new(Arc::new(a), 0))
             .collect();
         Self::with_layers(tree, layers, cache_bytes, false)
     }
@@ -1311,10 +1308,10 @@ mod tests {
                 .collect();
             let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
             b.add_layer(0, 7, &entries);
-            let layers = vec![Layer {
-                archive: crate::layout::own_archive("test", entries.clone()),
-                entries: entries.len(),
-            }];
+            let layers = vec![Layer::new(
+                crate::layout::own_archive("test", entries.clone()),
+                entries.len(),
+            )];
             Ok((b.finish(), layers))
         }
     }

@@ -129,7 +129,8 @@ pub struct RetiredEntry {
     /// The archive's file name (its extensions say its format).
     pub name: String,
     /// Its path in that archive's own tree (merged alone, the mount's strip applied), or
-    /// for a package with a directory of its own (a graft), in that directory.
+    /// for a package with a directory of its own (a graft), in that directory, or for
+    /// one a layout folded in at a place (npm's `node_modules/NAME`), in that place.
     pub path: Vec<u8>,
     /// It lies in a package's own directory (`--layout each`, `cargo`).
     pub in_graft: bool,

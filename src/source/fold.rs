@@ -96,6 +96,11 @@ impl Fold {
         self.layers.push(Layer {
             archive: archive.clone(),
             entries: entries.len(),
+            places: places
+                .iter()
+                .filter(|p| !p.prefix.is_empty())
+                .map(|p| p.prefix.join(&b'/'))
+                .collect(),
         });
         self.active.push(Active {
             path: path.to_path_buf(),
@@ -140,6 +145,7 @@ impl Fold {
         self.layers.push(Layer {
             archive: crate::layout::own_archive(kind.name(), entries),
             entries: n,
+            places: Vec::new(),
         });
     }
 

@@ -60,6 +60,7 @@ impl GraftSource for LazyPackage {
         let mut layers = vec![Layer {
             archive: Arc::new(archive),
             entries: entries.len(),
+            places: Vec::new(),
         }];
         if !self.extra.is_empty() {
             let extra: Vec<Entry> = self
@@ -72,6 +73,7 @@ impl GraftSource for LazyPackage {
             layers.push(Layer {
                 entries: extra.len(),
                 archive: crate::layout::own_archive("extra", extra),
+                places: Vec::new(),
             });
         }
         let tree = b.finish();

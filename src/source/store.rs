@@ -195,10 +195,10 @@ impl LayerStore {
     fn generation(&self, st: &State) -> Generation {
         let mut own: Vec<Entry> = Vec::new();
         let mut b = TreeBuilder::new(self.opts.owner);
-        let mut layers: Vec<Layer> = vec![Layer {
-            archive: crate::layout::own_archive("store", Vec::new()),
-            entries: 0,
-        }];
+        let mut layers: Vec<Layer> = vec![Layer::new(
+            crate::layout::own_archive("store", Vec::new()),
+            0,
+        )];
         let mut grafts: Vec<Arc<Graft>> = Vec::new();
         let mut blobs: Vec<(u32, i64, Entry)> = Vec::new();
         let dir = |path: &[u8]| crate::layout::dir(path, 0o555, 0);
@@ -221,19 +221,14 @@ impl LayerStore {
                 let mut entry = l.blob_entry.clone();
                 entry.path = at("blob");
                 blobs.push((layers.len() as u32, entry.mtime, entry));
-                layers.push(Layer {
-                    archive: l.blob.clone(),
-                    entries: 1,
-                });
+                layers.push(Layer::new(l.blob.clone(), 1));
                 grafts.push(l.diff.clone());
                 graft_paths.push(at("diff"));
             }
         }
         b.add_layer(0, 0, &own);
-        layers[0] = Layer {
-            entries: own.len(),
-            archive: crate::layout::own_archive("store", own),
-        };
+        let n = own.len();
+        layers[0] = Layer::new(crate::layout::own_archive("store", own), n);
         for (idx, mtime, entry) in &blobs {
             b.add_layer(*idx, *mtime, std::slice::from_ref(entry));
         }
@@ -490,13 +485,7 @@ impl GraftSource for LayerDiff {
         b.add_layer(0, mtime, &entries);
         let tree = b.finish();
         log_graft(&self.cand.path, &tree, entries.len(), started);
-        Ok((
-            tree,
-            vec![Layer {
-                archive: Arc::new(archive),
-                entries: entries.len(),
-            }],
-        ))
+        Ok((tree, vec![Layer::new(Arc::new(archive), entries.len())]))
     }
 }
 

@@ -67,6 +67,20 @@ pub struct Layer {
     pub archive: Arc<Archive>,
     /// How many entries its index holds.
     pub entries: usize,
+    /// Where a layout folded its entries in, other than at the root: each place's
+    /// prefix, `/`-joined (npm's `node_modules/NAME`). Empty: at the root alone.
+    pub places: Vec<Vec<u8>>,
+}
+
+impl Layer {
+    /// `archive`, whose index holds `entries` entries, at the root.
+    pub fn new(archive: Arc<Archive>, entries: usize) -> Layer {
+        Layer {
+            archive,
+            entries,
+            places: Vec::new(),
+        }
+    }
 }
 
 /// What a generation knows of each member: whether the kernel has it, and what the
@@ -702,6 +716,7 @@ pub(crate) mod testing {
             out.push(Layer {
                 archive: a.clone(),
                 entries: e.len(),
+                places: Vec::new(),
             });
         }
         (b.finish(), out)
