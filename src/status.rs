@@ -996,10 +996,10 @@ mod tests {
             let idx =
                 crate::format::open_path(&path, &crate::format::OpenContext::default()).unwrap();
             b.add_layer(i as u32, 0, &idx.entries);
-            layers.push(crate::tree::view::Layer {
-                archive: Arc::new(idx.archive),
-                entries: idx.entries.len(),
-            });
+            layers.push(crate::tree::view::Layer::new(
+                Arc::new(idx.archive),
+                idx.entries.len(),
+            ));
         }
         PkgFs::with_layers(b.finish(), layers, 1 << 20, false)
     }
