@@ -1046,3 +1046,96 @@ fn a_read_in_flight_at_a_kill_is_resent_or_on_older_kernels_fails_fast() {
         }
     }
 }
+
+/// A file open in a remote package that a poll replaced, then `kill -9` of the server
+/// (issue 35): the next server opens the old version again as the old server listed it
+/// (no listing, its ETag), and the open file reads its old bytes from the disk cache,
+/// though the server now has only the new version; a new open reads the new version.
+/// Over HTTP and S3.
+#[test]
+fn a_file_open_in_a_replaced_remote_package_reads_its_old_bytes_across_a_restart() {
+    use std::io::Read;
+    use std::os::unix::fs::FileExt;
+    if !require_tools(&["nginx", "python3", "zip", "unzip"]) {
+        return;
+    }
+    let www = www();
+    let pkgs = www.path().join("pkgs");
+    let zip = big_zip(&pkgs);
+    let want = run(Command::new("unzip").arg("-p").arg(&zip).arg("f4.bin")).stdout;
+    let staged = tempfile::tempdir().unwrap();
+    fs::write(staged.path().join("f4.bin"), b"version two\n").unwrap();
+    run(Command::new("zip")
+        .current_dir(staged.path())
+        .args(["-q", "-X", "new.zip", "f4.bin"]));
+    let new_zip = staged.path().join("new.zip");
+    let nginx = Nginx::start(www.path());
+    let moto = Moto::start();
+    moto.boto(&format!(
+        "s3.create_bucket(Bucket='bkt')\ns3.upload_file({:?}, 'bkt', 'r/big.zip')",
+        zip.to_str().unwrap()
+    ));
+    let env = moto.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let over_http = || {
+        let tmp = pkgs.join(".big.zip.tmp");
+        fs::copy(&new_zip, &tmp).unwrap();
+        readable(&pkgs);
+        fs::rename(&tmp, &zip).unwrap();
+    };
+    let over_s3 = || {
+        moto.boto(&format!(
+            "s3.upload_file({:?}, 'bkt', 'r/big.zip')",
+            new_zip.to_str().unwrap()
+        ))
+    };
+    let cases: [(String, &dyn Fn()); 2] = [
+        (nginx.url("pkgs/"), &over_http),
+        ("s3://bkt/r/".to_string(), &over_s3),
+    ];
+    for (src, replace) in cases {
+        let cache = tempfile::tempdir().unwrap();
+        let m = Mount::with_env(
+            &[Path::new(&src)],
+            &[
+                "--disk-cache",
+                cache.path().to_str().unwrap(),
+                "--poll",
+                "1s",
+                "--prefetch",
+                "0",
+                "--restart-limit",
+                "100/60s",
+            ],
+            &env,
+        );
+        let mp = m.path();
+        let x = mp.join("f4.bin");
+        let mut f = fs::File::open(&x).unwrap();
+        let mut old = Vec::new();
+        f.read_to_end(&mut old).unwrap();
+        assert!(old == want, "{src}: f4.bin as the archive has it");
+        replace();
+        wait_until(
+            Duration::from_secs(30),
+            "the new version was never activated",
+            || fs::read(&x).is_ok_and(|b| b == b"version two\n"),
+        );
+        let server = crate::common::next_server(&mp, None);
+        crate::common::kill9(server);
+        crate::common::next_server(&mp, Some(server));
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid descriptor; advice only.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+        let mut again = vec![0u8; old.len()];
+        f.read_exact_at(&mut again, 0)
+            .unwrap_or_else(|e| panic!("{src}: the open file: {e}\n{}", m.log_text()));
+        assert!(
+            again == old,
+            "{src}: the open file reads its own version on"
+        );
+        assert_eq!(fs::read(&x).unwrap(), b"version two\n", "{src}");
+    }
+}

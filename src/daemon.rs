@@ -29,6 +29,7 @@ use crate::config::MountConfig;
 use crate::format::IndexCache;
 use crate::fs::prefetch::{self, HINT_QUEUE};
 use crate::fs::{KernelCache, PkgFs};
+use crate::io::remote::ObjectVersion;
 use crate::keeper::wire::{self, KeeperReport, ToKeeper, ToServer};
 use crate::source::live::Activity;
 use crate::source::live::{Activator, Live, skipped_list};
@@ -506,10 +507,13 @@ fn restore_options_as(cfg: &MountConfig, kind: crate::layout::Kind) -> LoadOptio
 }
 
 /// Serve the inodes of older generations an earlier server served (a file open in a
-/// package an activation removed; its file may be gone): each archive is opened through
-/// the descriptor the keeper kept (`/proc/self/fd/N`, by a link named as the archive so
-/// its format is known), loaded alone, and each inode found there by its path. What
-/// cannot be found is logged and fails as an unknown inode.
+/// package an activation removed; its file may be gone): each archive is opened again,
+/// a local one through the descriptor the keeper kept (`/proc/self/fd/N`, by a link
+/// named as the archive so its format is known), a store's object as the version the
+/// old server listed (its disk cache serves what it fetched; the rest is asked for with
+/// that version's ETag, so a version gone from the server fails as it did for the old
+/// server). Each is loaded alone and each inode found there by its path. What cannot be
+/// found is logged and fails as an unknown inode.
 fn restore_retired(
     fs: &PkgFs,
     entries: &[wire::RetiredEntry],
@@ -517,6 +521,7 @@ fn restore_retired(
     (merged, own): &(LoadOptions, LoadOptions),
 ) {
     use std::os::fd::AsRawFd;
+    let options = |e: &wire::RetiredEntry| if e.in_graft { own } else { merged };
     let Ok(dir) = tempfile::tempdir() else {
         warn!("no directory for the archives of older generations: not serving them");
         return;
@@ -536,55 +541,76 @@ fn restore_retired(
             warn!("{}: cannot link it: {e}", first.name);
             continue;
         }
-        let opts = if first.in_graft { own } else { merged };
-        let alone = match crate::source::load(std::slice::from_ref(&link), opts) {
-            Ok((alone, _)) => alone,
-            Err(e) => {
-                warn!("{}: cannot open it again: {e}", first.name);
-                continue;
-            }
-        };
-        // A package with a directory of its own: the one directory at the root; a
-        // package the layout folded in at a place (npm's NAME): that place.
-        let v = alone.view();
-        let prefix: Vec<u8> = if first.in_graft {
-            let root = v.tree.node(crate::tree::ROOT_INO);
-            match root.and_then(|r| v.tree.children(r).next()) {
-                Some((_, n)) => v.tree.name(n).to_vec(),
-                None => Vec::new(),
-            }
-        } else {
-            v.layers
-                .iter()
-                .find_map(|l| l.places.first().cloned())
-                .unwrap_or_default()
-        };
-        for e in &mine {
-            let path = match (prefix.is_empty(), e.path.is_empty()) {
-                (true, _) => e.path.clone(),
-                (false, true) => prefix.clone(),
-                (false, false) => [&prefix[..], b"/", &e.path[..]].concat(),
-            };
-            let found = alone.resolve(&path).and_then(|ino| alone.served(ino));
-            match found {
-                Some((_, view, local)) => {
-                    // Kept open for as long as they serve: the link goes with this
-                    // function.
-                    for l in &view.layers {
-                        l.archive.blob.pin();
-                    }
-                    fs.adopt_retired(e.ino, view, local);
-                }
-                None => warn!(
-                    "{}: {} not found again",
-                    first.name,
-                    String::from_utf8_lossy(&e.path)
-                ),
-            }
-        }
+        let alone = crate::source::load(std::slice::from_ref(&link), options(first));
+        adopt_in(fs, alone, &mine);
     }
     // The descriptors opened through the links are the archives' own now.
     drop(archives);
+    let mut objects: Vec<(&ObjectVersion, Vec<&wire::RetiredEntry>)> = Vec::new();
+    for e in entries {
+        let Some(v) = &e.object else { continue };
+        match objects.iter_mut().find(|(o, _)| *o == v) {
+            Some((_, mine)) => mine.push(e),
+            None => objects.push((v, vec![e])),
+        }
+    }
+    for (v, mine) in objects {
+        adopt_in(fs, crate::source::load_object(v, options(mine[0])), &mine);
+    }
+}
+
+/// Serve each of `entries` (inodes of one archive of an older generation) from `alone`,
+/// that archive loaded again by itself.
+fn adopt_in(
+    fs: &PkgFs,
+    alone: Result<(PkgFs, crate::source::LoadReport), crate::error::Error>,
+    entries: &[&wire::RetiredEntry],
+) {
+    let Some(first) = entries.first() else { return };
+    let alone = match alone {
+        Ok((alone, _)) => alone,
+        Err(e) => {
+            warn!("{}: cannot open it again: {e}", first.name);
+            return;
+        }
+    };
+    // A package with a directory of its own: the one directory at the root; a package
+    // the layout folded in at a place (npm's NAME): that place.
+    let v = alone.view();
+    let prefix: Vec<u8> = if first.in_graft {
+        let root = v.tree.node(crate::tree::ROOT_INO);
+        match root.and_then(|r| v.tree.children(r).next()) {
+            Some((_, n)) => v.tree.name(n).to_vec(),
+            None => Vec::new(),
+        }
+    } else {
+        v.layers
+            .iter()
+            .find_map(|l| l.places.first().cloned())
+            .unwrap_or_default()
+    };
+    for e in entries {
+        let path = match (prefix.is_empty(), e.path.is_empty()) {
+            (true, _) => e.path.clone(),
+            (false, true) => prefix.clone(),
+            (false, false) => [&prefix[..], b"/", &e.path[..]].concat(),
+        };
+        match alone.resolve(&path).and_then(|ino| alone.served(ino)) {
+            Some((_, view, local)) => {
+                // Kept open for as long as they serve (a local archive's link goes
+                // with the caller).
+                for l in &view.layers {
+                    l.archive.blob.pin();
+                }
+                fs.adopt_retired(e.ino, view, local);
+            }
+            None => warn!(
+                "{}: {} not found again",
+                first.name,
+                String::from_utf8_lossy(&e.path)
+            ),
+        }
+    }
 }
 
 /// Stage 2: the watcher of the source directories (and the poll), if the mount is live.
@@ -705,8 +731,11 @@ impl Kept {
                 continue;
             };
             let a = &layer.archive;
+            // A local file goes by descriptor, a store's object by its version.
+            let object = a.blob.object();
             let archive = match index.get(&a.key) {
                 Some(&i) => i,
+                None if object.is_some() => wire::NO_ARCHIVE,
                 // SCM_RIGHTS carries at most 253 descriptors a message.
                 None if fds.len() >= 200 => continue,
                 None => {
@@ -722,6 +751,7 @@ impl Kept {
             entries.push(wire::RetiredEntry {
                 ino: *ino,
                 archive,
+                object,
                 name: a
                     .path
                     .file_name()

@@ -75,6 +75,11 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     fn duplicate_fd(&self) -> Option<std::os::fd::OwnedFd> {
         None
     }
+    /// The version of a store's object it is, if it is one (a keeper hands it to the
+    /// next server, which opens that version again: `crate::keeper`).
+    fn object(&self) -> Option<super::remote::ObjectVersion> {
+        None
+    }
     /// From now on fetch sparingly: sequential reads grow their fetches to
     /// `sequential` bytes at most, 0 for none (a layer read through a table of contents
     /// or a zTOC with `--no-background-fetch`, where bytes fetched unread are what the

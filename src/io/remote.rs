@@ -417,6 +417,21 @@ impl Ranges for ObjectRanges {
     }
 }
 
+/// One version of an object of a store (S3, HTTP) as its listing gave it: what opens that
+/// version again in another process (a next server, for a file still open in a package
+/// that has been replaced since: `crate::keeper`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ObjectVersion {
+    /// Its URL (`s3://BUCKET/KEY`, `http(s)://…`), as the listing named it.
+    pub url: String,
+    /// Its ETag, if the server gave one.
+    pub etag: Option<String>,
+    /// Its size.
+    pub size: u64,
+    /// Its modification time: seconds since the epoch, and nanoseconds.
+    pub modified: (i64, u32),
+}
+
 /// One version of an object.
 #[derive(Debug)]
 pub struct RemoteBlob {
@@ -437,6 +452,8 @@ pub struct RemoteBlob {
     kept: Arc<Mutex<Kept>>,
     /// What may be kept of fetched bytes ([`Blob::set_keep_gate`]); all when unset.
     gate: GateCell,
+    /// The object version, for one of a store's objects.
+    object: Option<ObjectVersion>,
 }
 
 /// A [`crate::io::blob::KeepGate`], set once.
@@ -638,6 +655,15 @@ impl RemoteBlob {
             meta.size,
             meta.last_modified.timestamp()
         );
+        let object = ObjectVersion {
+            url: name.clone(),
+            etag: etag.clone(),
+            size: meta.size,
+            modified: (
+                meta.last_modified.timestamp(),
+                meta.last_modified.timestamp_subsec_nanos(),
+            ),
+        };
         let source = Arc::new(ObjectRanges {
             name: name.clone(),
             store,
@@ -645,14 +671,17 @@ impl RemoteBlob {
             etag,
             modified: meta.last_modified,
         });
-        RemoteBlob::of(
-            name,
-            source,
-            meta.size,
-            version,
-            meta.last_modified.timestamp(),
-            remote,
-        )
+        RemoteBlob {
+            object: Some(object),
+            ..RemoteBlob::of(
+                name,
+                source,
+                meta.size,
+                version,
+                meta.last_modified.timestamp(),
+                remote,
+            )
+        }
     }
 
     /// A blob of `size` bytes whose ranges `source` answers; `version` names its bytes
@@ -678,6 +707,7 @@ impl RemoteBlob {
             kept: Arc::new(Mutex::new(Kept::new(remote.kept_budget.clone()))),
             remote,
             gate: GateCell::default(),
+            object: None,
         }
     }
 
@@ -926,6 +956,10 @@ impl RemoteBlob {
 impl Blob for RemoteBlob {
     fn name(&self) -> &Path {
         &self.name
+    }
+
+    fn object(&self) -> Option<ObjectVersion> {
+        self.object.clone()
     }
 
     fn size(&self) -> u64 {

@@ -119,13 +119,20 @@ pub enum ToServer {
     },
 }
 
+/// [`RetiredEntry::archive`] of an inode not in a local archive.
+pub const NO_ARCHIVE: u32 = u32::MAX;
+
 /// An inode of an older generation the kernel holds: where a next server finds it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RetiredEntry {
     /// The inode.
     pub ino: u64,
-    /// Which of the archives passed beside the message holds it.
+    /// Which of the archives passed beside the message holds it ([`NO_ARCHIVE`]: none,
+    /// it is in `object`).
     pub archive: u32,
+    /// The version of the store's object that holds it (an S3 or HTTP source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<crate::io::remote::ObjectVersion>,
     /// The archive's file name (its extensions say its format).
     pub name: String,
     /// Its path in that archive's own tree (merged alone, the mount's strip applied), or
@@ -329,5 +336,28 @@ mod tests {
             recv::<ToServer>(a.as_fd()),
             Err(WireError::Closed)
         ));
+    }
+
+    #[test]
+    fn a_retired_object_crosses_and_an_entry_of_the_previous_format_still_reads() {
+        let entry = RetiredEntry {
+            ino: 9,
+            archive: NO_ARCHIVE,
+            object: Some(crate::io::remote::ObjectVersion {
+                url: "s3://b/k/a.zip".into(),
+                etag: Some("\"e1\"".into()),
+                size: 42,
+                modified: (1_700_000_000, 5),
+            }),
+            name: "a.zip".into(),
+            path: b"lib/x".to_vec(),
+            in_graft: false,
+        };
+        let text = serde_json::to_string(&entry).unwrap();
+        assert_eq!(serde_json::from_str::<RetiredEntry>(&text).unwrap(), entry);
+        // Written by a server of the release before objects were handed over.
+        let old = r#"{"ino":3,"archive":0,"name":"a.zip","path":[120],"in_graft":true}"#;
+        let got: RetiredEntry = serde_json::from_str(old).unwrap();
+        assert_eq!((got.ino, got.archive, got.object), (3, 0, None));
     }
 }

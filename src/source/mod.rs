@@ -200,6 +200,9 @@ pub struct Packages {
     /// The files the last scan skipped, with why: kept when nothing active changed
     /// (a refused archive added changes nothing active, but status must name it).
     skipped: Vec<(PathBuf, String)>,
+    /// Remote sources that are one version of one object, given, not listed
+    /// ([`load_object`]).
+    pinned: HashMap<PathBuf, crate::io::remote::ObjectVersion>,
 }
 
 /// What the sources hold now (the first stage of a scan).
@@ -228,6 +231,7 @@ impl Packages {
             facts: HashMap::new(),
             sealed: Arc::default(),
             skipped: Vec::new(),
+            pinned: HashMap::new(),
         }
     }
 
@@ -360,6 +364,10 @@ impl Packages {
     ) -> Result<Listed> {
         let mut listed = std::mem::take(&mut self.listed);
         let mut list_remote = |r: &remote::RemoteRef, src: &Path| -> Result<Listing> {
+            if let Some(v) = self.pinned.get(src) {
+                let blob = self.remote().and_then(|rt| remote::object(v, &rt))?;
+                return Ok(vec![(v.url.clone(), blob)]);
+            }
             match self.remote().and_then(|rt| remote::list(r, &rt)) {
                 Ok(l) => {
                     listed.insert(src.to_path_buf(), l.clone());
@@ -637,14 +645,36 @@ fn jobs<'a>(candidates: &'a [Candidate], plan: &'a [Plan]) -> Vec<Job<'a>> {
 
 /// Build a fixed filesystem from command-line sources, logging what was skipped.
 pub fn load(sources: &[PathBuf], opts: &LoadOptions) -> Result<(PkgFs, LoadReport)> {
-    let mut packages = Packages::new(sources.to_vec(), opts.clone());
+    fixed(Packages::new(sources.to_vec(), opts.clone()))
+}
+
+/// The filesystem of one scan of `packages`.
+fn fixed(mut packages: Packages) -> Result<(PkgFs, LoadReport)> {
     let scan = packages
         .scan(&HashSet::new())?
         .ok_or_else(|| Error::Format("first scan found nothing to do".into()))?;
     Ok((
-        PkgFs::with_grafts(scan.tree, scan.layers, scan.grafts, opts.cache_bytes, false),
+        PkgFs::with_grafts(
+            scan.tree,
+            scan.layers,
+            scan.grafts,
+            packages.opts.cache_bytes,
+            false,
+        ),
         scan.report,
     ))
+}
+
+/// Build a fixed filesystem of one version of a store's object, as an earlier listing
+/// gave it (not listed again).
+pub fn load_object(
+    v: &crate::io::remote::ObjectVersion,
+    opts: &LoadOptions,
+) -> Result<(PkgFs, LoadReport)> {
+    let src = PathBuf::from(&v.url);
+    let mut packages = Packages::new(vec![src.clone()], opts.clone());
+    packages.pinned.insert(src, v.clone());
+    fixed(packages)
 }
 
 /// Whether `path` exists and is a directory (for argument checks).

@@ -14,7 +14,7 @@ use object_store::path::Path as ObjPath;
 
 use crate::error::{Error, Result};
 use crate::io::blob::Blob;
-use crate::io::remote::{Remote, RemoteBlob, store_error};
+use crate::io::remote::{ObjectVersion, Remote, RemoteBlob, store_error};
 
 /// Most objects one remote source may list.
 pub const MAX_OBJECTS: usize = 100_000;
@@ -93,6 +93,42 @@ pub fn list(r: &RemoteRef, remote: &Arc<Remote>) -> Result<Vec<(String, Arc<dyn 
         }
         RemoteRef::HttpDir(url) => list_http_dir(url, remote),
     }
+}
+
+/// The blob of one version of a store's object, as a listing gave it: asked for again
+/// only with that version's ETag (the disk cache holds it under the same key), never
+/// listed or HEADed again.
+pub fn object(v: &ObjectVersion, remote: &Arc<Remote>) -> Result<Arc<dyn Blob>> {
+    let (store, path) = match v.url.strip_prefix("s3://").and_then(|r| r.split_once('/')) {
+        Some((bucket, key)) => (
+            s3_store(bucket, remote)?,
+            ObjPath::parse(key).map_err(|e| Error::Format(format!("{}: {e}", v.url)))?,
+        ),
+        None if v.url.starts_with("http://") || v.url.starts_with("https://") => {
+            http_store(&v.url, remote)?
+        }
+        None => {
+            return Err(Error::Unsupported(format!(
+                "{}: not the URL of an object",
+                v.url
+            )));
+        }
+    };
+    let (secs, nanos) = v.modified;
+    let meta = object_store::ObjectMeta {
+        location: path.clone(),
+        last_modified: chrono::DateTime::from_timestamp(secs, nanos).unwrap_or_default(),
+        size: v.size,
+        e_tag: v.etag.clone(),
+        version: None,
+    };
+    Ok(Arc::new(RemoteBlob::new(
+        v.url.clone(),
+        store,
+        path,
+        &meta,
+        remote.clone(),
+    )))
 }
 
 /// The file name of an object as its listing names it (`s3://B/P/NAME`,
