@@ -1338,6 +1338,31 @@ mod tests {
     }
 
     #[test]
+    fn decoding_ahead_of_a_walk_goes_on_into_the_next_packages_and_indexes_only_those() {
+        let counter = Arc::new(AtomicU64::new(0));
+        let (tree, grafts) = grafted(&["p1", "p2", "p3", "p4"], &[], &counter, false);
+        let fs = Arc::new(PkgFs::with_grafts(tree, Vec::new(), grafts, 1 << 20, false));
+        // The walker is at the last file of p1 (walk order: b.txt, lib, lib/a.txt).
+        let last = fs.resolve(b"p1/lib/a.txt").unwrap();
+        assert_eq!(fs.graft_counts(), (4, 1, 0));
+        // A window of 9 bytes (a package's two files): p2's are decoded, p3 scanned (the
+        // scan holds two windows), p4 never reached.
+        let mut w = crate::fs::prefetch::Warmer::new(fs.clone());
+        assert_eq!(w.warm(last, 9, &|| false), 9);
+        assert_eq!(fs.graft_counts(), (4, 3, 0));
+        assert_eq!(counter.load(Relaxed), 3, "each indexed once");
+        // The walker arrives in p2: its files are the ones decoded, nothing is indexed
+        // again, and the walk's next step reaches p4.
+        let p2 = fs.resolve(b"p2/lib/a.txt").unwrap();
+        assert_eq!(counter.load(Relaxed), 3);
+        assert_eq!(w.warm(p2, 9, &|| false), 9);
+        assert_eq!(fs.graft_counts(), (4, 4, 0));
+        // The end of the last package ends the walk.
+        let p4 = fs.resolve(b"p4/lib/a.txt").unwrap();
+        assert_eq!(w.warm(p4, 9, &|| false), 0);
+    }
+
+    #[test]
     fn a_graft_numbers_alike_in_any_order_and_an_unindexed_ones_inode_indexes_it() {
         let counter = Arc::new(AtomicU64::new(0));
         let (tree, grafts) = grafted(&["p1", "p2"], &[], &counter, false);

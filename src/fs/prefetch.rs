@@ -459,8 +459,10 @@ impl Prefetcher {
 
 /// A node of the warmer's kept scan, resolved once when scanned: a pass looks at each of
 /// them again, and following the node and its alias each time cost 3% of a read-all.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Ahead {
+    /// The generation it is in (a package's own, past the end of the walker's).
+    view: Arc<View>,
     /// The node (local).
     local: u64,
     /// Its canonical node (the node itself, or what it is a hard link to).
@@ -477,6 +479,12 @@ struct Ahead {
 /// so the nodes after it in walk order are kept from pass to pass (`ahead`, with the
 /// bytes of the files among them): a pass drops those the walk has passed and scans on
 /// only beyond the last one, instead of walking the same window of the tree again.
+///
+/// Walk order crosses packages with directories of their own (`--layout each`,
+/// `cargo`): at a package's directory the scan goes into the package, indexing it if
+/// nobody has yet (the walk is heading there: its index is read on this thread, not on
+/// the walker's when it arrives), and at the end of a package's tree it goes on after
+/// the package's directory. Packages no walk heads for stay unindexed.
 pub struct Warmer {
     fs: Arc<PkgFs>,
     /// Nodes after the walk's position, in walk order.
@@ -484,13 +492,19 @@ pub struct Warmer {
     /// Sum of the bytes in `ahead`.
     ahead_bytes: u64,
     /// The last node scanned (the next scan continues after it), `None` past the end.
-    scanned: Option<u64>,
-    /// Generation and window the kept scan was made for (either changing starts over).
+    scanned: Option<(Arc<View>, u64)>,
+    /// Generation of the mount and window the kept scan was made for (either changing
+    /// starts over).
     made_for: (u64, u64),
-    /// The files (local nodes) of the current pass to decode, and to ask the disk for:
-    /// kept between passes so that planning allocates nothing.
-    plan: Vec<u64>,
+    /// The files (generation, local node) of the current pass to decode, and to ask the
+    /// disk for: kept between passes so that planning allocates little.
+    plan: Vec<(Arc<View>, u64)>,
     advise: Vec<u64>,
+}
+
+/// Whether `a` is local node `local` of generation `view`.
+fn is_at(a: &Ahead, view: &View, local: u64) -> bool {
+    a.local == local && a.view.generation == view.generation
 }
 
 impl Warmer {
@@ -507,24 +521,51 @@ impl Warmer {
         }
     }
 
-    /// Move the kept scan to start after local node `from`: drop the nodes up to it if it
-    /// is among them (or was the last scanned), else start over from it.
-    fn move_to(&mut self, from: u64, made_for: (u64, u64)) {
+    /// Move the kept scan to start after local node `from` of `view`: drop the nodes up
+    /// to it if it is among them (or was the last scanned), else start over from it.
+    fn move_to(&mut self, view: &Arc<View>, from: u64, made_for: (u64, u64)) {
         if self.made_for == made_for {
-            if let Some(i) = self.ahead.iter().position(|a| a.local == from) {
+            if let Some(i) = self.ahead.iter().position(|a| is_at(a, view, from)) {
                 for a in self.ahead.drain(..=i) {
                     self.ahead_bytes -= a.bytes;
                 }
                 return;
             }
-            if self.ahead.is_empty() && self.scanned == Some(from) {
+            if self.ahead.is_empty()
+                && self
+                    .scanned
+                    .as_ref()
+                    .is_some_and(|(v, l)| *l == from && v.generation == view.generation)
+            {
                 return;
             }
         }
         self.ahead.clear();
         self.ahead_bytes = 0;
-        self.scanned = Some(from);
+        self.scanned = Some((view.clone(), from));
         self.made_for = made_for;
+    }
+
+    /// The node after local node `l` of `view` in walk order: into a package's directory
+    /// (its tree, indexed now if it was not), and out of a package's tree at its end.
+    fn next_in_walk(&self, view: &Arc<View>, l: u64) -> Option<(Arc<View>, u64)> {
+        if let Some(g) = view.graft_at(l) {
+            let inner = self.fs.enter(view, l, g);
+            if let Some(first) = inner.tree.next_in_walk(crate::tree::ROOT_INO) {
+                return Some((inner, first));
+            }
+        }
+        let (mut view, mut l) = (view.clone(), l);
+        loop {
+            if let Some(next) = view.tree.next_in_walk(l) {
+                return Some((view, next));
+            }
+            // The end of a package's tree: on after its directory, in the generation
+            // that serves that directory.
+            view.graft_range()?;
+            let (up, at) = self.fs.find(view.global(crate::tree::ROOT_INO)).ok()?;
+            (view, l) = (up, at);
+        }
     }
 
     /// Decode the files after node `from` (global inode) in walk order into the block
@@ -535,37 +576,42 @@ impl Warmer {
         let Ok((view, from_local)) = self.fs.find(from) else {
             return 0;
         };
-        self.move_to(from_local, (view.generation, ahead));
+        self.move_to(&view, from_local, (self.fs.view().generation, ahead));
         // Scan on until the files ahead hold twice the window: the first window is
         // decoded, and the archive bytes of both are asked of the disk first, all at
         // once, so the disk reads them in archive order one window ahead of the decoding.
         let target = ahead.saturating_mul(2);
         let mut steps = 0;
         while self.ahead_bytes < target && steps < MAX_SCAN * 8 {
-            let Some(next) = self.scanned.and_then(|l| view.tree.next_in_walk(l)) else {
+            let Some((v, next)) = self
+                .scanned
+                .as_ref()
+                .and_then(|(v, l)| self.next_in_walk(v, *l))
+            else {
                 self.scanned = None;
                 break;
             };
-            self.scanned = Some(next);
             steps += 1;
-            let canon = view.tree.canonical(next);
-            let (bytes, member) = view
+            let canon = v.tree.canonical(next);
+            let (bytes, member) = v
                 .tree
                 .node(canon)
                 .filter(|n| n.kind == Kind::File && n.size <= ahead)
-                .and_then(|n| Some((n.size, view.tree.member_index(n)?)))
+                .and_then(|n| Some((n.size, v.tree.member_index(n)?)))
                 .unwrap_or((0, 0));
             self.ahead.push_back(Ahead {
+                view: v.clone(),
                 local: next,
                 canon,
                 bytes,
                 member,
             });
+            self.scanned = Some((v, next));
             self.ahead_bytes += bytes;
         }
         self.plan.clear();
-        self.advise.clear();
         let mut covered = 0u64;
+        let mut advise_in: Option<Arc<View>> = None;
         for a in &self.ahead {
             if covered >= target {
                 break;
@@ -573,25 +619,39 @@ impl Warmer {
             if a.bytes == 0 {
                 continue;
             }
-            let Some(state) = view.member_state(a.member) else {
+            let Some(state) = a.view.member_state(a.member) else {
                 continue;
             };
             if !state.cached.load(Relaxed) {
                 if covered < ahead && !state.warmed.load(Relaxed) {
-                    self.plan.push(a.canon);
+                    self.plan.push((a.view.clone(), a.canon));
                 }
                 if !state.advised.load(Relaxed) {
+                    // One request of the disk a generation: flush the last one's.
+                    if advise_in
+                        .as_ref()
+                        .is_some_and(|v| v.generation != a.view.generation)
+                        && let Some(v) = advise_in.take()
+                    {
+                        self.fs.will_need(&v, &self.advise);
+                        self.advise.clear();
+                    }
+                    advise_in.get_or_insert_with(|| a.view.clone());
                     self.advise.push(a.canon);
                 }
             }
             covered += a.bytes;
         }
-        self.fs.will_need(&view, &self.advise);
+        if let Some(v) = advise_in {
+            self.fs.will_need(&v, &self.advise);
+        }
+        self.advise.clear();
         let mut decoded = 0u64;
-        for &canon in &self.plan {
+        for (view, canon) in &self.plan {
             if stop() {
                 break;
             }
+            let canon = *canon;
             let Some(n) = view.tree.node(canon) else {
                 continue;
             };
@@ -608,7 +668,7 @@ impl Warmer {
                 let left = (n.size - off) as u32;
                 match self
                     .fs
-                    .read_node(&view, canon, global, n, off, left, Span::Piece)
+                    .read_node(view, canon, global, n, off, left, Span::Piece)
                 {
                     Ok(piece) if !piece.is_empty() => off += piece.len() as u64,
                     _ => break,
