@@ -1265,3 +1265,91 @@ json.dump({"name": "proj", "version": "1.0.0", "lockfileVersion": 3, "packages":
     // The workspace directory is the project's, not a hostile lockfile path.
     assert!(!said().contains("refusing \"packages/ws\""), "{}", said());
 }
+
+/// Decoding ahead of a walk crosses packages (issue 37): a `tar` of one package's
+/// directory indexes that package alone; a `tar` of the whole mount indexes packages
+/// ahead of itself (status: `indexed_ahead`), reads every file as GNU tar's extraction
+/// of each package into its own directory has it, and leaves nothing unindexed.
+#[test]
+fn each_layout_walks_index_packages_ahead_only_when_heading_for_them() {
+    if !require_tools(&["tar"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (src, ext, build) = (
+        dir.path().join("src"),
+        dir.path().join("ext"),
+        dir.path().join("build"),
+    );
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut bytes = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                // Half random, half text: gzip has something to do.
+                if i % 2 == 0 {
+                    state as u8
+                } else {
+                    b'a' + (i % 23) as u8
+                }
+            })
+            .collect()
+    };
+    let packages: Vec<String> = (0..24).map(|i| format!("pkg{i:02}")).collect();
+    for p in &packages {
+        let root = build.join(p);
+        fs::create_dir_all(root.join("sub")).unwrap();
+        for j in 0..12 {
+            fs::write(root.join(format!("f{j:02}.dat")), bytes(8192 + j * 2048)).unwrap();
+        }
+        for j in 0..4 {
+            fs::write(root.join(format!("sub/s{j}.txt")), bytes(3000 + j)).unwrap();
+        }
+        fs::create_dir_all(&src).unwrap();
+        let arc = src.join(format!("{p}.tar.gz"));
+        run(Command::new("tar")
+            .arg("czf")
+            .arg(&arc)
+            .arg("-C")
+            .arg(&root)
+            .arg("."));
+        fs::create_dir_all(ext.join(p)).unwrap();
+        run(Command::new("tar")
+            .arg("xzf")
+            .arg(&arc)
+            .arg("-C")
+            .arg(ext.join(p)));
+    }
+    let m = Mount::new(&[&src], &["--layout", "each"]);
+    let mp = m.path();
+    let ahead = || {
+        status_json(&mp)["layout"]["indexed_ahead"]
+            .as_u64()
+            .unwrap()
+    };
+    let tar_all = |at: &Path| {
+        let out = run(Command::new("sh")
+            .arg("-c")
+            .arg("tar cf - . | wc -c")
+            .current_dir(at));
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+
+    // One package's directory, read whole: that package alone.
+    assert!(tar_all(&mp.join("pkg03")) > 0);
+    assert_eq!(layout_status(&mp), ("each".into(), 24, 1, 0));
+    assert_eq!(ahead(), 0, "a walk of one package heads for no other");
+
+    // The whole mount: the walk goes from package to package, and the packages ahead of
+    // it are indexed before it gets there.
+    assert_eq!(tar_all(&mp), tar_all(&ext));
+    assert_eq!(layout_status(&mp), ("each".into(), 24, 24, 0));
+    assert!(ahead() >= 1, "{}", status_json(&mp));
+    eprintln!("{} packages indexed ahead of the walk", ahead());
+    trees_match(&ext, &mp, &["--no-dir-mtime"]);
+}

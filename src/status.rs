@@ -279,6 +279,9 @@ struct LayoutRow {
     indexed: usize,
     /// Of those, whose index failed (empty directories).
     failed: usize,
+    /// Of those indexed, how many the read-ahead indexed ahead of a walk heading for
+    /// them (not the walker).
+    indexed_ahead: u64,
 }
 
 /// Gather the report of `fs`.
@@ -308,6 +311,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
                 listed,
                 indexed,
                 failed,
+                indexed_ahead: fs.stats.indexed_ahead.load(Relaxed),
             }
         },
         sources: info
@@ -601,10 +605,11 @@ fn text_generation(o: &mut String, r: &Report, activity: &Activity) {
     if r.layout.kind != crate::layout::Kind::default() {
         let _ = writeln!(
             o,
-            "layout: {}; {} packages listed, {} indexed, {} failed",
+            "layout: {}; {} packages listed, {} indexed ({} ahead of a walk), {} failed",
             r.layout.kind.name(),
             r.layout.listed,
             r.layout.indexed,
+            r.layout.indexed_ahead,
             r.layout.failed
         );
     }

@@ -147,6 +147,9 @@ pub struct OpStats {
     pub errors: AtomicU64,
     /// Files pushed into the kernel's page cache ahead of a reader (see `prefetch`).
     pub prefetched: AtomicU64,
+    /// Packages with directories of their own indexed ahead of a walk heading for them
+    /// (see `prefetch::Warmer`), not by the walker.
+    pub indexed_ahead: AtomicU64,
     /// Bytes of those files.
     pub prefetched_bytes: AtomicU64,
     /// Pushes the kernel refused (the mount is going away).
@@ -469,8 +472,16 @@ impl PkgFs {
 
     /// Graft `g` at node `l` of `v`, indexed on first use.
     fn enter(&self, v: &View, l: u64, g: &Arc<Graft>) -> Arc<View> {
+        self.enter_graft(v, l, g, false)
+    }
+
+    /// [`PkgFs::enter`], by the read-ahead (`ahead`) or by a request.
+    fn enter_graft(&self, v: &View, l: u64, g: &Arc<Graft>, ahead: bool) -> Arc<View> {
         let parent = v.tree.node(l).map_or(0, |n| v.global(n.parent));
         g.enter(v.global(l), parent, &self.next_ino, |made| {
+            if ahead {
+                self.stats.indexed_ahead.fetch_add(1, Relaxed);
+            }
             let Some(range) = made.graft_range().filter(|r| !r.is_empty()) else {
                 return;
             };
@@ -1340,26 +1351,32 @@ mod tests {
     #[test]
     fn decoding_ahead_of_a_walk_goes_on_into_the_next_packages_and_indexes_only_those() {
         let counter = Arc::new(AtomicU64::new(0));
-        let (tree, grafts) = grafted(&["p1", "p2", "p3", "p4"], &[], &counter, false);
+        let names = ["p1", "p2", "p3", "p4", "p5"];
+        let (tree, grafts) = grafted(&names, &[], &counter, false);
         let fs = Arc::new(PkgFs::with_grafts(tree, Vec::new(), grafts, 1 << 20, false));
-        // The walker is at the last file of p1 (walk order: b.txt, lib, lib/a.txt).
-        let last = fs.resolve(b"p1/lib/a.txt").unwrap();
-        assert_eq!(fs.graft_counts(), (4, 1, 0));
-        // A window of 9 bytes (a package's two files): p2's are decoded, p3 scanned (the
-        // scan holds two windows), p4 never reached.
+        // Walk order in a package: b.txt, lib, lib/a.txt.
+        let last = |p: &str| fs.resolve(format!("{p}/lib/a.txt").as_bytes()).unwrap();
         let mut w = crate::fs::prefetch::Warmer::new(fs.clone());
-        assert_eq!(w.warm(last, 9, &|| false), 9);
-        assert_eq!(fs.graft_counts(), (4, 3, 0));
-        assert_eq!(counter.load(Relaxed), 3, "each indexed once");
-        // The walker arrives in p2: its files are the ones decoded, nothing is indexed
-        // again, and the walk's next step reaches p4.
-        let p2 = fs.resolve(b"p2/lib/a.txt").unwrap();
-        assert_eq!(counter.load(Relaxed), 3);
-        assert_eq!(w.warm(p2, 9, &|| false), 9);
-        assert_eq!(fs.graft_counts(), (4, 4, 0));
+        // A walk in one package: the scan stops at its end (a walk of p1's directory
+        // alone is not heading for p2).
+        assert_eq!(w.warm(last("p1"), 9, &|| false), 0);
+        assert_eq!(fs.graft_counts(), (5, 1, 0));
+        // The walk goes on to p2: now it crosses. A window of 9 bytes (a package's two
+        // files): p3's are decoded, p4 scanned (the scan holds two windows), p5 never
+        // reached.
+        assert_eq!(w.warm(last("p2"), 9, &|| false), 9);
+        assert_eq!(fs.graft_counts(), (5, 4, 0));
+        assert_eq!(counter.load(Relaxed), 4, "each indexed once");
+        assert_eq!(fs.stats.indexed_ahead.load(Relaxed), 2);
+        // The walker arrives in p3: nothing is indexed again; the next step reaches p5.
+        assert_eq!(w.warm(last("p3"), 9, &|| false), 9);
+        assert_eq!(counter.load(Relaxed), 5);
         // The end of the last package ends the walk.
-        let p4 = fs.resolve(b"p4/lib/a.txt").unwrap();
-        assert_eq!(w.warm(p4, 9, &|| false), 0);
+        assert_eq!(w.warm(last("p5"), 9, &|| false), 0);
+        // Back to an earlier package: no crossing (a random reader).
+        let mut w = crate::fs::prefetch::Warmer::new(fs.clone());
+        w.warm(last("p4"), 9, &|| false);
+        assert_eq!(w.warm(last("p1"), 9, &|| false), 0);
     }
 
     #[test]

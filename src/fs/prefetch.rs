@@ -484,7 +484,9 @@ struct Ahead {
 /// `cargo`): at a package's directory the scan goes into the package, indexing it if
 /// nobody has yet (the walk is heading there: its index is read on this thread, not on
 /// the walker's when it arrives), and at the end of a package's tree it goes on after
-/// the package's directory. Packages no walk heads for stay unindexed.
+/// the package's directory. Packages no walk heads for stay unindexed: the scan crosses
+/// into packages only once the walk itself has gone from one package on to a later one
+/// in the same directory (a walk of one package's directory never reaches the next).
 pub struct Warmer {
     fs: Arc<PkgFs>,
     /// Nodes after the walk's position, in walk order.
@@ -493,13 +495,17 @@ pub struct Warmer {
     ahead_bytes: u64,
     /// The last node scanned (the next scan continues after it), `None` past the end.
     scanned: Option<(Arc<View>, u64)>,
-    /// Generation of the mount and window the kept scan was made for (either changing
-    /// starts over).
-    made_for: (u64, u64),
+    /// Generation of the mount, window and crossing the kept scan was made for (any
+    /// changing starts over).
+    made_for: (u64, u64, bool),
     /// The files (generation, local node) of the current pass to decode, and to ask the
     /// disk for: kept between passes so that planning allocates little.
     plan: Vec<(Arc<View>, u64)>,
     advise: Vec<u64>,
+    /// The directory (global inode) of the package the walk was last seen in.
+    last_package: Option<u64>,
+    /// The walk went on from one package to a later one: the scan crosses packages.
+    crossing: bool,
 }
 
 /// Whether `a` is local node `local` of generation `view`.
@@ -515,15 +521,42 @@ impl Warmer {
             ahead: VecDeque::new(),
             ahead_bytes: 0,
             scanned: None,
-            made_for: (u64::MAX, 0),
+            made_for: (u64::MAX, 0, false),
             plan: Vec::new(),
             advise: Vec::new(),
+            last_package: None,
+            crossing: false,
         }
+    }
+
+    /// Note the package the walk is in (`view`, if it is a package's): crossing
+    /// packages starts when the walk goes on to a later package of the same directory,
+    /// and stops when it goes back or elsewhere.
+    fn follow(&mut self, view: &View) {
+        if view.graft_range().is_none() {
+            return;
+        }
+        let here = view.global(crate::tree::ROOT_INO);
+        let Some(before) = self.last_package.replace(here) else {
+            return;
+        };
+        if before == here {
+            return;
+        }
+        let top = self.fs.view();
+        let node = |ino| {
+            top.local(ino)
+                .and_then(|l| Some((l, top.tree.node(l)?.parent)))
+        };
+        self.crossing = match (node(before), node(here)) {
+            (Some((b, bp)), Some((h, hp))) => bp == hp && h > b,
+            _ => false,
+        };
     }
 
     /// Move the kept scan to start after local node `from` of `view`: drop the nodes up
     /// to it if it is among them (or was the last scanned), else start over from it.
-    fn move_to(&mut self, view: &Arc<View>, from: u64, made_for: (u64, u64)) {
+    fn move_to(&mut self, view: &Arc<View>, from: u64, made_for: (u64, u64, bool)) {
         if self.made_for == made_for {
             if let Some(i) = self.ahead.iter().position(|a| is_at(a, view, from)) {
                 for a in self.ahead.drain(..=i) {
@@ -549,8 +582,11 @@ impl Warmer {
     /// The node after local node `l` of `view` in walk order: into a package's directory
     /// (its tree, indexed now if it was not), and out of a package's tree at its end.
     fn next_in_walk(&self, view: &Arc<View>, l: u64) -> Option<(Arc<View>, u64)> {
+        if !self.crossing {
+            return view.tree.next_in_walk(l).map(|n| (view.clone(), n));
+        }
         if let Some(g) = view.graft_at(l) {
-            let inner = self.fs.enter(view, l, g);
+            let inner = self.fs.enter_graft(view, l, g, true);
             if let Some(first) = inner.tree.next_in_walk(crate::tree::ROOT_INO) {
                 return Some((inner, first));
             }
@@ -576,7 +612,12 @@ impl Warmer {
         let Ok((view, from_local)) = self.fs.find(from) else {
             return 0;
         };
-        self.move_to(&view, from_local, (self.fs.view().generation, ahead));
+        self.follow(&view);
+        self.move_to(
+            &view,
+            from_local,
+            (self.fs.view().generation, ahead, self.crossing),
+        );
         // Scan on until the files ahead hold twice the window: the first window is
         // decoded, and the archive bytes of both are asked of the disk first, all at
         // once, so the disk reads them in archive order one window ahead of the decoding.
