@@ -698,3 +698,114 @@ fn layout_each_keeps_live_activation() {
     assert_eq!(st["layout"]["kind"], "each", "{st}");
     assert_eq!(st["layout"]["listed"], 1, "{st}");
 }
+
+/// Plain directory entries (issue 37): a names-only walk (`find -printf '%P %y'`) of a
+/// cold mount gets files and symlinks listed plain (no LOOKUP, no inode made), with the
+/// same names and types as `unzip`'s extraction and each entry's `d_ino` its `st_ino`;
+/// stat-ing the tree afterwards (treecmp: content, mode, size, mtime, symlink targets)
+/// equals the extraction and makes listings full; a package replaced afterwards shows
+/// its new names and bytes.
+#[test]
+fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
+    if !crate::common::require_tools(&["zip", "unzip", "find", "python3"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (src, pkgs) = (dir.path().join("src"), dir.path().join("pkgs"));
+    fs::create_dir_all(&pkgs).unwrap();
+    let make = |name: &str, tag: &str| {
+        let root = src.join(name).join(tag);
+        let _ = fs::remove_dir_all(&root);
+        for d in 0..3 {
+            let sub = root.join(format!("{name}/d{d}/deeper"));
+            fs::create_dir_all(&sub).unwrap();
+            for f in 0..12 {
+                fs::write(
+                    root.join(format!("{name}/d{d}/f{f}-{tag}.txt")),
+                    format!("{name} {d} {f} {tag}\n").repeat(f + 1),
+                )
+                .unwrap();
+            }
+            fs::write(sub.join("leaf"), format!("leaf {tag}")).unwrap();
+            std::os::unix::fs::symlink("../f0-x.txt", sub.join("up")).unwrap();
+        }
+        let tmp = pkgs.join(format!(".{name}.zip.tmp"));
+        run(Command::new("zip")
+            .current_dir(&root)
+            .args(["-q", "-r", "-y", "-X"])
+            .arg(&tmp)
+            .arg(name));
+        fs::rename(&tmp, pkgs.join(format!("{name}.zip"))).unwrap();
+    };
+    for p in ["p0", "p1", "p2", "p3"] {
+        make(p, "x");
+    }
+    let extract = |to: &Path| {
+        let _ = fs::remove_dir_all(to);
+        fs::create_dir_all(to).unwrap();
+        let mut zips: Vec<PathBuf> = fs::read_dir(&pkgs)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "zip"))
+            .collect();
+        zips.sort();
+        for z in zips {
+            run(Command::new("unzip")
+                .args(["-q", "-o"])
+                .arg(&z)
+                .arg("-d")
+                .arg(to));
+        }
+    };
+    let names = |root: &Path| {
+        let out =
+            run(Command::new("find")
+                .arg(root)
+                .args(["-mindepth", "1", "-printf", "%P %y\n"]));
+        let mut v: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+        v.sort();
+        v
+    };
+    let ext = dir.path().join("ext");
+    extract(&ext);
+    let m = Mount::new(&[&pkgs], &["--prefetch", "0"]);
+    let mp = m.path();
+    let requests = || crate::common::status_json(&mp)["requests"].clone();
+
+    assert_eq!(names(&mp), names(&ext), "a names-only walk");
+    let r = requests();
+    let files = names(&ext).iter().filter(|l| !l.ends_with(" d")).count() as u64;
+    assert!(r["plain_entries"].as_u64().unwrap() >= files, "{r}");
+    assert_eq!(r["lookup"], 0, "a names-only walk looks nothing up: {r}");
+
+    // Every entry's d_ino is the inode stat gives (plain entries included).
+    let out = run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import os, sys\n\
+         n = 0\n\
+         for d, _, _ in os.walk(sys.argv[1]):\n\
+         \x20   for e in os.scandir(d):\n\
+         \x20       st = os.lstat(e.path)\n\
+         \x20       assert e.inode() == st.st_ino, (e.path, e.inode(), st.st_ino)\n\
+         \x20       n += 1\n\
+         print(n)\n",
+        )
+        .arg(&mp));
+    let seen: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(seen, names(&ext).len());
+    assert!(requests()["plain_switches"].as_u64().unwrap() >= 1);
+    crate::common::trees_match(&ext, &mp, &["--no-dir-mtime"]);
+
+    // A package replaced: its new names and bytes, listed and stat'ed.
+    make("p2", "y");
+    extract(&ext);
+    within(Duration::from_secs(10), "the new p2 is listed", || {
+        names(&mp) == names(&ext)
+    });
+    crate::common::trees_match(&ext, &mp, &["--no-dir-mtime"]);
+}

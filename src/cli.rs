@@ -300,7 +300,7 @@ struct ServeArgs {
     threads: Option<usize>,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
     /// suid, dev (both off by default), fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
-    /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, no_keeper,
+    /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, full_entries, no_keeper,
     /// restart_limit=COUNT/DURATION, disk_cache=DIR,
     /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
     /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, authfile=FILE,
@@ -328,6 +328,12 @@ struct ServeArgs {
     /// never (off).
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "off"])]
     io_uring: String,
+    /// Hand out every entry of a directory listing with its attributes. By default a
+    /// listing hands out files and symlinks without them (the kernel lists them without
+    /// creating an inode each: a cold `find` is faster) until a lookup shows someone
+    /// wants their attributes, and then with them for a while.
+    #[arg(long)]
+    full_entries: bool,
     /// Remote sources: where to keep the ranges fetched, shared by mounts and kept
     /// across them (default: $XDG_CACHE_HOME/pkgfs/remote or ~/.cache/pkgfs/remote).
     #[arg(long, value_name = "DIR", conflicts_with = "no_disk_cache")]
@@ -777,6 +783,7 @@ fn serve_config(
         },
         watch: false,
         io_uring: s.io_uring == "auto",
+        plain_entries: !s.full_entries,
         keeper: !s.no_keeper,
         restart_limit: crate::config::parse_restart_limit(&s.restart_limit)?,
         remote: RemoteConfig {

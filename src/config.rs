@@ -80,6 +80,9 @@ pub struct MountConfig {
     pub watch: bool,
     /// Use FUSE over io_uring if the kernel offers it (and no keeper is used).
     pub io_uring: bool,
+    /// Hand out listings' files and symlinks plain until attributes are wanted
+    /// (`crate::fs::entries`).
+    pub plain_entries: bool,
     /// A keeper holds the connection and restarts the server (`crate::keeper`).
     pub keeper: bool,
     /// When the keeper gives up.

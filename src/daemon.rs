@@ -842,6 +842,7 @@ fn serve(
 ) -> Result<Serving, DaemonError> {
     let (hints_tx, hints) = mpsc::sync_channel(HINT_QUEUE);
     let hints_tx = (cfg.prefetch_bytes > 0).then_some(hints_tx);
+    fs.entries.set_enabled(cfg.plain_entries);
     let handler = Arc::new(Handler::new(fs.clone(), hints_tx));
     let rings = Arc::new(RingStats::default());
     let options = mount_options(cfg);

@@ -178,6 +178,7 @@ pub fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> 
         "no_index_cache" => cfg.index_cache = None,
         "whiteouts" => cfg.merge.whiteouts = true,
         "no_io_uring" => cfg.io_uring = false,
+        "full_entries" => cfg.plain_entries = false,
         "no_keeper" => cfg.keeper = false,
         "restart_limit" => cfg.restart_limit = crate::config::parse_restart_limit(need()?)?,
         "disk_cache" => {

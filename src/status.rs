@@ -188,6 +188,10 @@ struct Requests {
     readdir: u64,
     readlink: u64,
     read: u64,
+    /// Listing entries handed out plain (without attributes: `crate::fs::entries`).
+    plain_entries: u64,
+    /// Lookups of names listed plain, each of which made listings full for a while.
+    plain_switches: u64,
 }
 
 /// Everything the report says: the JSON form is this, serialised; the text form is
@@ -358,7 +362,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         errors: ops.errors.load(Relaxed),
         transport: info.rings.transport(),
         io_uring_requests: info.rings.requests.load(Relaxed),
-        requests: requests(ops),
+        requests: requests(ops, &fs.entries),
         remote: info.remote.as_deref().map(remote_report),
         store: info.store.as_ref().map(|s| s.layers()),
         seals: info.seals.as_ref().map(|s| s.seals()),
@@ -423,13 +427,15 @@ fn cache_report(cache: &crate::io::cache::BlockCache<crate::io::BlockKey>) -> Ca
     }
 }
 
-fn requests(ops: &crate::fs::OpStats) -> Requests {
+fn requests(ops: &crate::fs::OpStats, entries: &crate::fs::entries::EntryPolicy) -> Requests {
     Requests {
         lookup: ops.lookups.load(Relaxed),
         getattr: ops.getattrs.load(Relaxed),
         readdir: ops.readdirs.load(Relaxed),
         readlink: ops.readlinks.load(Relaxed),
         read: ops.reads.load(Relaxed),
+        plain_entries: entries.plain.load(Relaxed),
+        plain_switches: entries.switched.load(Relaxed),
     }
 }
 
@@ -701,6 +707,11 @@ fn text_work(o: &mut String, r: &Report) {
         q.readlink,
         q.read,
         mib(r.read_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "entries: {} listed plain (not instantiated), {} lookups of those made listings full",
+        q.plain_entries, q.plain_switches
     );
     let _ = writeln!(
         o,

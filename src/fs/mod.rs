@@ -14,6 +14,7 @@
 //! lookups the way the kernel does (every entry returned by `lookup` and `readdirplus`
 //! is one reference, `forget` drops them).
 
+pub mod entries;
 pub mod prefetch;
 
 use std::collections::{BTreeMap, HashSet};
@@ -79,6 +80,9 @@ pub struct DirEntry<'a> {
     pub attr: Attr,
     /// Name.
     pub name: &'a [u8],
+    /// READDIRPLUS: hand it out without attributes (node ID 0), so the kernel lists it
+    /// without instantiating it (see `entries`).
+    pub plain: bool,
 }
 
 /// What `statfs` reports.
@@ -256,6 +260,9 @@ pub struct PkgFs {
     grow: Option<(Arc<dyn Grow>, Mutex<()>)>,
     /// Request counters.
     pub stats: OpStats,
+    /// Which READDIRPLUS entries go out plain (see `entries`; off until the mount turns
+    /// it on).
+    pub entries: entries::EntryPolicy,
     /// Told of every activation ([`PkgFs::on_change`]).
     changed: std::sync::OnceLock<ChangeHook>,
     /// Told of every name the tree grew by ([`PkgFs::on_grow`]).
@@ -303,6 +310,7 @@ impl PkgFs {
             xattrs: view.tree.has_xattrs,
             grow: None,
             stats: OpStats::default(),
+            entries: entries::EntryPolicy::new(false),
             changed: std::sync::OnceLock::new(),
             grown: std::sync::OnceLock::new(),
             retiring: std::sync::OnceLock::new(),
@@ -787,6 +795,9 @@ impl PkgFs {
         let ino = v.global(local);
         let node = Self::node(&v, local)?;
         let attr = Self::attr_of(&v, local, ino, node);
+        if node.kind != Kind::Dir {
+            self.entries.looked_up(parent);
+        }
         Self::note_known(&v, node);
         if self.live {
             self.note_lookup(&mut lock(&self.inodes), ino, &v, local);
@@ -839,23 +850,32 @@ impl PkgFs {
             .skip(offset.min(2) as usize)
             .chain(children);
         let mut taken: Vec<(u64, u64)> = Vec::new();
+        let may_be_plain = plus && self.entries.plain_now();
+        let mut plain = 0u64;
         for (pos, (child, child_ino, name)) in (offset..).zip(entries) {
+            let node = Self::node(&v, child)?;
+            // Directories always with attributes: a walk enters them.
+            let is_plain = may_be_plain && pos >= 2 && node.kind != Kind::Dir;
             let full = add(DirEntry {
                 ino: child_ino,
                 next_offset: pos + 1,
-                attr: Self::attr_of(&v, child, child_ino, Self::node(&v, child)?),
+                attr: Self::attr_of(&v, child, child_ino, node),
                 name,
+                plain: is_plain,
             });
             if full {
                 break;
             }
-            if plus && pos >= 2 {
-                Self::note_known(&v, Self::node(&v, child)?);
+            if is_plain {
+                plain += 1;
+            } else if plus && pos >= 2 {
+                Self::note_known(&v, node);
                 if self.live {
                     taken.push((child_ino, child));
                 }
             }
         }
+        self.entries.listed(ino, plain);
         if !taken.is_empty() {
             let mut inodes = lock(&self.inodes);
             for (ino, local) in taken {
@@ -1167,6 +1187,55 @@ mod tests {
             new.adopt_numbering(vec![1], next).is_err(),
             "a table of another tree"
         );
+    }
+
+    #[test]
+    fn plain_entries_are_not_references_and_a_lookup_makes_listings_full() {
+        use crate::tree::view::testing::{archive, build, file};
+        let mount = |plain: bool| {
+            let (t, l) = build(&[(archive("a"), vec![file("d/f", 1), file("d/sub/g", 2)])]);
+            let fs = PkgFs::with_layers(t, l, 0, true);
+            fs.entries.set_enabled(plain);
+            let d = fs.lookup(ROOT, b"d").unwrap().ino;
+            (fs, d)
+        };
+        let list = |fs: &PkgFs, d: u64, plus: bool| {
+            let mut got = Vec::new();
+            fs.readdir(d, 0, plus, |e| {
+                got.push((String::from_utf8_lossy(e.name).into_owned(), e.plain));
+                false
+            })
+            .unwrap();
+            got
+        };
+        let entry = |name: &str, plain: bool| (name.to_string(), plain);
+        let without_f = || build(&[(archive("b"), vec![file("d/sub/g", 2)])]);
+        // READDIR has no attributes to leave out; READDIRPLUS leaves out the file's.
+        let (fs, d) = mount(true);
+        assert!(list(&fs, d, false).iter().all(|(_, p)| !p));
+        assert_eq!(
+            list(&fs, d, true),
+            [
+                entry(".", false),
+                entry("..", false),
+                entry("f", true),
+                entry("sub", false)
+            ]
+        );
+        // A plain entry is no kernel reference: an activation without it retires
+        // nothing, where the same listing with full entries holds it.
+        let (t, l) = without_f();
+        assert_eq!(fs.activate(t, l).retired, 0);
+        let (full, fd) = mount(false);
+        assert!(list(&full, fd, true).iter().all(|(_, p)| !p));
+        let (t, l) = without_f();
+        assert_eq!(full.activate(t, l).retired, 1);
+        // A lookup of a name listed plain: listings are full from then on.
+        let (fs, d) = mount(true);
+        list(&fs, d, true);
+        fs.lookup(d, b"f").unwrap();
+        assert_eq!(fs.entries.switched.load(Relaxed), 1);
+        assert!(list(&fs, d, true).iter().all(|(_, p)| !p));
     }
 
     #[test]

@@ -235,12 +235,18 @@ impl Filesystem for Fuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let r = self.h.readdir(ino.0, offset, true, |e| {
+            let mut attr = file_attr(&e.attr);
+            if e.plain {
+                // Node ID 0: listed, not instantiated (the directory entry keeps
+                // `e.ino`: vendor/fuser/PKGFS.md).
+                attr.ino = INodeNo(0);
+            }
             reply.add(
                 INodeNo(e.ino),
                 e.next_offset,
                 OsStr::from_bytes(e.name),
                 &TTL,
-                &file_attr(&e.attr),
+                &attr,
                 GEN,
             )
         });

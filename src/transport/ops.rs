@@ -532,8 +532,10 @@ impl Handler {
     /// every earlier batch, so it holds the entries' inodes and data can be pushed to
     /// them. (Sent before the reply, the hint is queued by the time the reader's
     /// `getdents` returns.)
+    /// A listing that handed out its files plain gives nothing to push to (the kernel
+    /// holds none of them): no hint, and no wakeup of the read-ahead thread.
     pub fn listed(&self, ino: u64, offset: u64, offered: usize) {
-        if offset > 0 && offered == 0 {
+        if offset > 0 && offered == 0 && !self.fs.entries.listed_plain(ino) {
             self.hint(Hint::Listed(ino));
         }
     }

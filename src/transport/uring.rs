@@ -542,7 +542,12 @@ fn dirent(buf: &mut [u8], e: &DirEntry<'_>, plus: bool) -> Option<usize> {
     }
     let buf = &mut buf[..len];
     if plus {
-        buf[..128].copy_from_slice(&entry_out(&e.attr));
+        if e.plain {
+            // Node ID 0: listed, not instantiated.
+            buf[..128].fill(0);
+        } else {
+            buf[..128].copy_from_slice(&entry_out(&e.attr));
+        }
     }
     let d = &mut buf[head..];
     d[0..8].copy_from_slice(&e.attr.ino.to_ne_bytes());
@@ -603,6 +608,7 @@ mod tests {
             next_offset: 7,
             attr: a,
             name: b"abc",
+            plain: false,
         };
         let mut buf = [0xffu8; 256];
         assert_eq!(dirent(&mut buf, &e, false), Some(32)); // 24 + 3, padded
@@ -612,7 +618,12 @@ mod tests {
         assert_eq!(&buf[24..32], b"abc\0\0\0\0\0");
         assert_eq!(dirent(&mut buf, &e, true), Some(160)); // 128 + 24 + 3, padded
         assert_eq!(u64_at(&buf, 128 + 8), 7);
+        assert_eq!(u64_at(&buf, 0), 42, "node ID");
         assert_eq!(dirent(&mut buf[..159], &e, true), None);
+        // A plain entry: node ID 0 (the kernel instantiates nothing), d_ino the entry's.
+        let plain = DirEntry { plain: true, ..e };
+        assert_eq!(dirent(&mut buf, &plain, true), Some(160));
+        assert_eq!((u64_at(&buf, 0), u64_at(&buf, 128)), (0, 42));
     }
 
     #[test]
