@@ -50,7 +50,7 @@ demo-stop MNT="/mnt":
 # and plots go to docs/bench/ and docs/img/.
 # All benchmarks on the Linux source: packing, the peer comparison, the scaling run,
 # gzip tarballs; and container images.
-bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates bench-restart
+bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates bench-restart bench-walks
 
 # Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
@@ -122,6 +122,12 @@ bench-verify WORKDIR="/var/tmp/pkgfs-bench":
 bench-crates WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release
     python3 bench/crates.py {{WORKDIR}} docs/bench/crates.json
+
+# Cold walks of the Linux tree: find (names only) and find -size (a stat of every file) in
+# fresh mounts, against the kernel's squashfs, squashfuse_ll and ext4 (needs bench-corpus).
+bench-walks WORKDIR="/var/tmp/pkgfs-bench":
+    cargo build --release
+    python3 bench/walks.py {{WORKDIR}} docs/bench/walks.json
 
 # What a server's death costs readers (the keeper restarts it): the longest stall a reader
 # of the mount sees and the keeper's pause, against a warm mount of the same sources, for

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Cold walks of the Linux tree (issue 37's first table), every system in one run:
+
+    walks.py WORKDIR OUT.json [--rounds N]
+
+Needs bench/corpus.sh's corpus in WORKDIR (the extracted tree, linux.sqfs, the 609 ZIP
+packages). Each step mounts the system afresh (page cache dropped first, so the image or
+archives are read from disk too), then times, alternating systems round by round (N
+rounds, default 3; medians and min-max):
+  mount     until the mountpoint lists
+  find      `find MP > /dev/null` (names and types only: no stat)
+  find_size `find MP -size +0 > /dev/null` in a second fresh mount (a stat of every file)
+Systems: the extracted tree on ext4 (no mount), the kernel's squashfs (loop, zstd image),
+squashfuse_ll, pkgfs (its defaults: a keeper, /dev/fuse, plain directory entries),
+pkgfs --full-entries (every listing entry with its attributes: before plain entries),
+and pkgfs --no-keeper (FUSE over io_uring if the kernel's fuse module has enable_uring
+on: the report says which transport served). Results go to OUT.json; a summary to
+standard output.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import drop_caches, log, sh, unmount  # noqa: E402
+
+WORK = sys.argv[1]
+OUT = sys.argv[2]
+ROUNDS = common.arg(sys.argv[3:], "--rounds", 3)
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKGFS = os.path.join(HERE, "target/release/pkgfs")
+TREE = os.path.join(WORK, "linux")
+SQFS = os.path.join(WORK, "linux.sqfs")
+PKGS = os.path.join(WORK, "pkgs-zip-all")
+MNT = os.path.join(WORK, "walks-mnt")
+
+SYSTEMS = {
+    "ext4": None,
+    "kernel-squashfs": f"mount -t squashfs -o loop,ro '{SQFS}' '{MNT}'",
+    "squashfuse_ll": f"squashfuse_ll '{SQFS}' '{MNT}'",
+    "pkgfs": f"'{PKGFS}' mount '{PKGS}' '{MNT}'",
+    "pkgfs-full-entries": f"'{PKGFS}' mount --full-entries '{PKGS}' '{MNT}'",
+    "pkgfs-no-keeper": f"'{PKGFS}' mount --no-keeper '{PKGS}' '{MNT}'",
+}
+
+
+def root(system):
+    return TREE if SYSTEMS[system] is None else MNT
+
+
+def mount(system):
+    """Mount `system` cold; seconds until its root lists (0 for the extracted tree)."""
+    drop_caches()
+    if SYSTEMS[system] is None:
+        return 0.0
+    t = time.monotonic()
+    sh(SYSTEMS[system])
+    os.listdir(MNT)
+    return time.monotonic() - t
+
+
+def transport(system):
+    if not system.startswith("pkgfs"):
+        return None
+    out = subprocess.run([PKGFS, "status", "--json", MNT], capture_output=True, text=True)
+    return json.loads(out.stdout).get("transport") if out.returncode == 0 else None
+
+
+def timed(cmd):
+    t = time.monotonic()
+    sh(cmd)
+    return time.monotonic() - t
+
+
+def done(system):
+    if SYSTEMS[system] is not None:
+        unmount(MNT)
+
+
+def main():
+    for path in (TREE, SQFS, PKGS):
+        if not os.path.exists(path):
+            raise SystemExit(f"{path} is missing: run bench/corpus.sh {WORK} first")
+    if not os.access(PKGFS, os.X_OK):
+        raise SystemExit("build the release binary first (cargo build --release)")
+    os.makedirs(MNT, exist_ok=True)
+    results = {s: {"mount": [], "find": [], "find_size": []} for s in SYSTEMS}
+    for r in range(ROUNDS):
+        for s in SYSTEMS:
+            res = results[s]
+            res["mount"].append(mount(s))
+            res["transport"] = transport(s)
+            res["find"].append(timed(f"find '{root(s)}' > /dev/null"))
+            done(s)
+            mount(s)
+            res["find_size"].append(timed(f"find '{root(s)}' -size +0 > /dev/null"))
+            done(s)
+            log(f"round {r + 1} {s}: mount {res['mount'][-1]:.3f} s, find "
+                f"{res['find'][-1]:.3f} s, find -size {res['find_size'][-1]:.3f} s")
+    summary = {}
+    for s, res in results.items():
+        summary[s] = {k: statistics.median(v) for k, v in res.items() if isinstance(v, list)}
+    ksq = summary["kernel-squashfs"]
+    for s, m in summary.items():
+        print(f"{s:20} mount {m['mount']:.3f} s  find {m['find']:.3f} s "
+              f"({m['find'] / ksq['find']:.2f}x kernel squashfs)  find -size "
+              f"{m['find_size']:.3f} s ({m['find_size'] / ksq['find_size']:.2f}x)"
+              + (f"  [{results[s]['transport']}]" if results[s].get("transport") else ""))
+    with open(OUT, "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "rounds": ROUNDS,
+                   "results": results, "medians": summary}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
