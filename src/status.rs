@@ -710,7 +710,7 @@ fn text_work(o: &mut String, r: &Report) {
     );
     let _ = writeln!(
         o,
-        "entries: {} listed plain (not instantiated), {} lookups of those made listings full",
+        "entries: {} handed out plain (not instantiated), {} lookups of those made listings full",
         q.plain_entries, q.plain_switches
     );
     let _ = writeln!(
