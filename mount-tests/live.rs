@@ -700,7 +700,7 @@ fn layout_each_keeps_live_activation() {
 }
 
 /// Plain directory entries (issue 37): a names-only walk (`find -printf '%P %y'`) of a
-/// cold mount gets files and symlinks listed plain (no LOOKUP, no inode made), with the
+/// cold mount gets most files and symlinks listed plain (no LOOKUP, no inode made), with the
 /// same names and types as `unzip`'s extraction and each entry's `d_ino` its `st_ino`;
 /// stat-ing the tree afterwards (treecmp: content, mode, size, mtime, symlink targets)
 /// equals the extraction and makes listings full; a package replaced afterwards shows
@@ -729,6 +729,17 @@ fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
             fs::write(sub.join("leaf"), format!("leaf {tag}")).unwrap();
             std::os::unix::fs::symlink("../f0-x.txt", sub.join("up")).unwrap();
         }
+        // One time, an even second: ZIP's DOS time and its extended timestamp agree, and
+        // so do unzip's extraction and the mount for symlinks too.
+        run(Command::new("find").arg(&root).args([
+            "-exec",
+            "touch",
+            "-h",
+            "-d",
+            "@1700000000",
+            "{}",
+            "+",
+        ]));
         let tmp = pkgs.join(format!(".{name}.zip.tmp"));
         run(Command::new("zip")
             .current_dir(&root)
@@ -756,6 +767,18 @@ fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
                 .arg("-d")
                 .arg(to));
         }
+        // unzip leaves symlinks at the time it made them; the archive says 1700000000.
+        run(Command::new("find").arg(to).args([
+            "-type",
+            "l",
+            "-exec",
+            "touch",
+            "-h",
+            "-d",
+            "@1700000000",
+            "{}",
+            "+",
+        ]));
     };
     let names = |root: &Path| {
         let out =
@@ -779,7 +802,9 @@ fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
     assert_eq!(names(&mp), names(&ext), "a names-only walk");
     let r = requests();
     let files = names(&ext).iter().filter(|l| !l.ends_with(" d")).count() as u64;
-    assert!(r["plain_entries"].as_u64().unwrap() >= files, "{r}");
+    // Listings go plain after a run of quiet ones (`fs::entries::QUIET_LISTINGS`):
+    // most of this walk's files.
+    assert!(r["plain_entries"].as_u64().unwrap() * 2 >= files, "{r}");
     assert_eq!(r["lookup"], 0, "a names-only walk looks nothing up: {r}");
 
     // Every entry's d_ino is the inode stat gives (plain entries included).

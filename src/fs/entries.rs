@@ -8,13 +8,19 @@
 //! (docs/BENCHMARKS.md, "Cold walks"). An entry with node ID 0 is listed (name, type and
 //! inode number reach `readdir`) and nothing is created for it.
 //!
-//! So a mount starts *plain*: READDIRPLUS hands out directories with their attributes
-//! (a walk enters them: a LOOKUP saved each) and everything else plain. A LOOKUP of a
-//! name in a directory whose last listing was plain means someone wants attributes after
-//! all: for [`FULL_HOLD`] after it, every listing is full, so a walk that stats pays the
-//! LOOKUPs of one directory only, and a stat walk that goes on keeps it full. The choice
-//! never changes what anyone sees: a plain entry costs one LOOKUP when it is used, and
-//! the kernel holds no reference to it (nothing to count, nothing to invalidate).
+//! So once a walk looks like one that needs names only, READDIRPLUS hands out
+//! directories with their attributes (a walk enters them: a LOOKUP saved each) and
+//! everything else plain. Looking like one: [`QUIET_LISTINGS`] listings in a row with no
+//! LOOKUP of a file and no READ between them. (A walk that stats what full listings gave
+//! it sends no request either, so it looks the same: it finds out at the first plain
+//! directory.) A LOOKUP of a name in a directory whose last listing was plain means
+//! someone wants attributes after all: for [`FULL_HOLD`] after it, every listing is
+//! full, so a walk that stats pays the LOOKUPs of one directory at most every
+//! [`FULL_HOLD`]. A mount starts full, so a program that lists a directory and then reads
+//! its files gets them pushed by the directory read-ahead (which needs the kernel to
+//! hold them). The choice never changes what anyone sees: a plain entry costs one LOOKUP
+//! when it is used, and the kernel holds no reference to it (nothing to count, nothing
+//! to invalidate).
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -23,6 +29,9 @@ use std::time::{Duration, Instant};
 
 use crate::sync::lock;
 
+/// Listings in a row with no LOOKUP of a file and no READ between them before listings
+/// go plain.
+pub const QUIET_LISTINGS: u64 = 16;
 /// How long listings stay full after a LOOKUP of a name listed plain.
 pub const FULL_HOLD: Duration = Duration::from_secs(5);
 /// Directories remembered as listed plain; past this the set starts over (a LOOKUP in a
@@ -36,6 +45,8 @@ pub struct EntryPolicy {
     enabled: AtomicBool,
     /// Listings are full until this many nanoseconds after `epoch`.
     full_until: AtomicU64,
+    /// Listings since the last LOOKUP of a file or READ.
+    quiet: AtomicU64,
     epoch: Instant,
     /// Directories whose last listing handed out plain entries.
     listed_plain: Mutex<HashSet<u64>>,
@@ -51,6 +62,7 @@ impl EntryPolicy {
         EntryPolicy {
             enabled: AtomicBool::new(enabled),
             full_until: AtomicU64::new(0),
+            quiet: AtomicU64::new(0),
             epoch: Instant::now(),
             listed_plain: Mutex::new(HashSet::new()),
             plain: AtomicU64::new(0),
@@ -69,11 +81,21 @@ impl EntryPolicy {
 
     /// Whether a listing starting now may hand out plain entries.
     pub fn plain_now(&self) -> bool {
-        self.enabled.load(Relaxed) && self.now() >= self.full_until.load(Relaxed)
+        self.enabled.load(Relaxed)
+            && self.quiet.load(Relaxed) >= QUIET_LISTINGS
+            && self.now() >= self.full_until.load(Relaxed)
     }
 
-    /// Directory `dir` was just listed with `n` plain entries.
+    /// Someone read a file, or looked one up: a walk that wants more than names.
+    pub fn interest(&self) {
+        if self.quiet.load(Relaxed) != 0 {
+            self.quiet.store(0, Relaxed);
+        }
+    }
+
+    /// Directory `dir` was just listed (READDIRPLUS) with `n` plain entries.
     pub fn listed(&self, dir: u64, n: u64) {
+        self.quiet.fetch_add(1, Relaxed);
         if n == 0 {
             return;
         }
@@ -91,12 +113,13 @@ impl EntryPolicy {
         self.plain.load(Relaxed) > 0 && lock(&self.listed_plain).contains(&dir)
     }
 
-    /// A LOOKUP of a name in directory `parent` succeeded: if `parent` was listed plain,
+    /// A LOOKUP of a file in directory `parent` succeeded: if `parent` was listed plain,
     /// listings are full for a while.
     pub fn looked_up(&self, parent: u64) {
         if !self.enabled.load(Relaxed) {
             return;
         }
+        self.interest();
         let was_plain = lock(&self.listed_plain).remove(&parent);
         if was_plain {
             self.switched.fetch_add(1, Relaxed);
@@ -113,23 +136,44 @@ mod tests {
     #[test]
     fn a_lookup_in_a_directory_listed_plain_makes_listings_full_for_a_while() {
         let p = EntryPolicy::new(true);
+        // Full until a run of quiet listings; a read starts the run over.
+        for _ in 0..QUIET_LISTINGS - 1 {
+            p.listed(1, 0);
+        }
+        assert!(!p.plain_now());
+        p.interest();
+        for _ in 0..QUIET_LISTINGS {
+            assert!(!p.plain_now());
+            p.listed(1, 0);
+        }
         assert!(p.plain_now());
-        // A lookup in a directory never listed plain changes nothing.
-        p.looked_up(7);
-        assert!(p.plain_now());
+        // Plain listings of 7 (3 entries) and 8 (none: all directories).
         p.listed(7, 3);
         p.listed(8, 0);
         assert!(p.plain_now());
+        // A lookup of a file in 8, not listed plain: interest (the quiet run starts
+        // over), no switch.
         p.looked_up(8);
-        assert!(p.plain_now(), "8 was listed without plain entries");
-        p.looked_up(7);
         assert!(!p.plain_now());
+        assert_eq!(p.switched.load(Relaxed), 0);
+        for _ in 0..QUIET_LISTINGS {
+            p.listed(9, 0);
+        }
+        assert!(p.plain_now());
+        // A lookup in 7, listed plain: full for FULL_HOLD, once.
+        p.looked_up(7);
         assert_eq!((p.plain.load(Relaxed), p.switched.load(Relaxed)), (3, 1));
-        // Once: the next lookup in 7 is an ordinary one.
+        for _ in 0..QUIET_LISTINGS {
+            p.listed(9, 0);
+        }
+        assert!(!p.plain_now(), "held full");
         p.looked_up(7);
         assert_eq!(p.switched.load(Relaxed), 1);
-        // The hold ends.
+        // The hold ends, and quiet listings follow.
         p.full_until.store(p.now(), Relaxed);
+        for _ in 0..QUIET_LISTINGS {
+            p.listed(2, 0);
+        }
         assert!(p.plain_now());
     }
 
