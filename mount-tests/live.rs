@@ -713,6 +713,18 @@ fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
     let dir = tempfile::tempdir().unwrap();
     let (src, pkgs) = (dir.path().join("src"), dir.path().join("pkgs"));
     fs::create_dir_all(&pkgs).unwrap();
+    // Everything under `root` that `find`'s `tests` select, at one even second.
+    let touch = |root: &Path, tests: &[&str]| {
+        run(Command::new("find").arg(root).args(tests).args([
+            "-exec",
+            "touch",
+            "-h",
+            "-d",
+            "@1700000000",
+            "{}",
+            "+",
+        ]));
+    };
     let make = |name: &str, tag: &str| {
         let root = src.join(name).join(tag);
         let _ = fs::remove_dir_all(&root);
@@ -729,17 +741,8 @@ fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
             fs::write(sub.join("leaf"), format!("leaf {tag}")).unwrap();
             std::os::unix::fs::symlink("../f0-x.txt", sub.join("up")).unwrap();
         }
-        // One time, an even second: ZIP's DOS time and its extended timestamp agree, and
-        // so do unzip's extraction and the mount for symlinks too.
-        run(Command::new("find").arg(&root).args([
-            "-exec",
-            "touch",
-            "-h",
-            "-d",
-            "@1700000000",
-            "{}",
-            "+",
-        ]));
+        // One time, an even second: ZIP's DOS time and its extended timestamp agree.
+        touch(&root, &[]);
         let tmp = pkgs.join(format!(".{name}.zip.tmp"));
         run(Command::new("zip")
             .current_dir(&root)
@@ -768,17 +771,7 @@ fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
                 .arg(to));
         }
         // unzip leaves symlinks at the time it made them; the archive says 1700000000.
-        run(Command::new("find").arg(to).args([
-            "-type",
-            "l",
-            "-exec",
-            "touch",
-            "-h",
-            "-d",
-            "@1700000000",
-            "{}",
-            "+",
-        ]));
+        touch(to, &["-type", "l"]);
     };
     let names = |root: &Path| {
         let out =
