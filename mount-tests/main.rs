@@ -371,6 +371,56 @@ on_both_transports! {
     }
 }
 
+/// Once INIT agrees to FUSE over io_uring, the kernel holds every request back until
+/// each CPU's queue has an entry: a queue that cannot be set up must turn io_uring off
+/// (and the mount serve `/dev/fuse`), not leave every reader waiting.
+#[test]
+fn a_ring_queue_that_cannot_be_set_up_falls_back_to_dev_fuse() {
+    common::with_transport(common::Transport::IoUring, || {
+        let src = set("basic");
+        let dir = tempfile::tempdir().unwrap();
+        let mp = dir.path().join("mnt");
+        fs::create_dir(&mp).unwrap();
+        let log = dir.path().join("log");
+        let child = pkgfs()
+            .args(["mount", "-f", "--io-uring", "auto", "--no-keeper"])
+            .arg(&src)
+            .arg(&mp)
+            .env(pkgfs::transport::uring::FAULT_QUEUE_ENV, "0")
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        // Dropped in reverse: the mount is detached, then the daemon killed (which also
+        // ends a reader left waiting).
+        let _daemon = common::KillOnDrop(child);
+        let _g = crate::common::UmountGuard(&mp);
+        common::wait_until(Duration::from_secs(20), "the mount appears", || {
+            common::is_mountpoint(&mp)
+        });
+        // Listed on another thread: with the fault unhandled this waits forever.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let m = mp.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(fs::read_dir(&m).map(|d| d.count()));
+        });
+        let listed = rx.recv_timeout(Duration::from_secs(20));
+        let log_text = || fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            matches!(listed, Ok(Ok(n)) if n > 0),
+            "the mount answers: {listed:?}\n{}",
+            log_text()
+        );
+        expect_matches(&mp, &[&src], &[]);
+        // Status says which transport serves, and the log why.
+        let out = run(pkgfs().arg("status").arg(&mp));
+        let status = String::from_utf8_lossy(&out.stdout);
+        assert!(status.contains("transport: /dev/fuse;"), "{status}");
+        let text = log_text();
+        assert!(text.contains("turning io_uring off"), "{text}");
+    });
+}
+
 on_both_transports! {
     fn sigterm_unmounts_a_foreground_mount_cleanly() {
         let src = set("basic");

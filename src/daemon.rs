@@ -847,7 +847,9 @@ fn serve(
     let rings = Arc::new(RingStats::default());
     let options = mount_options(cfg);
     let access = options.access;
-    let uring = (cfg.io_uring && keeper.is_none()).then(|| rings.clone());
+    // Ask for io_uring only if rings can be made: once INIT agrees, the kernel holds
+    // every request back until each CPU's queue has an entry.
+    let uring = (cfg.io_uring && keeper.is_none() && uring::usable()).then(|| rings.clone());
     let fuse = Fuse::new(handler.clone(), uring);
     let (session, dev_fd, kept) = match keeper {
         None => {
@@ -861,10 +863,24 @@ fn serve(
     };
     if rings.agreed.load(std::sync::atomic::Ordering::Acquire) {
         match dev_fd {
-            None => warn!("no second /dev/fuse descriptor: not using io_uring"),
+            // INIT agreed: without rings the kernel would hold every request back.
+            None => {
+                return Err(DaemonError::Start {
+                    what: "FUSE over io_uring (no second /dev/fuse descriptor)",
+                    source: std::io::Error::other("the descriptor could not be duplicated"),
+                });
+            }
             Some(dev) => match uring::start(dev, handler, access, cfg.threads, rings.clone()) {
-                Ok(()) => info!("serving requests through FUSE over io_uring"),
-                Err(e) => warn!("cannot start the io_uring queues: {e}; using /dev/fuse"),
+                Ok(uring::Started::Rings) => info!("serving requests through FUSE over io_uring"),
+                Ok(uring::Started::FellBack) => {}
+                // The kernel holds requests back for rings that will never come: end the
+                // mount rather than leave it hanging.
+                Err(source) => {
+                    return Err(DaemonError::Start {
+                        what: "FUSE over io_uring, and could not turn it off",
+                        source,
+                    });
+                }
             },
         }
     }

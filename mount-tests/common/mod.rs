@@ -626,6 +626,17 @@ impl Drop for UmountGuard<'_> {
     }
 }
 
+/// Kills and reaps a child process when dropped (a daemon a failing test must not leave
+/// behind).
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A free TCP port on loopback. Racy (the port is free when this returns, not
 /// necessarily when a server binds it): prefer a server that binds port 0 and reports
 /// the port it got ([`reported_port`]), or [`start_listening`] for one that cannot.

@@ -21,8 +21,9 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use log::{debug, error, warn};
@@ -65,23 +66,70 @@ impl RingStats {
     }
 }
 
+/// The environment variable that makes queue *n*'s threads fail before they register
+/// (a fault for the tests: a queue that cannot be set up must not hang the mount).
+pub const FAULT_QUEUE_ENV: &str = "PKGFS_FAULT_RING_QUEUE";
+
+/// How long [`start`] waits for every queue to report its registration.
+const SETUP_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a registration refused with `EAGAIN` (the kernel has not yet taken INIT's
+/// reply) is tried again.
+const EAGAIN_RETRY: Duration = Duration::from_secs(5);
+
+/// What [`start`] achieved.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Started {
+    /// Every queue has an entry: the kernel hands requests to the rings.
+    Rings,
+    /// Some queue could not be set up; io_uring was turned off for the connection and
+    /// requests keep coming through `/dev/fuse`.
+    FellBack,
+}
+
+/// Whether this process can set up a ring of the kind the queues use (io_uring may be
+/// off: `kernel.io_uring_disabled`, a seccomp filter, a container's profile). Asked
+/// before INIT: once INIT agrees to FUSE over io_uring, the kernel holds every request
+/// back until each CPU's queue has an entry, so a daemon that cannot make rings must not
+/// ask for them.
+pub fn usable() -> bool {
+    match IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2) {
+        Ok(_) => true,
+        Err(e) => {
+            debug!("cannot set up an io_uring ({e}): not asking for FUSE over io_uring");
+            false
+        }
+    }
+}
+
 /// Start the ring threads: `threads` in all (at least one per queue), spread over the
-/// queues, one per possible CPU; each thread has its own ring and one entry. `dev` is a descriptor of the mount's `/dev/fuse` connection,
-/// after INIT agreed to FUSE over io_uring. Threads that fail to register log why and
-/// end; the kernel then keeps using `/dev/fuse`.
+/// queues, one per possible CPU; each thread has its own ring and one entry. `dev` is a
+/// descriptor of the mount's `/dev/fuse` connection, after INIT agreed to FUSE over
+/// io_uring.
+///
+/// Waits until every queue has reported. Once INIT agreed, the kernel holds every request
+/// back until each queue has an entry, so a queue that cannot be set up would hang the
+/// mount: then io_uring is turned off for the connection ([`turn_off`]) and
+/// [`Started::FellBack`] returned. An error means neither worked: the mount cannot serve.
 pub fn start(
     dev: OwnedFd,
     handler: Arc<Handler>,
     rule: AccessRule,
     threads: usize,
     stats: Arc<RingStats>,
-) -> std::io::Result<()> {
+) -> std::io::Result<Started> {
     // The kernel has a queue per possible CPU and switches only when all have entries.
     // SAFETY: sysconf has no preconditions.
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u16;
     stats.cpus.store(u64::from(cpus), Relaxed);
+    let faulty: Option<u16> = std::env::var(FAULT_QUEUE_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
     let dev = Arc::new(dev);
     let per_queue = threads.div_ceil(usize::from(cpus)).max(1);
+    let (tx, rx) = mpsc::channel();
+    let mut failed: Vec<(u16, String)> = Vec::new();
+    let mut expected = 0usize;
     for qid in 0..cpus {
         let registered = Arc::new(AtomicBool::new(false));
         for slot in 0..per_queue {
@@ -92,13 +140,81 @@ pub fn start(
                 handler: handler.clone(),
                 rule,
                 stats: stats.clone(),
+                fault: faulty == Some(qid),
             };
-            std::thread::Builder::new()
+            let report = tx.clone();
+            match std::thread::Builder::new()
                 .name(format!("pkgfs-ring{qid}.{slot}"))
-                .spawn(move || q.run())?;
+                .spawn(move || q.run(report))
+            {
+                Ok(_) => expected += 1,
+                Err(e) => failed.push((qid, format!("cannot start a thread: {e}"))),
+            }
         }
     }
-    Ok(())
+    drop(tx);
+    let mut ok = vec![false; usize::from(cpus)];
+    let deadline = Instant::now() + SETUP_WAIT;
+    for _ in 0..expected {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((qid, Ok(()))) => ok[usize::from(qid)] = true,
+            Ok((qid, Err(why))) => failed.push((qid, why)),
+            Err(_) => break,
+        }
+    }
+    let missing: Vec<u16> = (0..cpus).filter(|&q| !ok[usize::from(q)]).collect();
+    if missing.is_empty() {
+        return Ok(Started::Rings);
+    }
+    for (qid, why) in &failed {
+        warn!("io_uring queue {qid}: {why}");
+    }
+    warn!("io_uring queues {missing:?} have no entry: turning io_uring off, using /dev/fuse");
+    turn_off(&dev)?;
+    Ok(Started::FellBack)
+}
+
+/// Turn FUSE over io_uring off for the connection. The kernel does so when a
+/// registration fails (and wakes the requests it held back), so register an entry for a
+/// queue that does not exist.
+fn turn_off(dev: &OwnedFd) -> std::io::Result<()> {
+    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
+    let fd = types::Fd(dev.as_raw_fd());
+    let sqe = opcode::UringCmd80::new(fd, CMD_REGISTER)
+        .cmd(cmd_req(0, u16::MAX))
+        .build();
+    let deadline = Instant::now() + EAGAIN_RETRY;
+    loop {
+        // SAFETY: the SQE points at no memory (the kernel refuses the queue id first).
+        unsafe { ring.submission().push(&sqe) }
+            .map_err(|_| std::io::Error::other("submission queue full"))?;
+        submit_and_wait(&mut ring)?;
+        let res = ring.completion().next().map_or(0, |c| c.result());
+        match -res {
+            // Refused, as it must be: io_uring is off.
+            libc::EINVAL => return Ok(()),
+            // Already off, or the connection is gone: nothing waits for the rings.
+            libc::EOPNOTSUPP | libc::ENOTCONN | libc::ECONNABORTED => return Ok(()),
+            libc::EAGAIN | libc::EINTR if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            _ => {
+                return Err(std::io::Error::other(format!(
+                    "the kernel did not turn io_uring off (result {res})"
+                )));
+            }
+        }
+    }
+}
+
+fn submit_and_wait(ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> std::io::Result<()> {
+    loop {
+        match ring.submit_and_wait(1) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r.map(|_| ()),
+        }
+    }
 }
 
 /// The payload buffer of an entry must hold the largest request or reply the kernel
@@ -115,7 +231,27 @@ struct Queue {
     handler: Arc<Handler>,
     rule: AccessRule,
     stats: Arc<RingStats>,
+    /// Fail before registering ([`FAULT_QUEUE_ENV`]).
+    fault: bool,
 }
+
+/// A registered entry. Fields drop in order: the ring (whose entry the kernel may write
+/// into) before the buffers it points at.
+struct Entry {
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    header: Buf,
+    payload: Buf,
+    /// The iovec the registration points at.
+    _iov: Box<[libc::iovec; 2]>,
+    /// The registration, to send again if it was interrupted.
+    register: squeue::Entry128,
+    /// A completion that came with the registration (a request, when this entry made
+    /// the rings ready).
+    ready: Option<cqueue::Entry>,
+}
+
+/// A queue thread's report to [`start`]: its queue and whether its entry registered.
+type Report = mpsc::Sender<(u16, Result<(), String>)>;
 
 /// A page-aligned buffer the kernel writes requests into (hence raw: it is written
 /// behind Rust's back, but only while this thread is inside `io_uring_enter`). Mapped
@@ -173,9 +309,9 @@ fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
 }
 
 impl Queue {
-    fn run(self) {
+    fn run(self, report: Report) {
         let name = format!("io_uring queue {}", self.qid);
-        match self.serve() {
+        match self.serve(report) {
             Ok(()) => debug!("{name}: connection closed"),
             Err(e) => warn!("{name}: {e}; requests on this CPU use /dev/fuse"),
         }
@@ -206,13 +342,39 @@ impl Queue {
         }
     }
 
-    fn serve(&self) -> std::io::Result<()> {
+    /// Register this thread's entry, say how that went on `report`, then serve.
+    fn serve(&self, report: Report) -> std::io::Result<()> {
+        let mut report = Some(report);
+        let mut say = |r: Result<(), String>| {
+            if let Some(tx) = report.take() {
+                let _ = tx.send((self.qid, r));
+            }
+        };
+        let entry = self.register();
+        if let Err(e) = &entry {
+            say(Err(e.to_string()));
+        }
+        let mut entry = entry?;
+        say(Ok(()));
+        self.serve_registered(&mut entry)
+    }
+
+    /// Set up the ring and the buffers and register the entry; `EAGAIN` (INIT's reply not
+    /// yet taken by the kernel) is tried again for [`EAGAIN_RETRY`]. Returns the first
+    /// completion if one came at once (a request, when this entry made the rings ready).
+    fn register(&self) -> std::io::Result<Entry> {
+        if self.fault {
+            return Err(std::io::Error::other(format!(
+                "failing before registering ({FAULT_QUEUE_ENV})"
+            )));
+        }
         self.pin();
         let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
             IoUring::builder().setup_cqsize(4).build(2)?;
-        let mut header = Buf::new(HEADER_LEN)?;
-        let mut payload = Buf::new(PAYLOAD_LEN)?;
-        let iov = [
+        let header = Buf::new(HEADER_LEN)?;
+        let payload = Buf::new(PAYLOAD_LEN)?;
+        // Boxed: a registration sent again must find its iovec where it was.
+        let iov = Box::new([
             libc::iovec {
                 iov_base: header.ptr.cast(),
                 iov_len: HEADER_LEN,
@@ -221,7 +383,7 @@ impl Queue {
                 iov_base: payload.ptr.cast(),
                 iov_len: PAYLOAD_LEN,
             },
-        ];
+        ]);
         let fd = types::Fd(self.dev.as_raw_fd());
         let register = {
             let sqe = opcode::UringCmd80::new(fd, CMD_REGISTER)
@@ -235,35 +397,65 @@ impl Queue {
             raw[24..28].copy_from_slice(&2u32.to_ne_bytes());
             unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
         };
-        // SAFETY: the iovec and both buffers outlive the ring (dropped after it is, at
-        // the end of this function), and the SQE points at nothing else.
-        unsafe { ring.submission().push(&register) }
-            .map_err(|_| std::io::Error::other("submission queue full"))?;
+        let deadline = Instant::now() + EAGAIN_RETRY;
         loop {
-            match ring.submit() {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                r => {
-                    r?;
-                    break;
+            // SAFETY: the iovec and both buffers outlive the ring (the caller drops the
+            // ring first), and the SQE points at nothing else.
+            unsafe { ring.submission().push(&register) }
+                .map_err(|_| std::io::Error::other("submission queue full"))?;
+            loop {
+                match ring.submit() {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => {
+                        r?;
+                        break;
+                    }
+                }
+            }
+            // A refused registration completes at once; an accepted entry waits for its
+            // first request.
+            let ready = ring.completion().next();
+            match ready.as_ref().map(|c| c.result()) {
+                Some(r) if r == -libc::EAGAIN && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Some(r) if r < 0 => {
+                    return Err(std::io::Error::other(format!(
+                        "registering a ring entry failed: {}",
+                        std::io::Error::from_raw_os_error(-r)
+                    )));
+                }
+                _ => {
+                    if !self.registered.swap(true, Relaxed) {
+                        self.stats.queues.fetch_add(1, Relaxed);
+                    }
+                    return Ok(Entry {
+                        ring,
+                        header,
+                        payload,
+                        _iov: iov,
+                        register,
+                        ready,
+                    });
                 }
             }
         }
-        // A refused registration completes at once; an accepted entry waits for its
-        // first request.
-        let mut ready = ring.completion().next();
-        if let Some(c) = &ready
-            && c.result() < 0
-        {
-            return Err(std::io::Error::other(format!(
-                "registering a ring entry failed: {}",
-                std::io::Error::from_raw_os_error(-c.result())
-            )));
-        }
-        if !self.registered.swap(true, Relaxed) {
-            self.stats.queues.fetch_add(1, Relaxed);
-        }
+    }
+
+    /// Answer requests on a registered entry until the connection closes.
+    fn serve_registered(&self, entry: &mut Entry) -> std::io::Result<()> {
+        let fd = types::Fd(self.dev.as_raw_fd());
+        let Entry {
+            ring,
+            header,
+            payload,
+            register,
+            ready,
+            ..
+        } = entry;
+        let mut ready = ready.take();
         // What was last submitted, to send again if it was interrupted.
-        let mut last = register;
+        let mut last = register.clone();
         loop {
             let cqe = match ready.take() {
                 Some(c) => c,
@@ -289,7 +481,8 @@ impl Queue {
                 match -res {
                     // Interrupted before the kernel took it: send it again.
                     libc::EINTR | libc::EAGAIN => {
-                        // SAFETY: as above.
+                        // SAFETY: the registration's iovec was copied by the kernel when
+                        // it first took it; the buffers live as long as the ring.
                         unsafe { ring.submission().push(&last) }
                             .map_err(|_| std::io::Error::other("submission queue full"))?;
                         continue;
