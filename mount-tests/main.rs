@@ -875,3 +875,4 @@ fn stress_many_threads_random_ranges_for_a_bounded_time() {
     assert!(rss < 200 * 1024, "peak RSS {rss} kB with an 8 MiB cache");
 }
 mod layouts;
+mod python;

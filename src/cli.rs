@@ -303,7 +303,7 @@ struct ServeArgs {
     /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, full_entries, no_keeper,
     /// restart_limit=COUNT/DURATION, disk_cache=DIR,
     /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
-    /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, authfile=FILE,
+    /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, python=PATH, authfile=FILE,
     /// cert_dir=DIR, tls_verify=BOOL, no_background_fetch; options
     /// mount(8) passes (ro, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -418,8 +418,9 @@ struct LayoutArgs {
     /// package winning), each (every archive in a directory named after its file, less
     /// its extension), npm (npm tarballs as a node_modules directory, from their
     /// package.json, or as npm ci lays out --lockfile), cargo (.crate files as cargo's
-    /// registry/src/INDEX/, with .cargo-ok). each and cargo index a package when its
-    /// directory is first looked into.
+    /// registry/src/INDEX/, with .cargo-ok), python (wheels as the virtual environment
+    /// python -m venv and pip install make, at the mountpoint; needs --python). each and
+    /// cargo index a package when its directory is first looked into.
     #[arg(long, value_name = "KIND", default_value = LayoutKind::default().name(),
           value_parser = clap::builder::PossibleValuesParser::new(LayoutKind::ALL.map(LayoutKind::name)))]
     layout: String,
@@ -435,6 +436,10 @@ struct LayoutArgs {
     /// left out, with a warning naming them); without it such a mount fails.
     #[arg(long)]
     allow_missing: bool,
+    /// python: the base interpreter the environment is for (/usr/bin/python3.11): its
+    /// venv module makes the environment's own files, and scripts run with it.
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
 }
 
 impl LayoutArgs {
@@ -446,6 +451,8 @@ impl LayoutArgs {
             strip: self.strip_components,
             lockfile: self.lockfile,
             allow_missing: self.allow_missing,
+            python: self.python,
+            venv: None,
         })
     }
 }
@@ -511,7 +518,21 @@ fn check_layout(cfg: LayoutConfig) -> Result<LayoutConfig, UsageError> {
     if cfg.allow_missing && cfg.lockfile.is_none() {
         return Err("--allow-missing needs --lockfile".into());
     }
+    if (cfg.kind == LayoutKind::Python) != cfg.python.is_some() {
+        return Err("--layout python and --python go together".into());
+    }
     Ok(cfg)
+}
+
+/// A python layout's environment is the mountpoint: its absolute path, as `python -m
+/// venv` makes it absolute.
+fn venv_at(cfg: &mut MountConfig) -> Result<(), UsageError> {
+    if cfg.merge.layout.kind == LayoutKind::Python {
+        let at = std::path::absolute(&cfg.mountpoint)
+            .map_err(|e| format!("{}: {e}", cfg.mountpoint.display()))?;
+        cfg.merge.layout.venv = Some(at);
+    }
+    Ok(())
 }
 
 fn platform(p: Option<String>) -> Result<Option<Platform>, UsageError> {
@@ -687,6 +708,7 @@ fn mount_config(m: MountArgs) -> Result<MountConfig, UsageError> {
     );
     let mut cfg = serve_config(m.sources, m.mountpoint, fsname, &m.serve)?;
     cfg.merge.layout = m.layout.into_config()?;
+    venv_at(&mut cfg)?;
     cfg.prefetch_bytes = parse_size(&m.prefetch)?;
     if let Some(uid) = m.uid {
         cfg.owner.uid = uid;
@@ -819,6 +841,7 @@ fn finish_config(mut cfg: MountConfig, s: ServeArgs) -> Result<MountConfig, Usag
         return Err("--threads must be at least 1".into());
     }
     cfg.merge.layout = check_layout(cfg.merge.layout)?;
+    venv_at(&mut cfg)?;
     Ok(cfg)
 }
 
@@ -870,11 +893,22 @@ mod tests {
         assert!(c.allow_missing);
         let c = mount(&["-o", "layout=merge,strip_components=2"]).unwrap();
         assert_eq!((c.kind, c.strip), (LayoutKind::Merge, 2));
+        // python: the environment is the mountpoint, made absolute.
+        let c = mount(&["--layout", "python", "--python", "/usr/bin/python3"]).unwrap();
+        assert_eq!(c.python, Some(PathBuf::from("/usr/bin/python3")));
+        assert_eq!(c.venv, Some(PathBuf::from("/m")));
+        let c = mount(&["-o", "layout=python,python=/p/python3"]).unwrap();
+        assert_eq!(
+            (c.kind, c.venv),
+            (LayoutKind::Python, Some(PathBuf::from("/m")))
+        );
         for bad in [
             &["--layout", "cargo", "--strip-components", "1"][..],
             &["--lockfile", "x.json"],
             &["--layout", "npm", "--allow-missing"],
             &["-o", "layout=pile"],
+            &["--layout", "python"],
+            &["--python", "/usr/bin/python3"],
         ] {
             assert!(mount(bad).is_err(), "{bad:?}");
         }

@@ -483,7 +483,7 @@ fn restore_options(cfg: &MountConfig) -> (LoadOptions, LoadOptions) {
     let folded = restore_options_as(
         cfg,
         match kind {
-            Kind::Merge | Kind::Npm => kind,
+            Kind::Merge | Kind::Npm | Kind::Python => kind,
             Kind::Each | Kind::Cargo => Kind::Merge,
         },
     );

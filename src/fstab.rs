@@ -205,6 +205,7 @@ pub fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> 
         "strip_components" => cfg.merge.layout.strip = number()? as usize,
         "lockfile" => cfg.merge.layout.lockfile = Some(PathBuf::from(need()?)),
         "allow_missing" => cfg.merge.layout.allow_missing = true,
+        "python" => cfg.merge.layout.python = Some(PathBuf::from(need()?)),
         "authfile" => cfg.merge.registry.auth_file = Some(PathBuf::from(need()?)),
         "cert_dir" => cfg.merge.registry.cert_dir = Some(PathBuf::from(need()?)),
         "no_background_fetch" => cfg.merge.registry.background_fetch = false,

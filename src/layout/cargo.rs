@@ -54,7 +54,7 @@ impl Layout for Cargo {
         }
     }
 
-    fn place(&mut self, name: &Path, _: &mut [Entry], _: &Facts) -> Placement {
+    fn place(&mut self, name: &Path, _: &mut Vec<Entry>, _: &Facts) -> Placement {
         self.place_name(name)
     }
 }

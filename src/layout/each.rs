@@ -122,7 +122,7 @@ impl Layout for Each {
         }
     }
 
-    fn place(&mut self, name: &Path, _: &mut [Entry], _: &Facts) -> Placement {
+    fn place(&mut self, name: &Path, _: &mut Vec<Entry>, _: &Facts) -> Placement {
         self.place_name(name)
     }
 }

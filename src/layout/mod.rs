@@ -9,7 +9,9 @@
 //! - [`npm`]: `node_modules` as npm writes it, from the packages' own `package.json`
 //!   and, with a lockfile, exactly where `npm ci` puts each package;
 //! - [`cargo`]: cargo's `registry/src/INDEX/`, each `.crate` at `NAME-VERSION/` with the
-//!   marker cargo writes after unpacking.
+//!   marker cargo writes after unpacking;
+//! - [`python`]: a virtual environment made of wheels, as `python -m venv` and `pip
+//!   install` leave it.
 //!
 //! A layout sees packages, never files of a mount: the scan (`crate::source`) asks it
 //! where each package goes ([`Placement`]) and folds the entries there with
@@ -25,6 +27,7 @@
 pub mod cargo;
 pub mod each;
 pub mod npm;
+pub mod python;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,11 +49,19 @@ pub enum Kind {
     Npm,
     /// cargo's `registry/src/INDEX/`.
     Cargo,
+    /// A Python virtual environment of wheels.
+    Python,
 }
 
 impl Kind {
     /// Every layout, in the order `--help` lists them.
-    pub const ALL: [Kind; 4] = [Kind::Merge, Kind::Each, Kind::Npm, Kind::Cargo];
+    pub const ALL: [Kind; 5] = [
+        Kind::Merge,
+        Kind::Each,
+        Kind::Npm,
+        Kind::Cargo,
+        Kind::Python,
+    ];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
@@ -59,6 +70,7 @@ impl Kind {
             Kind::Each => "each",
             Kind::Npm => "npm",
             Kind::Cargo => "cargo",
+            Kind::Python => "python",
         }
     }
 
@@ -75,6 +87,7 @@ impl Kind {
             Kind::Each => Box::new(each::Each::new(cfg.strip)),
             Kind::Npm => Box::new(npm::Npm::new(cfg)?),
             Kind::Cargo => Box::new(cargo::Cargo::default()),
+            Kind::Python => Box::new(python::Python::new(cfg)?),
         })
     }
 }
@@ -90,6 +103,11 @@ pub struct Config {
     pub lockfile: Option<PathBuf>,
     /// npm: mount even if packages of the lockfile are missing from the sources.
     pub allow_missing: bool,
+    /// python: the base interpreter the environment is for.
+    pub python: Option<PathBuf>,
+    /// python: the environment's absolute path (the mountpoint), which its scripts and
+    /// activate files name.
+    pub venv: Option<PathBuf>,
 }
 
 /// Where one package goes.
@@ -123,6 +141,8 @@ pub struct Facts {
     /// npm with a lockfile: digests of the archive's bytes as `(algorithm, digest)`
     /// (`sha512`, `sha1`).
     pub digests: Vec<(&'static str, Vec<u8>)>,
+    /// python: members the layout reads (metadata, scripts), as `(path, bytes)`.
+    pub members: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Finds out what a layout needs to know of an indexed package ([`Facts`]).
@@ -170,8 +190,9 @@ pub trait Layout: Send + Sync {
     }
 
     /// Where the indexed package `name` goes; it may adjust the entries (npm makes
-    /// `bin` targets executable).
-    fn place(&mut self, name: &Path, entries: &mut [Entry], facts: &Facts) -> Placement;
+    /// `bin` targets executable; python moves, drops and adds them, as an installer
+    /// does).
+    fn place(&mut self, name: &Path, entries: &mut Vec<Entry>, facts: &Facts) -> Placement;
 
     /// Once every package is placed: entries of the layout's own at the mount's root
     /// (npm's `.bin` links), or why the mount cannot be made (a lockfile's package that
@@ -187,7 +208,7 @@ struct Merge {
 }
 
 impl Layout for Merge {
-    fn place(&mut self, _: &Path, _: &mut [Entry], _: &Facts) -> Placement {
+    fn place(&mut self, _: &Path, _: &mut Vec<Entry>, _: &Facts) -> Placement {
         Placement::Fold(vec![Place {
             strip: self.strip,
             prefix: Vec::new(),

@@ -468,7 +468,7 @@ impl Layout for Npm {
         })
     }
 
-    fn place(&mut self, name: &Path, entries: &mut [Entry], facts: &Facts) -> Placement {
+    fn place(&mut self, name: &Path, entries: &mut Vec<Entry>, facts: &Facts) -> Placement {
         let (manifest, pkg, version) = match Self::identify(facts) {
             Ok(x) => x,
             Err(why) => return Placement::Refused(why),
@@ -630,8 +630,8 @@ mod tests {
     fn integrity_is_checked_with_the_strongest_listed_digest() {
         use base64::Engine as _;
         let facts = Facts {
-            manifest: None,
             digests: vec![("sha512", vec![1; 64]), ("sha1", vec![2; 20])],
+            ..Facts::default()
         };
         let b = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
         assert!(integrity_ok(&format!("sha512-{}", b(&[1; 64])), &facts).is_ok());

@@ -308,7 +308,13 @@ impl<'a> Placing<'a> {
     }
 
     /// Have the layout place an indexed archive and fold it in where it says.
-    fn place(&mut self, path: &Path, archive: Arc<Archive>, entries: &mut [Entry], facts: &Facts) {
+    fn place(
+        &mut self,
+        path: &Path,
+        archive: Arc<Archive>,
+        entries: &mut Vec<Entry>,
+        facts: &Facts,
+    ) {
         match self.layout.place(path, entries, facts) {
             Placement::Fold(places) => self.fold.archive(path, archive, entries, &places),
             Placement::Own { .. } => self

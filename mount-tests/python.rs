@@ -1,0 +1,397 @@
+//! Mount tests of the python layout (`--layout python`): a mount of real PyPI wheels
+//! (mount-tests/python/wheels.txt) is compared with what `python -m venv --without-pip`
+//! and `pip install --no-deps --no-compile` of the same wheels write at the same
+//! absolute path, then used: every module imported, launchers and a rewritten script
+//! run, the environment activated, and every RECORD entry hashed again through
+//! `importlib.metadata`. Hostile wheels are refused by name, the rest mounted.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use crate::common::{UmountGuard, is_mountpoint, pkgfs, repo, require_tools, run, trees_match};
+
+/// The interpreter of the tests (python3's own executable, not a shim).
+fn python() -> &'static Path {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = run(Command::new("python3").args(["-c", "import sys; print(sys.executable)"]));
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+/// pip of [`python`], without this machine's configuration.
+fn pip(args: &[&str]) -> Command {
+    let mut c = Command::new(python());
+    c.args(["-m", "pip", "--disable-pip-version-check", "--no-input"])
+        .args(args)
+        .env("PIP_CONFIG_FILE", "/dev/null")
+        .env_remove("PIP_REQUIRE_VIRTUALENV");
+    c
+}
+
+fn wheel_list() -> PathBuf {
+    repo().join("mount-tests/python/wheels.txt")
+}
+
+/// The pinned wheels, downloaded once per target directory (again when the list
+/// changes).
+fn wheels() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-wheels");
+        let list = fs::read(wheel_list()).unwrap();
+        let stamp = format!("{:x}\n", crc32fast::hash(&list));
+        if fs::read_to_string(dir.join("stamp")).ok().as_deref() == Some(stamp.as_str()) {
+            return dir;
+        }
+        let part = dir.with_extension("part");
+        let _ = fs::remove_dir_all(&part);
+        let _ = fs::remove_dir_all(&dir);
+        run(&mut pip(&[
+            "download",
+            "-q",
+            "--timeout",
+            "30",
+            "--retries",
+            "3",
+            "--only-binary=:all:",
+            "--no-deps",
+            "-d",
+            part.to_str().unwrap(),
+            "-r",
+            wheel_list().to_str().unwrap(),
+        ]));
+        fs::write(part.join("stamp"), stamp).unwrap();
+        fs::rename(&part, &dir).unwrap();
+        dir
+    })
+}
+
+/// A python-layout mount at `venv`, unmounted when dropped.
+struct Venv {
+    mp: PathBuf,
+    log: PathBuf,
+    out: Output,
+}
+
+impl Venv {
+    fn mount(sources: &[&Path], venv: &Path) -> Venv {
+        let log = venv.with_extension("log");
+        let out = pkgfs()
+            .arg("mount")
+            .args(["--layout", "python", "--python"])
+            .arg(python())
+            .args(sources)
+            .arg(venv)
+            .arg("--log-file")
+            .arg(&log)
+            .output()
+            .unwrap();
+        let v = Venv {
+            mp: venv.to_path_buf(),
+            log,
+            out,
+        };
+        assert!(
+            v.out.status.success() && is_mountpoint(venv),
+            "pkgfs mount --layout python failed: {}",
+            v.messages()
+        );
+        v
+    }
+
+    fn messages(&self) -> String {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&self.out.stderr),
+            fs::read_to_string(&self.log).unwrap_or_default()
+        )
+    }
+}
+
+impl Drop for Venv {
+    fn drop(&mut self) {
+        let _guard = UmountGuard(&self.mp);
+        let _ = pkgfs().arg("umount").arg(&self.mp).output();
+    }
+}
+
+/// The lines of a RECORD file (`\r\n` ends kept) but INSTALLER's (whose bytes differ by
+/// design), in order.
+fn record_rows(path: &Path) -> Vec<String> {
+    fs::read_to_string(path)
+        .unwrap()
+        .split_inclusive('\n')
+        .filter(|l| !l.contains(".dist-info/INSTALLER,"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn stdout_of(cmd: &mut Command) -> String {
+    String::from_utf8(run(cmd).stdout).unwrap()
+}
+
+#[test]
+fn python_layout_is_what_venv_and_pip_install_write_and_runs() {
+    if !require_tools(&["python3"]) {
+        return;
+    }
+    let wheels = wheels();
+    let tmp = tempfile::tempdir().unwrap();
+    let venv = tmp.path().join("venv");
+    // The reference: venv, then pip into it, at the path the mount will have.
+    run(Command::new(python())
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv));
+    let target_python = venv.join("bin/python");
+    run(&mut pip(&[
+        "--python",
+        target_python.to_str().unwrap(),
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-compile",
+        "--no-index",
+        "--no-warn-script-location",
+        "--find-links",
+        wheels.to_str().unwrap(),
+        "-r",
+        wheel_list().to_str().unwrap(),
+    ]));
+    let reference = tmp.path().join("reference");
+    fs::rename(&venv, &reference).unwrap();
+    fs::create_dir(&venv).unwrap();
+
+    let m = Venv::mount(&[wheels], &venv);
+    let site = format!("lib/python{}/site-packages", python_version());
+    let mut ignore: Vec<String> = Vec::new();
+    let mut infos = Vec::new();
+    for e in fs::read_dir(reference.join(&site)).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".dist-info") {
+            for f in ["RECORD", "INSTALLER"] {
+                ignore.extend(["--ignore".to_string(), format!("{site}/{name}/{f}")]);
+            }
+            infos.push(name);
+        }
+    }
+    assert_eq!(infos.len(), 12, "every wheel installed by pip: {infos:?}");
+    let mut args = vec!["--no-mtime"];
+    args.extend(ignore.iter().map(String::as_str));
+    trees_match(&reference, &venv, &args);
+    for info in &infos {
+        let at = |root: &Path, f: &str| root.join(&site).join(info).join(f);
+        assert_eq!(
+            record_rows(&at(&reference, "RECORD")),
+            record_rows(&at(&venv, "RECORD")),
+            "{info}/RECORD"
+        );
+        assert_eq!(fs::read(at(&venv, "INSTALLER")).unwrap(), b"pkgfs\n");
+    }
+
+    // Used as an environment: imports (a compiled extension, a namespace package, a
+    // .pth file run at start-up), launchers, a rewritten script, activation.
+    let py = venv.join("bin/python");
+    let out = stdout_of(Command::new(&py).args([
+        "-c",
+        "import sys, attr, certifi, idna, packaging.version, six, jmespath, docutils, \
+         pygments, greenlet, setuptools, zope.interface\n\
+         assert greenlet.getcurrent() is not None\n\
+         assert '_distutils_hack' in sys.modules, 'setuptools .pth ran'\n\
+         print(sys.prefix)",
+    ]));
+    assert_eq!(out.trim(), venv.to_str().unwrap());
+    let v = stdout_of(Command::new(venv.join("bin/pygmentize")).arg("-V"));
+    assert!(v.contains("Pygments version 2.18.0"), "{v}");
+    let v = stdout_of(Command::new(venv.join("bin/docutils")).arg("--version"));
+    assert!(v.contains("0.21.2"), "{v}");
+    let mut jp = Command::new(venv.join("bin/jp.py"));
+    jp.args(["-f", "/dev/stdin", "a"])
+        .stdin(std::process::Stdio::piped());
+    let mut child = jp.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    {
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"{\"a\": 42}")
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42");
+    let act = stdout_of(Command::new("bash").arg("-c").arg(format!(
+        ". {}/bin/activate && command -v python && python -c 'import sys; print(sys.prefix)'",
+        venv.display()
+    )));
+    assert_eq!(
+        act.lines().collect::<Vec<_>>(),
+        [py.to_str().unwrap(), venv.to_str().unwrap()]
+    );
+    // importlib.metadata: every RECORD entry with a hash, read through the mount,
+    // hashed again.
+    let n = stdout_of(Command::new(&py).args([
+        "-c",
+        "import importlib.metadata as m, hashlib, base64\n\
+         n = 0\n\
+         for d in m.distributions():\n\
+         \x20   for f in d.files or []:\n\
+         \x20       if f.hash is None: continue\n\
+         \x20       data = f.locate().read_bytes()\n\
+         \x20       h = base64.urlsafe_b64encode(hashlib.new(f.hash.mode, data).digest()).rstrip(b'=').decode()\n\
+         \x20       assert h == f.hash.value and (f.size is None or f.size == len(data)), (d.metadata['Name'], str(f))\n\
+         \x20       n += 1\n\
+         print(n)",
+    ]));
+    assert!(n.trim().parse::<u32>().unwrap() > 1000, "{n}");
+    assert!(!m.messages().contains("WARN"), "{}", m.messages());
+}
+
+fn python_version() -> String {
+    let out = stdout_of(
+        Command::new(python()).args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"]),
+    );
+    out.trim().to_string()
+}
+
+/// Write a wheel with Python's zipfile: `files` as (name, text), scripts executable; a
+/// WHEEL, METADATA and RECORD for `project` are added unless `bare`.
+fn write_wheel(path: &Path, project: &str, files: &[(&str, &str)], bare: bool) {
+    let mut all: Vec<(String, String)> = files
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect();
+    if !bare {
+        let info = format!("{project}-1.0.dist-info");
+        all.push((
+            format!("{info}/WHEEL"),
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+                .into(),
+        ));
+        all.push((
+            format!("{info}/METADATA"),
+            format!("Metadata-Version: 2.1\nName: {project}\nVersion: 1.0\n"),
+        ));
+        all.push((format!("{info}/RECORD"), String::new()));
+    }
+    let spec = serde_json::to_string(&all).unwrap();
+    run(Command::new("python3").args([
+        "-c",
+        "import json, sys, zipfile\n\
+         with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
+         \x20   for n, t in json.loads(sys.argv[2]):\n\
+         \x20       i = zipfile.ZipInfo(n, (2020, 1, 1, 0, 0, 0))\n\
+         \x20       i.external_attr = (0o100755 if '/scripts/' in n else 0o100644) << 16\n\
+         \x20       z.writestr(i, t)",
+        path.to_str().unwrap(),
+        &spec,
+    ]));
+}
+
+#[test]
+fn python_layout_refuses_hostile_wheels_by_name_and_mounts_the_rest() {
+    if !require_tools(&["python3"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("wheels");
+    fs::create_dir(&src).unwrap();
+    let ep = "good-1.0.dist-info/entry_points.txt";
+    write_wheel(
+        &src.join("good-1.0-py3-none-any.whl"),
+        "good",
+        &[
+            ("good/__init__.py", "def main():\n    print('good')\n"),
+            (
+                ep,
+                "[console_scripts]\ngood = good:main\n[gui_scripts]\ngoodgui = good:main\n",
+            ),
+            (
+                "good-1.0.data/scripts/tool",
+                "#!python -E\nimport good\ngood.main()\n",
+            ),
+        ],
+        false,
+    );
+    write_wheel(
+        &src.join("good-2.0-py3-none-any.whl"),
+        "Good",
+        &[("good/second.py", "")],
+        false,
+    );
+    write_wheel(
+        &src.join("badkey-1.0-py3-none-any.whl"),
+        "badkey",
+        &[("badkey-1.0.data/evil/x", "x")],
+        false,
+    );
+    write_wheel(
+        &src.join("badep-1.0-py3-none-any.whl"),
+        "badep",
+        &[(
+            "badep-1.0.dist-info/entry_points.txt",
+            "[console_scripts]\n../../evil = os:system\n",
+        )],
+        false,
+    );
+    write_wheel(
+        &src.join("nodist-1.0-py3-none-any.whl"),
+        "nodist",
+        &[("nodist/__init__.py", "")],
+        true,
+    );
+    write_wheel(
+        &src.join("escape-1.0-py3-none-any.whl"),
+        "escape",
+        &[("escape-1.0.data/scripts/../../../../outside", "x")],
+        false,
+    );
+    let venv = tmp.path().join("venv");
+    fs::create_dir(&venv).unwrap();
+    let m = Venv::mount(&[&src], &venv);
+    let msgs = m.messages();
+    for (wheel, why) in [
+        ("good-2.0-py3-none-any.whl", "a second wheel of Good"),
+        ("badkey-1.0-py3-none-any.whl", "unknown .data key \"evil\""),
+        ("badep-1.0-py3-none-any.whl", "not a script name"),
+        ("nodist-1.0-py3-none-any.whl", "no .dist-info"),
+        (
+            "escape-1.0-py3-none-any.whl",
+            "escape-1.0.data/scripts/../../../../outside",
+        ),
+    ] {
+        assert!(
+            msgs.lines().any(|l| l.contains(wheel) && l.contains(why)),
+            "{wheel}: {why}\n{msgs}"
+        );
+    }
+    let site = venv.join(format!("lib/python{}/site-packages", python_version()));
+    assert!(site.join("good/__init__.py").exists());
+    assert!(!site.join("good/second.py").exists());
+    assert!(!site.join("nodist").exists() && !site.join("badkey").exists());
+    assert!(!tmp.path().join("outside").exists() && !venv.join("outside").exists());
+    let py = venv.join("bin/python");
+    let launcher = fs::read_to_string(venv.join("bin/good")).unwrap();
+    assert_eq!(
+        launcher,
+        format!(
+            "#!{}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom good import main\n\
+             if __name__ == '__main__':\n    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n    sys.exit(main())\n",
+            py.display()
+        )
+    );
+    assert_eq!(
+        fs::read_to_string(venv.join("bin/goodgui")).unwrap(),
+        launcher
+    );
+    assert_eq!(
+        fs::read_to_string(venv.join("bin/tool")).unwrap(),
+        format!("#!{}\nimport good\ngood.main()\n", py.display())
+    );
+    for f in ["bin/good", "bin/tool"] {
+        let out = stdout_of(&mut Command::new(venv.join(f)));
+        assert_eq!(out, "good\n", "{f}");
+    }
+}

@@ -1,0 +1,247 @@
+//! The interpreter a Python environment is for: its version and install scheme, asked
+//! of the interpreter itself, and the environment's own files (`pyvenv.cfg`, `bin/python*`,
+//! the activate scripts) as `python -m venv --without-pip` makes them.
+//!
+//! The skeleton is made by the interpreter's own `venv` module, in a temporary directory
+//! whose last component is the environment's (the prompt the activate scripts show is
+//! that name), and its path replaced by the environment's in every file and link: the
+//! result is what `python -m venv --without-pip VENV` writes, for any Python version and
+//! any distribution's patches to `venv`, without pkgfs knowing its templates.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::format::Entry;
+
+/// A skeleton file larger than this is refused (the activate scripts are a few KiB).
+const MAX_SKELETON_FILE: u64 = 1 << 20;
+/// How long the interpreter may take to answer or to make the skeleton.
+const PYTHON_WAIT: Duration = Duration::from_secs(60);
+
+/// Asks the interpreter for its version and the `venv` scheme's paths for an
+/// environment at `sys.argv[1]`, as pip computes them inside one.
+const PROBE: &str = r#"
+import json, sys, sysconfig
+venv = sys.argv[1]
+scheme = "venv" if "venv" in sysconfig.get_scheme_names() else "posix_prefix"
+v = {"base": venv, "platbase": venv, "installed_base": venv, "installed_platbase": venv}
+p = sysconfig.get_paths(scheme=scheme, vars=v)
+print(json.dumps({"version": "%d.%d" % sys.version_info[:2],
+                  "purelib": p["purelib"], "platlib": p["platlib"],
+                  "scripts": p["scripts"], "data": p["data"]}))
+"#;
+
+#[derive(Debug, Deserialize)]
+struct Probe {
+    version: String,
+    purelib: String,
+    platlib: String,
+    scripts: String,
+    data: String,
+}
+
+/// Where an environment's files go, as absolute component lists.
+#[derive(Debug, Clone)]
+pub struct Scheme {
+    /// `X.Y`.
+    pub version: String,
+    /// The environment's root.
+    pub root: Vec<Vec<u8>>,
+    /// Pure-Python packages (`site-packages`).
+    pub purelib: Vec<Vec<u8>>,
+    /// Platform-specific packages (the same directory in most environments).
+    pub platlib: Vec<Vec<u8>>,
+    /// Scripts and launchers (`bin`).
+    pub scripts: Vec<Vec<u8>>,
+    /// Data files (the environment's root).
+    pub data: Vec<Vec<u8>>,
+    /// `include/site/pythonX.Y`: pip's header directory in an environment (a project's
+    /// headers go in a directory of its name below).
+    pub headers: Vec<Vec<u8>>,
+}
+
+/// Components of an absolute path.
+pub fn abs_components(p: &Path) -> Vec<Vec<u8>> {
+    p.as_os_str()
+        .as_encoded_bytes()
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Run `cmd`, killing it after [`PYTHON_WAIT`]; its stdout, or an error with its stderr.
+fn run(cmd: &mut Command, what: &str) -> Result<Vec<u8>> {
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::Format(format!("{what}: cannot run the interpreter: {e}")))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    std::thread::spawn(move || {
+        use std::io::Read as _;
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        if let Some(s) = stdout.as_mut() {
+            let _ = s.read_to_end(&mut o);
+        }
+        if let Some(s) = stderr.as_mut() {
+            let _ = s.read_to_end(&mut e);
+        }
+        let _ = tx.send((o, e));
+    });
+    let Ok((out, err)) = rx.recv_timeout(PYTHON_WAIT) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(Error::Format(format!(
+            "{what}: the interpreter did not answer in {} s",
+            PYTHON_WAIT.as_secs()
+        )));
+    };
+    let status = child
+        .wait()
+        .map_err(|e| Error::Format(format!("{what}: {e}")))?;
+    if !status.success() {
+        return Err(Error::Format(format!(
+            "{what}: the interpreter failed ({status}): {}",
+            String::from_utf8_lossy(&err).trim()
+        )));
+    }
+    Ok(out)
+}
+
+/// Ask `python` where an environment at `venv` puts each kind of file.
+pub fn scheme(python: &Path, venv: &Path) -> Result<Scheme> {
+    let out = run(
+        Command::new(python)
+            .arg("-I")
+            .arg("-c")
+            .arg(PROBE)
+            .arg(venv),
+        "asking the interpreter for its install scheme",
+    )?;
+    let p: Probe = serde_json::from_slice(&out)
+        .map_err(|e| Error::Format(format!("the interpreter's install scheme: {e}")))?;
+    let under = |s: &str| -> Result<Vec<Vec<u8>>> {
+        let c = abs_components(Path::new(s));
+        let root = abs_components(venv);
+        if !c.starts_with(&root) || c.iter().any(|x| x == b"..") {
+            return Err(Error::Format(format!(
+                "the interpreter puts files at {s}, outside {}",
+                venv.display()
+            )));
+        }
+        Ok(c)
+    };
+    let root = abs_components(venv);
+    let mut headers = root.clone();
+    headers.extend([
+        b"include".to_vec(),
+        b"site".to_vec(),
+        format!("python{}", p.version).into_bytes(),
+    ]);
+    Ok(Scheme {
+        purelib: under(&p.purelib)?,
+        platlib: under(&p.platlib)?,
+        scripts: under(&p.scripts)?,
+        data: under(&p.data)?,
+        headers,
+        root,
+        version: p.version,
+    })
+}
+
+fn replace_all(data: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut i = 0;
+    while i < data.len() {
+        if data[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(data[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The environment's own files, as `python -m venv --without-pip VENV` writes them:
+/// entries relative to the environment's root.
+pub fn skeleton(python: &Path, venv: &Path) -> Result<Vec<Entry>> {
+    let err = |e: std::io::Error| Error::Format(format!("making the environment's files: {e}"));
+    let tmp = tempfile::Builder::new()
+        .prefix("pkgfs-venv")
+        .tempdir()
+        .map_err(err)?;
+    let name = venv.file_name().unwrap_or(venv.as_os_str());
+    let made: PathBuf = tmp.path().join(name);
+    run(
+        Command::new(python)
+            .args(["-I", "-m", "venv", "--without-pip"])
+            .arg(&made),
+        "making the environment with python -m venv",
+    )?;
+    let from = made.as_os_str().as_encoded_bytes().to_vec();
+    let to = venv.as_os_str().as_encoded_bytes().to_vec();
+    let mut out = Vec::new();
+    let mut stack = vec![made.clone()];
+    while let Some(dir) = stack.pop() {
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(err)?
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(err)?;
+        names.sort_by_key(|d| d.file_name());
+        for d in names {
+            let p = d.path();
+            let md = std::fs::symlink_metadata(&p).map_err(err)?;
+            let rel = p
+                .strip_prefix(&made)
+                .map_err(|_| Error::Internal("a skeleton path outside its directory".into()))?
+                .as_os_str()
+                .as_encoded_bytes()
+                .to_vec();
+            use std::os::unix::fs::MetadataExt as _;
+            let perm = (md.mode() & 0o7777) as u16;
+            let mtime = md.mtime();
+            let ft = md.file_type();
+            if ft.is_dir() {
+                out.push(super::super::dir(&rel, perm, mtime));
+                stack.push(p);
+            } else if ft.is_symlink() {
+                let target = std::fs::read_link(&p).map_err(err)?;
+                let target = replace_all(target.as_os_str().as_encoded_bytes(), &from, &to);
+                out.push(super::super::symlink(&rel, &target, mtime));
+            } else if ft.is_file() && md.len() <= MAX_SKELETON_FILE {
+                let data = replace_all(&std::fs::read(&p).map_err(err)?, &from, &to);
+                out.push(super::super::inline_file(&rel, &data, perm, mtime));
+            } else {
+                return Err(Error::Format(format!(
+                    "python -m venv made {}, which is not a directory, link or small file",
+                    p.display()
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_replaced_wherever_they_occur() {
+        assert_eq!(replace_all(b"a/t/v b /t/v", b"/t/v", b"/x"), b"a/x b /x");
+        assert_eq!(
+            abs_components(Path::new("/a//b/./c/")),
+            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+        );
+    }
+}

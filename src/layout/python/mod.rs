@@ -1,0 +1,433 @@
+//! `python`: a virtual environment made of wheels, as `python -m venv --without-pip VENV`
+//! followed by `pip install --no-deps` of every wheel would leave it, with nothing copied
+//! or unpacked: the mount is the environment (`pkgfs mount --layout python --python
+//! /usr/bin/python3.X WHEELS… VENV`).
+//!
+//! - The environment's own files (`pyvenv.cfg`, `bin/python*`, the activate scripts) are
+//!   made by the interpreter's `venv` module and served from memory ([`interp`]).
+//! - Each wheel is installed as the wheel specification says and pip does it
+//!   ([`wheel`]): its root into purelib or platlib by `Root-Is-Purelib`, its
+//!   `NAME.data/KEY/` directories into the scheme's `scripts`, `headers`
+//!   (`include/site/pythonX.Y/NAME/`), `data` (the environment's root), `purelib` and
+//!   `platlib`; scripts starting `#!python` rewritten for the environment's interpreter;
+//!   console and GUI launchers generated in `bin/`; `RECORD` rewritten (moved paths, new
+//!   hashes of rewritten files, generated files listed), `INSTALLER` (`pkgfs`) and
+//!   `REQUESTED` added. Modes as pip leaves them: 0644, or 0755 for members the wheel
+//!   marks executable and for launchers; owned by the mount's owner. Everything not
+//!   rewritten is served from the wheel in place.
+//! - A second wheel of a project already placed is refused (the first in layer order
+//!   stays); files two projects both install follow the merge rule (the later wins, and
+//!   status reports the conflict), as pip's later install overwrites.
+//!
+//! Refused, with a warning naming the wheel, the rest mounted: no `*.dist-info/WHEEL`
+//! or more than one `.dist-info`, a `Wheel-Version` other than 1.x, a `.data` key pip does
+//! not know, a member path that would leave its directory, an entry point that is not
+//! `NAME = MODULE:ATTR` with a plain name, metadata files larger than 16 MiB.
+//!
+//! Not yet: lock files (`pylock.toml`, hashed requirements) and the checks they bring,
+//! choosing among wheels by the interpreter's tags, and `__pycache__`
+//! (docs/design/python.md has the plan).
+
+pub mod interp;
+pub mod wheel;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use super::{Facts, Layout, Placement, inline_file};
+use crate::error::{Error, Result};
+use crate::format::{Archive, Entry, EntryKind, Loc};
+use crate::tree::Place;
+
+use interp::Scheme;
+use wheel::EntryPoint;
+
+/// A metadata file or script larger than this is refused.
+const MAX_MEMBER: u64 = 16 << 20;
+
+/// The layout's state for one scan.
+pub struct Python {
+    scheme: Scheme,
+    /// The environment's interpreter, as scripts and launchers name it (`VENV/bin/python`).
+    python: Vec<u8>,
+    /// The environment's own files.
+    skeleton: Vec<Entry>,
+    /// Projects placed (normal names), and by which wheel.
+    taken: HashMap<String, PathBuf>,
+}
+
+impl Python {
+    /// Ask the interpreter of `cfg` for its scheme and make the environment's own files.
+    pub fn new(cfg: &super::Config) -> Result<Self> {
+        let python = cfg.python.as_deref().ok_or_else(|| {
+            Error::Format("--layout python needs --python (the base interpreter)".into())
+        })?;
+        let venv = cfg.venv.as_deref().ok_or_else(|| {
+            Error::Format("--layout python needs the environment's path (the mountpoint)".into())
+        })?;
+        let scheme = interp::scheme(python, venv)?;
+        let skeleton = interp::skeleton(python, venv)?;
+        let mut exe = scheme.scripts.clone();
+        exe.push(b"python".to_vec());
+        Ok(Python {
+            python: absolute(&exe),
+            scheme,
+            skeleton,
+            taken: HashMap::new(),
+        })
+    }
+}
+
+fn absolute(c: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for x in c {
+        out.push(b'/');
+        out.extend_from_slice(x);
+    }
+    out
+}
+
+/// The wheel's `.dist-info` directory: the one top-level directory of that suffix that
+/// holds `WHEEL`.
+fn dist_info(entries: &[Entry]) -> std::result::Result<Vec<u8>, String> {
+    let mut found: HashSet<Vec<u8>> = HashSet::new();
+    for e in entries {
+        if let Ok(c) = crate::tree::path::components(&e.path)
+            && c.len() >= 2
+            && c[0].ends_with(b".dist-info")
+        {
+            found.insert(c[0].to_vec());
+        }
+    }
+    match found.len() {
+        1 => Ok(found.into_iter().next().unwrap_or_default()),
+        0 => Err("no .dist-info directory: not a wheel".into()),
+        n => Err(format!("{n} .dist-info directories")),
+    }
+}
+
+/// Whether `path` (components) is a file the layout needs the bytes of.
+fn wanted(c: &[&[u8]], info: &[u8]) -> bool {
+    (c.len() == 2
+        && c[0] == info
+        && matches!(
+            c[1],
+            b"WHEEL" | b"METADATA" | b"entry_points.txt" | b"RECORD"
+        ))
+        || (c.len() >= 3 && c[0].ends_with(b".data") && c[1] == b"scripts")
+}
+
+struct Inspector;
+
+impl super::Inspect for Inspector {
+    fn inspect(&self, archive: &Archive, entries: &[Entry]) -> Result<Facts> {
+        let mut facts = Facts::default();
+        let Ok(info) = dist_info(entries) else {
+            return Ok(facts);
+        };
+        let io = crate::io::Io::new(0);
+        for e in entries {
+            let Ok(c) = crate::tree::path::components(&e.path) else {
+                continue;
+            };
+            if e.kind != EntryKind::File || !wanted(&c, &info) {
+                continue;
+            }
+            if e.size > MAX_MEMBER {
+                return Err(Error::Format(format!(
+                    "{} is {} bytes",
+                    String::from_utf8_lossy(&e.path),
+                    e.size
+                )));
+            }
+            let data = archive.read(
+                &io,
+                &e.data,
+                e.size,
+                0,
+                e.size as u32,
+                crate::io::Span::Whole,
+            )?;
+            facts.members.push((e.path.clone(), data.into_vec()));
+        }
+        Ok(facts)
+    }
+}
+
+/// Whether a `.data/scripts` file is a launcher setuptools made for an entry point
+/// (`EP`, `EP.exe`, `EP-script.py`, `EP.pya`), which pip leaves out.
+fn is_entrypoint_wrapper(file: &str, console: &[EntryPoint], gui: &[EntryPoint]) -> bool {
+    let lower = file.to_lowercase();
+    let stem = if lower.ends_with(".exe") || lower.ends_with(".pya") {
+        &file[..file.len() - 4]
+    } else if lower.ends_with("-script.py") {
+        &file[..file.len() - 10]
+    } else {
+        file
+    };
+    console.iter().chain(gui).any(|e| e.name == stem)
+}
+
+/// One wheel, installed: the entries it becomes (paths relative to the environment).
+struct Install<'a> {
+    scheme: &'a Scheme,
+    python: &'a [u8],
+    out: Vec<Entry>,
+    /// Wheel RECORD path → installed RECORD path (relative to the library directory).
+    installed: Vec<(String, String)>,
+    /// Installed RECORD paths of rewritten files, with their new bytes.
+    changed: HashMap<String, Vec<u8>>,
+    lib: Vec<Vec<u8>>,
+}
+
+impl Install<'_> {
+    /// Path of `dest` (absolute components) relative to the environment's root.
+    fn rel_root(&self, dest: &[Vec<u8>]) -> Vec<u8> {
+        dest[self.scheme.root.len()..].join(&b'/')
+    }
+
+    fn record_path(&self, dest: &[Vec<u8>]) -> String {
+        String::from_utf8_lossy(&wheel::relpath(dest, &self.lib)).into_owned()
+    }
+}
+
+impl Python {
+    fn install(
+        &mut self,
+        name: &Path,
+        entries: &[Entry],
+        facts: &Facts,
+    ) -> std::result::Result<Vec<Entry>, String> {
+        let info = dist_info(entries)?;
+        let info_s = String::from_utf8_lossy(&info).into_owned();
+        let member = |f: &str| {
+            let want = format!("{info_s}/{f}");
+            facts
+                .members
+                .iter()
+                .find(|(p, _)| p.as_slice() == want.as_bytes())
+                .map(|(_, d)| d.as_slice())
+        };
+        let purelib = wheel::root_is_purelib(member("WHEEL").ok_or("no WHEEL file")?)?;
+        let project = member("METADATA")
+            .and_then(wheel::metadata_name)
+            .or_else(|| info_s.split('-').next().map(str::to_string))
+            .ok_or("no project name")?;
+        let key = wheel::normalize(&project);
+        if let Some(first) = self.taken.get(&key) {
+            return Err(format!(
+                "a second wheel of {project} (the first: {})",
+                first.display()
+            ));
+        }
+        let (console, gui) = match member("entry_points.txt") {
+            Some(t) => wheel::entry_points(t)?,
+            None => (Vec::new(), Vec::new()),
+        };
+        let lib = if purelib {
+            self.scheme.purelib.clone()
+        } else {
+            self.scheme.platlib.clone()
+        };
+        let mut inst = Install {
+            scheme: &self.scheme,
+            python: &self.python,
+            out: Vec::new(),
+            installed: Vec::new(),
+            changed: HashMap::new(),
+            lib: lib.clone(),
+        };
+        let record_at = {
+            let mut p = lib.clone();
+            p.extend([info.clone(), b"RECORD".to_vec()]);
+            p
+        };
+        let mtime = entries.iter().map(|e| e.mtime).max().unwrap_or(0);
+        for e in entries {
+            if !matches!(e.kind, EntryKind::File | EntryKind::Symlink) {
+                continue;
+            }
+            let shown = String::from_utf8_lossy(&e.path).into_owned();
+            let comps = crate::tree::path::components(&e.path)
+                .map_err(|err| format!("member {shown:?}: {err}"))?;
+            let comps: Vec<Vec<u8>> = comps.iter().map(|c| c.to_vec()).collect();
+            let mut script = false;
+            let dest: Vec<Vec<u8>> = if comps[0].ends_with(b".data") {
+                if comps.len() < 3 {
+                    return Err(format!("{shown}: .data contents must be named KEY/PATH"));
+                }
+                let rest = &comps[2..];
+                let base = match comps[1].as_slice() {
+                    b"purelib" => self.scheme.purelib.clone(),
+                    b"platlib" => self.scheme.platlib.clone(),
+                    b"data" => self.scheme.data.clone(),
+                    b"headers" => {
+                        let mut h = self.scheme.headers.clone();
+                        h.push(project.clone().into_bytes());
+                        h
+                    }
+                    b"scripts" => {
+                        let file = String::from_utf8_lossy(&comps[comps.len() - 1]).into_owned();
+                        if is_entrypoint_wrapper(&file, &console, &gui) {
+                            continue;
+                        }
+                        script = true;
+                        self.scheme.scripts.clone()
+                    }
+                    k => {
+                        return Err(format!(
+                            "{shown}: unknown .data key {:?} (pip knows {})",
+                            String::from_utf8_lossy(k),
+                            wheel::SCHEME_KEYS.join(", ")
+                        ));
+                    }
+                };
+                [base, rest.to_vec()].concat()
+            } else {
+                [lib.clone(), comps.clone()].concat()
+            };
+            if dest == record_at {
+                continue;
+            }
+            let mut entry = e.clone();
+            // pip writes a symlink member as a file of its target's text.
+            if e.kind == EntryKind::Symlink {
+                entry.kind = EntryKind::File;
+                entry.size = e.link.len() as u64;
+                entry.data = Loc::Inline(e.link.clone().into());
+                entry.link = Vec::new();
+                entry.perm = 0o644;
+            } else {
+                entry.perm = if e.perm & 0o111 != 0 { 0o755 } else { 0o644 };
+            }
+            entry.uid = None;
+            entry.gid = None;
+            entry.xattrs = Vec::new();
+            entry.path = inst.rel_root(&dest);
+            let rec = inst.record_path(&dest);
+            if script
+                && let Some(text) = facts
+                    .members
+                    .iter()
+                    .find(|(p, _)| *p == e.path)
+                    .and_then(|(_, d)| wheel::fix_script(d, inst.python))
+            {
+                entry.size = text.len() as u64;
+                entry.data = Loc::Inline(text.clone().into());
+                inst.changed.insert(rec.clone(), text);
+            }
+            inst.installed.push((shown, rec));
+            inst.out.push(entry);
+        }
+        // Generated: launchers, INSTALLER, REQUESTED, then RECORD listing them all.
+        let mut generated: Vec<(Vec<Vec<u8>>, Vec<u8>, u16)> = Vec::new();
+        for ep in console.iter().chain(&gui) {
+            let mut at = self.scheme.scripts.clone();
+            at.push(ep.name.clone().into_bytes());
+            generated.push((at, wheel::launcher(ep, inst.python), 0o755));
+        }
+        let info_dir = [lib.clone(), vec![info.clone()]].concat();
+        generated.push((
+            [info_dir.clone(), vec![b"INSTALLER".to_vec()]].concat(),
+            b"pkgfs\n".to_vec(),
+            0o644,
+        ));
+        generated.push((
+            [info_dir, vec![b"REQUESTED".to_vec()]].concat(),
+            Vec::new(),
+            0o644,
+        ));
+        let old = member("RECORD")
+            .map(wheel::parse_record)
+            .unwrap_or_default();
+        let mut installed = inst.installed.clone();
+        let mut rows: Vec<(String, String, String)> = Vec::new();
+        for row in &old {
+            let Some(path) = row.first() else { continue };
+            let new = match installed.iter().position(|(src, _)| src == path) {
+                Some(i) => installed.remove(i).1,
+                None => path.clone(),
+            };
+            let (hash, size) = match inst.changed.get(&new) {
+                Some(text) => (wheel::record_hash(text), text.len().to_string()),
+                None => (
+                    row.get(1).cloned().unwrap_or_default(),
+                    row.get(2).cloned().unwrap_or_default(),
+                ),
+            };
+            rows.push((new, hash, size));
+        }
+        for (at, data, _) in &generated {
+            rows.push((
+                inst.record_path(at),
+                wheel::record_hash(data),
+                data.len().to_string(),
+            ));
+        }
+        rows.extend(
+            installed
+                .into_iter()
+                .map(|(_, new)| (new, String::new(), String::new())),
+        );
+        generated.push((record_at, wheel::write_record(&mut rows), 0o644));
+        // Generated files replace members at the same place, as pip overwrites them.
+        let paths: HashSet<Vec<u8>> = generated
+            .iter()
+            .map(|(at, _, _)| inst.rel_root(at))
+            .collect();
+        inst.out.retain(|e| !paths.contains(&e.path));
+        for (at, data, perm) in &generated {
+            let path = inst.rel_root(at);
+            inst.out.push(inline_file(&path, data, *perm, mtime));
+        }
+        self.taken.insert(key, name.to_path_buf());
+        Ok(inst.out)
+    }
+}
+
+impl Layout for Python {
+    fn takes(&self, file_name: &[u8]) -> bool {
+        file_name.ends_with(b".whl")
+    }
+
+    fn inspector(&self) -> Box<dyn super::Inspect> {
+        Box::new(Inspector)
+    }
+
+    fn place(&mut self, name: &Path, entries: &mut Vec<Entry>, facts: &Facts) -> Placement {
+        match self.install(name, entries, facts) {
+            Ok(out) => {
+                *entries = out;
+                Placement::Fold(vec![Place::default()])
+            }
+            Err(why) => Placement::Refused(why),
+        }
+    }
+
+    fn finish(&mut self) -> Result<Vec<Entry>> {
+        Ok(self.skeleton.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setuptools_wrappers_are_recognised_as_pip_does() {
+        let ep = |n: &str| EntryPoint {
+            name: n.into(),
+            module: "m".into(),
+            attr: "f".into(),
+        };
+        let console = [ep("jp")];
+        for f in ["jp", "jp.exe", "jp-script.py", "jp.pya", "JP.EXE"] {
+            assert_eq!(
+                is_entrypoint_wrapper(f, &console, &[]),
+                f != "JP.EXE",
+                "{f}"
+            );
+        }
+        assert!(!is_entrypoint_wrapper("jp.py", &console, &[]));
+    }
+}
