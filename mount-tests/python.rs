@@ -78,11 +78,17 @@ struct Venv {
 
 impl Venv {
     fn mount(sources: &[&Path], venv: &Path) -> Venv {
+        Venv::mount_with(sources, venv, &[])
+    }
+
+    fn mount_with(sources: &[&Path], venv: &Path, extra: &[&str]) -> Venv {
         let log = venv.with_extension("log");
+        let _ = fs::remove_file(&log);
         let out = pkgfs()
             .arg("mount")
             .args(["--layout", "python", "--python"])
             .arg(python())
+            .args(extra)
             .args(sources)
             .arg(venv)
             .arg("--log-file")
@@ -141,56 +147,10 @@ fn python_layout_is_what_venv_and_pip_install_write_and_runs() {
     let wheels = wheels();
     let tmp = tempfile::tempdir().unwrap();
     let venv = tmp.path().join("venv");
-    // The reference: venv, then pip into it, at the path the mount will have.
-    run(Command::new(python())
-        .args(["-m", "venv", "--without-pip"])
-        .arg(&venv));
-    let target_python = venv.join("bin/python");
-    run(&mut pip(&[
-        "--python",
-        target_python.to_str().unwrap(),
-        "install",
-        "-q",
-        "--no-deps",
-        "--no-compile",
-        "--no-index",
-        "--no-warn-script-location",
-        "--find-links",
-        wheels.to_str().unwrap(),
-        "-r",
-        wheel_list().to_str().unwrap(),
-    ]));
-    let reference = tmp.path().join("reference");
-    fs::rename(&venv, &reference).unwrap();
-    fs::create_dir(&venv).unwrap();
-
+    let reference = reference_install(&venv, &wheel_list(), &[]);
     let m = Venv::mount(&[wheels], &venv);
-    let site = format!("lib/python{}/site-packages", python_version());
-    let mut ignore: Vec<String> = Vec::new();
-    let mut infos = Vec::new();
-    for e in fs::read_dir(reference.join(&site)).unwrap() {
-        let name = e.unwrap().file_name().into_string().unwrap();
-        if name.ends_with(".dist-info") {
-            for f in ["RECORD", "INSTALLER"] {
-                ignore.extend(["--ignore".to_string(), format!("{site}/{name}/{f}")]);
-            }
-            infos.push(name);
-        }
-    }
-    assert_eq!(infos.len(), 12, "every wheel installed by pip: {infos:?}");
-    let mut args = vec!["--no-mtime"];
-    args.extend(ignore.iter().map(String::as_str));
-    trees_match(&reference, &venv, &args);
-    for info in &infos {
-        let at = |root: &Path, f: &str| root.join(&site).join(info).join(f);
-        assert_eq!(
-            record_rows(&at(&reference, "RECORD")),
-            record_rows(&at(&venv, "RECORD")),
-            "{info}/RECORD"
-        );
-        assert_eq!(fs::read(at(&venv, "INSTALLER")).unwrap(), b"pkgfs\n");
-    }
-
+    let infos = same_environment(&reference, &venv);
+    assert_eq!(infos, 12, "every wheel installed by pip");
     // Used as an environment: imports (a compiled extension, a namespace package, a
     // .pth file run at start-up), launchers, a rewritten script, activation.
     let py = venv.join("bin/python");
@@ -247,6 +207,197 @@ fn python_layout_is_what_venv_and_pip_install_write_and_runs() {
     ]));
     assert!(n.trim().parse::<u32>().unwrap() > 1000, "{n}");
     assert!(!m.messages().contains("WARN"), "{}", m.messages());
+}
+
+/// The reference: `python -m venv --without-pip VENV`, then pip installs the wheels of
+/// `requirements` into it (with `extra` options), then VENV is renamed away (its files
+/// keep naming VENV) and an empty VENV made for the mount. Returns where it went.
+fn reference_install(venv: &Path, requirements: &Path, extra: &[&str]) -> PathBuf {
+    run(Command::new(python())
+        .args(["-m", "venv", "--without-pip"])
+        .arg(venv));
+    let target_python = venv.join("bin/python");
+    let mut args = vec![
+        "--python",
+        target_python.to_str().unwrap(),
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-compile",
+        "--no-index",
+        "--no-warn-script-location",
+        "--find-links",
+        wheels().to_str().unwrap(),
+        "-r",
+        requirements.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&mut pip(&args));
+    let reference = venv.with_extension("reference");
+    fs::rename(venv, &reference).unwrap();
+    fs::create_dir(venv).unwrap();
+    reference
+}
+
+/// Check the mount at `venv` against pip's `reference`: the trees equal but for
+/// modification times and each RECORD and INSTALLER, each RECORD equal line for line but
+/// for INSTALLER's row, INSTALLER `pkgfs`. Returns how many projects are installed.
+fn same_environment(reference: &Path, venv: &Path) -> usize {
+    let site = format!("lib/python{}/site-packages", python_version());
+    let mut ignore: Vec<String> = Vec::new();
+    let mut infos = Vec::new();
+    for e in fs::read_dir(reference.join(&site)).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".dist-info") {
+            for f in ["RECORD", "INSTALLER"] {
+                ignore.extend(["--ignore".to_string(), format!("{site}/{name}/{f}")]);
+            }
+            infos.push(name);
+        }
+    }
+    let mut args = vec!["--no-mtime"];
+    args.extend(ignore.iter().map(String::as_str));
+    trees_match(reference, venv, &args);
+    for info in &infos {
+        let at = |root: &Path, f: &str| root.join(&site).join(info).join(f);
+        assert_eq!(
+            record_rows(&at(reference, "RECORD")),
+            record_rows(&at(venv, "RECORD")),
+            "{info}/RECORD"
+        );
+        assert_eq!(fs::read(at(venv, "INSTALLER")).unwrap(), b"pkgfs\n");
+    }
+    infos.len()
+}
+
+/// The sha256 of a file, in hex.
+fn sha256_hex(path: &Path) -> String {
+    let out = stdout_of(Command::new("sha256sum").arg(path));
+    out.split_whitespace().next().unwrap().to_string()
+}
+
+/// The wheel file of `project` in the fixture.
+fn wheel_of(project: &str) -> PathBuf {
+    fs::read_dir(wheels())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().to_lowercase();
+            n.starts_with(&format!("{project}-")) && n.ends_with(".whl")
+        })
+        .unwrap_or_else(|| panic!("no wheel of {project}"))
+}
+
+#[test]
+fn python_layout_installs_what_a_lock_file_pins_and_checks_its_hashes() {
+    if !require_tools(&["python3", "sha256sum"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pins = [
+        ("six", "1.17.0"),
+        ("attrs", "24.3.0"),
+        ("greenlet", "3.1.1"),
+    ];
+    let line = |(p, v): &(&str, &str)| {
+        format!(
+            "{p}=={v} \\\n    --hash=sha256:{}\n",
+            sha256_hex(&wheel_of(p))
+        )
+    };
+    let mut req = String::from("# pinned, as pip-compile --generate-hashes writes it\n");
+    for p in &pins {
+        req.push_str(&line(p));
+    }
+    // For another platform: its marker is false here, and its wheel is in no source.
+    req.push_str("colorama==0.4.6 ; sys_platform == 'win32' \\\n    --hash=sha256:4f1d9991f5acc0ca119f9d443620b77f9d6b33703e51011c16baf57afb285fc6\n");
+    let lockfile = tmp.path().join("requirements.txt");
+    fs::write(&lockfile, &req).unwrap();
+
+    // The same environment as pip's --require-hashes install of the lock, from a source
+    // holding every fixture wheel.
+    let venv = tmp.path().join("venv");
+    let reference = reference_install(&venv, &lockfile, &["--require-hashes"]);
+    let lock_arg = lockfile.to_str().unwrap();
+    {
+        let m = Venv::mount_with(&[wheels()], &venv, &["--lockfile", lock_arg]);
+        assert_eq!(same_environment(&reference, &venv), 3);
+        assert!(!m.messages().contains("WARN"), "{}", m.messages());
+    }
+
+    // pylock.toml of the same pins gives the same environment.
+    let mut pylock = String::from("lock-version = \"1.0\"\ncreated-by = \"pkgfs-test\"\n");
+    for (p, v) in &pins {
+        let w = wheel_of(p);
+        pylock.push_str(&format!(
+            "[[packages]]\nname = \"{p}\"\nversion = \"{v}\"\nwheels = [{{ name = \"{}\", hashes = {{ sha256 = \"{}\" }} }}]\n",
+            w.file_name().unwrap().to_string_lossy(),
+            sha256_hex(&w)
+        ));
+    }
+    let pylock_path = tmp.path().join("pylock.toml");
+    fs::write(&pylock_path, &pylock).unwrap();
+    {
+        let _m = Venv::mount_with(
+            &[wheels()],
+            &venv,
+            &["--lockfile", pylock_path.to_str().unwrap()],
+        );
+        assert_eq!(same_environment(&reference, &venv), 3);
+    }
+
+    // A wheel whose bytes are not the lock's is refused, naming it and both digests;
+    // the rest is mounted.
+    let bad = req.replace(&sha256_hex(&wheel_of("six")), &"0".repeat(64));
+    fs::write(&lockfile, &bad).unwrap();
+    {
+        let m = Venv::mount_with(&[wheels()], &venv, &["--lockfile", lock_arg]);
+        let msgs = m.messages();
+        let six = sha256_hex(&wheel_of("six"));
+        assert!(
+            msgs.lines().any(|l| l.contains("six 1.17.0")
+                && l.contains(&six)
+                && l.contains(&"0".repeat(64))),
+            "{msgs}"
+        );
+        let site = venv.join(format!("lib/python{}/site-packages", python_version()));
+        assert!(!site.join("six.py").exists());
+        assert!(site.join("attr").exists());
+    }
+
+    // A locked project with no wheel in the sources fails the mount, naming it, unless
+    // --allow-missing.
+    fs::write(
+        &lockfile,
+        format!("{req}requests==2.32.3 --hash=sha256:{}\n", "1".repeat(64)),
+    )
+    .unwrap();
+    let out = pkgfs()
+        .args(["mount", "--layout", "python", "--python"])
+        .arg(python())
+        .args(["--lockfile", lock_arg])
+        .arg(wheels())
+        .arg(&venv)
+        .output()
+        .unwrap();
+    let _guard = UmountGuard(&venv);
+    assert!(!out.status.success() && !is_mountpoint(&venv));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("requests==2.32.3") && err.contains("--allow-missing"),
+        "{err}"
+    );
+    let m = Venv::mount_with(
+        &[wheels()],
+        &venv,
+        &["--lockfile", lock_arg, "--allow-missing"],
+    );
+    assert!(
+        m.messages().contains("requests==2.32.3"),
+        "{}",
+        m.messages()
+    );
+    assert_eq!(same_environment(&reference, &venv), 3);
 }
 
 fn python_version() -> String {

@@ -430,10 +430,12 @@ struct LayoutArgs {
     strip_components: usize,
     /// npm: the package-lock.json (lockfile versions 2 and 3) whose node_modules the
     /// mount is: nested as npm ci nests it, each tarball checked against its integrity.
+    /// python: a pylock.toml (PEP 751) or a requirements.txt with --hash=sha256: lines:
+    /// only its wheels are installed, each checked against its hashes.
     #[arg(long, value_name = "FILE")]
     lockfile: Option<PathBuf>,
-    /// npm with --lockfile: mount even if packages it names are in no source (they are
-    /// left out, with a warning naming them); without it such a mount fails.
+    /// npm and python with --lockfile: mount even if packages it names are in no source
+    /// (they are left out, with a warning naming them); without it such a mount fails.
     #[arg(long)]
     allow_missing: bool,
     /// python: the base interpreter the environment is for (/usr/bin/python3.11): its
@@ -512,8 +514,10 @@ fn check_layout(cfg: LayoutConfig) -> Result<LayoutConfig, UsageError> {
         )
         .into());
     }
-    if cfg.kind != LayoutKind::Npm && (cfg.lockfile.is_some() || cfg.allow_missing) {
-        return Err("--lockfile and --allow-missing are for --layout npm".into());
+    if !matches!(cfg.kind, LayoutKind::Npm | LayoutKind::Python)
+        && (cfg.lockfile.is_some() || cfg.allow_missing)
+    {
+        return Err("--lockfile and --allow-missing are for --layout npm and python".into());
     }
     if cfg.allow_missing && cfg.lockfile.is_none() {
         return Err("--allow-missing needs --lockfile".into());

@@ -99,9 +99,11 @@ pub struct Config {
     pub kind: Kind,
     /// Leading path components dropped from every entry (`merge` and `each`).
     pub strip: usize,
-    /// npm: the `package-lock.json` the mount follows.
+    /// npm: the `package-lock.json` the mount follows; python: its `pylock.toml` or
+    /// hashed `requirements.txt`.
     pub lockfile: Option<PathBuf>,
-    /// npm: mount even if packages of the lockfile are missing from the sources.
+    /// npm and python: mount even if packages of the lockfile are missing from the
+    /// sources.
     pub allow_missing: bool,
     /// python: the base interpreter the environment is for.
     pub python: Option<PathBuf>,

@@ -24,15 +24,40 @@ const PYTHON_WAIT: Duration = Duration::from_secs(60);
 
 /// Asks the interpreter for its version and the `venv` scheme's paths for an
 /// environment at `sys.argv[1]`, as pip computes them inside one.
+/// Also its PEP 508 marker variables, and the wheel tags it supports in order of
+/// preference (`packaging.tags.sys_tags()`, from `packaging` or pip's copy of it; none
+/// when neither is there).
 const PROBE: &str = r#"
-import json, sys, sysconfig
+import importlib, json, os, platform, sys, sysconfig
 venv = sys.argv[1]
 scheme = "venv" if "venv" in sysconfig.get_scheme_names() else "posix_prefix"
 v = {"base": venv, "platbase": venv, "installed_base": venv, "installed_platbase": venv}
 p = sysconfig.get_paths(scheme=scheme, vars=v)
+i = sys.implementation.version
+iv = "%d.%d.%d" % (i.major, i.minor, i.micro)
+if i.releaselevel != "final":
+    iv += i.releaselevel[0] + str(i.serial)
+markers = {
+    "implementation_name": sys.implementation.name, "implementation_version": iv,
+    "os_name": os.name, "platform_machine": platform.machine(),
+    "platform_python_implementation": platform.python_implementation(),
+    "platform_release": platform.release(), "platform_system": platform.system(),
+    "platform_version": platform.version(),
+    "python_full_version": platform.python_version(),
+    "python_version": ".".join(platform.python_version_tuple()[:2]),
+    "sys_platform": sys.platform,
+}
+tags = None
+for mod in ("packaging.tags", "pip._vendor.packaging.tags"):
+    try:
+        tags = [str(t) for t in importlib.import_module(mod).sys_tags()]
+        break
+    except Exception:
+        pass
 print(json.dumps({"version": "%d.%d" % sys.version_info[:2],
                   "purelib": p["purelib"], "platlib": p["platlib"],
-                  "scripts": p["scripts"], "data": p["data"]}))
+                  "scripts": p["scripts"], "data": p["data"],
+                  "markers": markers, "tags": tags}))
 "#;
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +67,8 @@ struct Probe {
     platlib: String,
     scripts: String,
     data: String,
+    markers: std::collections::HashMap<String, String>,
+    tags: Option<Vec<String>>,
 }
 
 /// Where an environment's files go, as absolute component lists.
@@ -62,6 +89,10 @@ pub struct Scheme {
     /// `include/site/pythonX.Y`: pip's header directory in an environment (a project's
     /// headers go in a directory of its name below).
     pub headers: Vec<Vec<u8>>,
+    /// PEP 508 marker variables.
+    pub markers: super::lock::Markers,
+    /// The wheel tags the interpreter supports, if it could say.
+    pub tags: Option<Vec<String>>,
 }
 
 /// Components of an absolute path.
@@ -154,6 +185,8 @@ pub fn scheme(python: &Path, venv: &Path) -> Result<Scheme> {
         headers,
         root,
         version: p.version,
+        markers: p.markers,
+        tags: p.tags,
     })
 }
 

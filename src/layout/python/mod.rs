@@ -29,9 +29,10 @@
 //! (docs/design/python.md has the plan).
 
 pub mod interp;
+pub mod lock;
 pub mod wheel;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use super::{Facts, Layout, Placement, inline_file};
@@ -54,6 +55,45 @@ pub struct Python {
     skeleton: Vec<Entry>,
     /// Projects placed (normal names), and by which wheel.
     taken: HashMap<String, PathBuf>,
+    /// With a lock file: what it locks, and what was found of it.
+    plan: Option<Plan>,
+}
+
+/// A lock file's projects and what became of each.
+struct Plan {
+    locked: BTreeMap<String, lock::Locked>,
+    /// Projects whose wheel was refused (hash mismatch): not also reported missing.
+    refused: HashSet<String>,
+    /// The interpreter's supported tags (`None`: it could not say; every wheel is taken).
+    supported: Option<HashSet<String>>,
+    allow_missing: bool,
+}
+
+/// Read the lock file of `cfg` for the interpreter of `scheme`.
+fn read_plan(cfg: &super::Config, scheme: &Scheme) -> Result<Option<Plan>> {
+    let Some(path) = &cfg.lockfile else {
+        return Ok(None);
+    };
+    let shown = path.display();
+    let err = |e: String| Error::Format(format!("{shown}: {e}"));
+    let size = std::fs::metadata(path)
+        .map_err(|e| err(e.to_string()))?
+        .len();
+    if size > lock::MAX_LOCK {
+        return Err(err(format!("a lock file of {size} bytes")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let locked = lock::read(&name, &text, &scheme.markers).map_err(err)?;
+    Ok(Some(Plan {
+        locked,
+        refused: HashSet::new(),
+        supported: scheme.tags.as_ref().map(|t| t.iter().cloned().collect()),
+        allow_missing: cfg.allow_missing,
+    }))
 }
 
 impl Python {
@@ -67,6 +107,7 @@ impl Python {
         })?;
         let scheme = interp::scheme(python, venv)?;
         let skeleton = interp::skeleton(python, venv)?;
+        let plan = read_plan(cfg, &scheme)?;
         let mut exe = scheme.scripts.clone();
         exe.push(b"python".to_vec());
         Ok(Python {
@@ -74,6 +115,7 @@ impl Python {
             scheme,
             skeleton,
             taken: HashMap::new(),
+            plan,
         })
     }
 }
@@ -117,11 +159,33 @@ fn wanted(c: &[&[u8]], info: &[u8]) -> bool {
         || (c.len() >= 3 && c[0].ends_with(b".data") && c[1] == b"scripts")
 }
 
-struct Inspector;
+struct Inspector {
+    /// Hash the wheel file (a lock file's hashes are checked).
+    digest: bool,
+}
+
+/// The sha256 of all of `archive`'s bytes.
+fn sha256(archive: &Archive) -> Result<Vec<u8>> {
+    use sha2::Digest as _;
+    let blob = &archive.blob;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < blob.size() {
+        let n = (blob.size() - at).min(buf.len() as u64) as usize;
+        blob.read_exact_at(&mut buf[..n], at)?;
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(h.finalize().to_vec())
+}
 
 impl super::Inspect for Inspector {
     fn inspect(&self, archive: &Archive, entries: &[Entry]) -> Result<Facts> {
         let mut facts = Facts::default();
+        if self.digest {
+            facts.digests.push(("sha256", sha256(archive)?));
+        }
         let Ok(info) = dist_info(entries) else {
             return Ok(facts);
         };
@@ -197,7 +261,7 @@ impl Python {
         name: &Path,
         entries: &[Entry],
         facts: &Facts,
-    ) -> std::result::Result<Vec<Entry>, String> {
+    ) -> std::result::Result<Vec<Entry>, NotPlaced> {
         let info = dist_info(entries)?;
         let info_s = String::from_utf8_lossy(&info).into_owned();
         let member = |f: &str| {
@@ -218,7 +282,12 @@ impl Python {
             return Err(format!(
                 "a second wheel of {project} (the first: {})",
                 first.display()
-            ));
+            )
+            .into());
+        }
+        if let Some(plan) = &mut self.plan {
+            let version = member("METADATA").and_then(wheel::metadata_version);
+            plan.admit(name, &key, &project, version.as_deref(), facts)?;
         }
         let (console, gui) = match member("entry_points.txt") {
             Some(t) => wheel::entry_points(t)?,
@@ -254,7 +323,7 @@ impl Python {
             let mut script = false;
             let dest: Vec<Vec<u8>> = if comps[0].ends_with(b".data") {
                 if comps.len() < 3 {
-                    return Err(format!("{shown}: .data contents must be named KEY/PATH"));
+                    return Err(format!("{shown}: .data contents must be named KEY/PATH").into());
                 }
                 let rest = &comps[2..];
                 let base = match comps[1].as_slice() {
@@ -279,7 +348,8 @@ impl Python {
                             "{shown}: unknown .data key {:?} (pip knows {})",
                             String::from_utf8_lossy(k),
                             wheel::SCHEME_KEYS.join(", ")
-                        ));
+                        )
+                        .into());
                     }
                 };
                 [base, rest.to_vec()].concat()
@@ -385,13 +455,92 @@ impl Python {
     }
 }
 
+/// Why a wheel is not installed.
+enum NotPlaced {
+    /// Refused, with a warning.
+    Refused(String),
+    /// Not this lock's (another version, another interpreter's): logged at `info`.
+    Unused(String),
+}
+
+impl From<String> for NotPlaced {
+    fn from(s: String) -> Self {
+        NotPlaced::Refused(s)
+    }
+}
+
+impl From<&str> for NotPlaced {
+    fn from(s: &str) -> Self {
+        NotPlaced::Refused(s.to_string())
+    }
+}
+
+impl Plan {
+    /// Whether the lock wants this wheel of `project` (normal name `key`): the version it
+    /// pins, a file it lists (pylock), tags the interpreter supports, and its sha256
+    /// among the lock's hashes (checked before any of it is placed).
+    fn admit(
+        &mut self,
+        name: &Path,
+        key: &str,
+        project: &str,
+        version: Option<&str>,
+        facts: &Facts,
+    ) -> std::result::Result<(), NotPlaced> {
+        let file = String::from_utf8_lossy(super::file_name(name)).into_owned();
+        let Some(locked) = self.locked.get(key) else {
+            return Err(NotPlaced::Unused(format!(
+                "{project} is not in the lock file"
+            )));
+        };
+        if version != Some(locked.version.as_str()) {
+            return Err(NotPlaced::Unused(format!(
+                "{project} {}: the lock file wants {}",
+                version.unwrap_or("(no version)"),
+                locked.version
+            )));
+        }
+        if let Some(files) = &locked.files
+            && !files.contains(&file)
+        {
+            return Err(NotPlaced::Unused(format!(
+                "{file} is not a wheel the lock file lists"
+            )));
+        }
+        if let (Some(supported), Ok((_, _, tags))) = (&self.supported, lock::wheel_name(&file))
+            && !lock::compatible(&tags, supported)
+        {
+            return Err(NotPlaced::Unused(format!(
+                "{file} is not for this interpreter"
+            )));
+        }
+        let digest = facts
+            .digests
+            .iter()
+            .find(|(a, _)| *a == "sha256")
+            .map(|(_, d)| d.iter().map(|b| format!("{b:02x}")).collect::<String>())
+            .unwrap_or_default();
+        if !locked.sha256.contains(&digest) {
+            self.refused.insert(key.to_string());
+            return Err(NotPlaced::Refused(format!(
+                "{project} {}: sha256 {digest} is not one the lock file gives ({})",
+                locked.version,
+                locked.sha256.join(", ")
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Layout for Python {
     fn takes(&self, file_name: &[u8]) -> bool {
         file_name.ends_with(b".whl")
     }
 
     fn inspector(&self) -> Box<dyn super::Inspect> {
-        Box::new(Inspector)
+        Box::new(Inspector {
+            digest: self.plan.is_some(),
+        })
     }
 
     fn place(&mut self, name: &Path, entries: &mut Vec<Entry>, facts: &Facts) -> Placement {
@@ -400,11 +549,33 @@ impl Layout for Python {
                 *entries = out;
                 Placement::Fold(vec![Place::default()])
             }
-            Err(why) => Placement::Refused(why),
+            Err(NotPlaced::Refused(why)) => Placement::Refused(why),
+            Err(NotPlaced::Unused(why)) => Placement::Unused(why),
         }
     }
 
     fn finish(&mut self) -> Result<Vec<Entry>> {
+        if let Some(plan) = &self.plan {
+            let missing: Vec<String> = plan
+                .locked
+                .iter()
+                .filter(|(k, _)| !self.taken.contains_key(*k) && !plan.refused.contains(*k))
+                .map(|(_, l)| format!("{}=={}", l.name, l.version))
+                .collect();
+            if !missing.is_empty() {
+                let list = missing.join(", ");
+                if !plan.allow_missing {
+                    return Err(Error::Format(format!(
+                        "{} project(s) of the lock file have no wheel in the sources for this interpreter: {list} (--allow-missing mounts without them)",
+                        missing.len()
+                    )));
+                }
+                log::warn!(
+                    "{} project(s) of the lock file have no wheel in the sources: {list}",
+                    missing.len()
+                );
+            }
+        }
         Ok(self.skeleton.clone())
     }
 }

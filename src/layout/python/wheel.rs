@@ -54,6 +54,21 @@ pub fn metadata_name(metadata: &[u8]) -> Option<String> {
     None
 }
 
+/// The version in `METADATA` (`Version:` of the first header block).
+pub fn metadata_version(metadata: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(metadata);
+    for line in text.lines() {
+        if line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.strip_prefix("Version:") {
+            let v = v.trim();
+            return (!v.is_empty()).then(|| v.to_string());
+        }
+    }
+    None
+}
+
 /// PEP 503's normal form of a project name: lower case, runs of `-_.` as one `-`.
 pub fn normalize(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
