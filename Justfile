@@ -50,7 +50,7 @@ demo-stop MNT="/mnt":
 # and plots go to docs/bench/ and docs/img/.
 # All benchmarks on the Linux source: packing, the peer comparison, the scaling run,
 # gzip tarballs; and container images.
-bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates bench-restart bench-walks
+bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates bench-restart bench-walks bench-python
 
 # Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
@@ -93,6 +93,13 @@ bench-remote WORKDIR="/var/tmp/pkgfs-bench":
 bench-layouts WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release
     python3 bench/layouts.py {{WORKDIR}}/layouts docs/bench/layouts.json
+
+# A Python environment from a hashed lock of ~70 wheels (pandas, jupyterlab, requests),
+# until an import runs: pkgfs --layout python (index cache cold and warm) against pip
+# (with and without compiling) and uv (cache cold and warm), offline (installs uv).
+bench-python WORKDIR="/var/tmp/pkgfs-bench":
+    cargo build --release
+    python3 bench/python.py {{WORKDIR}} docs/bench/python.json
 
 # Unit tests under AddressSanitizer (nightly), the C decoders (libdeflate, zstd) instrumented too.
 asan:

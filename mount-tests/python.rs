@@ -387,17 +387,50 @@ fn python_layout_installs_what_a_lock_file_pins_and_checks_its_hashes() {
         err.contains("requests==2.32.3") && err.contains("--allow-missing"),
         "{err}"
     );
-    let m = Venv::mount_with(
-        &[wheels()],
-        &venv,
-        &["--lockfile", lock_arg, "--allow-missing"],
-    );
-    assert!(
-        m.messages().contains("requests==2.32.3"),
-        "{}",
-        m.messages()
-    );
-    assert_eq!(same_environment(&reference, &venv), 3);
+    {
+        let m = Venv::mount_with(
+            &[wheels()],
+            &venv,
+            &["--lockfile", lock_arg, "--allow-missing"],
+        );
+        assert!(
+            m.messages().contains("requests==2.32.3"),
+            "{}",
+            m.messages()
+        );
+        assert_eq!(same_environment(&reference, &venv), 3);
+    }
+
+    // Of two wheels of the pinned version, the one whose tag the interpreter prefers
+    // (py311 before py3), though it comes second in layer order.
+    let tagged = tmp.path().join("tagged");
+    fs::create_dir(&tagged).unwrap();
+    let plain = tagged.join("six-1.17.0-py3-none-any.whl");
+    fs::copy(wheel_of("six"), &plain).unwrap();
+    let preferred = tagged.join("six-1.17.0-py311-none-any.whl");
+    run(Command::new("python3").args([
+        "-c",
+        "import shutil, sys, zipfile\n\
+         shutil.copy(sys.argv[1], sys.argv[2])\n\
+         with zipfile.ZipFile(sys.argv[2], 'a') as z:\n\
+         \x20   z.writestr('six_preferred.py', '')",
+        plain.to_str().unwrap(),
+        preferred.to_str().unwrap(),
+    ]));
+    fs::write(
+        &lockfile,
+        format!(
+            "six==1.17.0 --hash=sha256:{} --hash=sha256:{}\n",
+            sha256_hex(&plain),
+            sha256_hex(&preferred)
+        ),
+    )
+    .unwrap();
+    let m = Venv::mount_with(&[&tagged], &venv, &["--lockfile", lock_arg]);
+    let site = venv.join(format!("lib/python{}/site-packages", python_version()));
+    assert!(site.join("six_preferred.py").exists(), "{}", m.messages());
+    assert!(site.join("six.py").exists());
+    assert!(!m.messages().contains("WARN"), "{}", m.messages());
 }
 
 fn python_version() -> String {

@@ -207,9 +207,48 @@ pub fn require_tools(tools: &[&str]) -> bool {
 
 /// The pkgfs binary under test.
 pub fn pkgfs() -> Command {
+    watchdog();
     let mut c = Command::new(env!("CARGO_BIN_EXE_pkgfs"));
     c.env("TZ", "UTC");
     c
+}
+
+/// Minutes the mount tests may run in all before the watchdog ends them
+/// (`PKGFS_TEST_WATCHDOG_MINUTES`): the whole suite takes about ten here.
+const WATCHDOG_MINUTES: u64 = 30;
+
+/// A hung test must fail with its output, not run into the time limit of whoever runs
+/// the suite (CI kills the run and keeps nothing): from the first `pkgfs` command on, a
+/// thread ends the test process after [`WATCHDOG_MINUTES`], naming its mounts still
+/// present. The test harness has already printed which tests ran for over 60 seconds.
+fn watchdog() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let minutes = std::env::var("PKGFS_TEST_WATCHDOG_MINUTES")
+            .ok()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(WATCHDOG_MINUTES);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(minutes * 60));
+            let mounts: Vec<String> = std::fs::read_to_string("/proc/mounts")
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("fuse"))
+                .map(str::to_string)
+                .collect();
+            eprintln!(
+                "watchdog: the mount tests ran for {minutes} minutes, something hangs (see the tests \
+                 'running for over 60 seconds' above); FUSE mounts now: {mounts:#?}"
+            );
+            // Leave nothing mounted: the guards of the hung tests will never run.
+            for line in &mounts {
+                if let Some(mp) = line.split(' ').nth(1) {
+                    let _ = Command::new("umount").args(["-l", mp]).status();
+                }
+            }
+            std::process::exit(124);
+        });
+    });
 }
 
 /// The repository root.

@@ -177,6 +177,11 @@ pub trait Layout: Send + Sync {
         true
     }
 
+    /// The file names of every package of this scan, before any is placed (python
+    /// prefers, among several wheels of one pinned version, the one whose tags its
+    /// interpreter prefers, whatever their order).
+    fn listed(&mut self, _file_names: &[&[u8]]) {}
+
     /// Where the package named `name` goes, by name ([`Layout::by_name`] layouts).
     fn place_name(&mut self, name: &Path) -> Placement {
         Placement::Refused(format!(

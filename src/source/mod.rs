@@ -315,6 +315,12 @@ impl Packages {
             )));
         }
         let images = std::mem::take(&mut listed.images);
+        let names: Vec<&[u8]> = listed
+            .candidates
+            .iter()
+            .map(|c| crate::layout::file_name(&c.path))
+            .collect();
+        layout.listed(&names);
         let mut fold = Fold::new(self.opts.owner, self.opts.whiteouts, images);
         if layout.by_name() {
             self.place_by_name(&listed, &mut *layout, &mut fold);

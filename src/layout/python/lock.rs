@@ -7,7 +7,7 @@
 //! Pure functions over text, unit-tested without an interpreter: the environment
 //! ([`Markers`]) and the tag list come from `interp`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use super::wheel::normalize;
 
@@ -428,11 +428,6 @@ pub fn wheel_name(file: &str) -> Result<(String, String, Vec<String>), String> {
     Ok((parts[0].to_string(), parts[1].to_string(), tags))
 }
 
-/// Whether a wheel with `tags` runs on an interpreter supporting `supported`.
-pub fn compatible(tags: &[String], supported: &HashSet<String>) -> bool {
-    tags.iter().any(|t| supported.contains(t))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -532,13 +527,16 @@ sdist = { name = "colorama-0.4.6.tar.gz", hashes = { sha256 = "00" } }
         let (n, v, t) = wheel_name("six-1.17.0-py2.py3-none-any.whl").unwrap();
         assert_eq!((n.as_str(), v.as_str()), ("six", "1.17.0"));
         assert_eq!(t, ["py2-none-any", "py3-none-any"]);
-        let supported: HashSet<String> = ["cp311-cp311-manylinux_2_17_x86_64", "py3-none-any"]
-            .into_iter()
-            .map(String::from)
-            .collect();
-        assert!(compatible(&t, &supported));
-        let (_, _, t) = wheel_name("greenlet-3.1.1-cp312-cp312-manylinux_2_17_x86_64.whl").unwrap();
-        assert!(!compatible(&t, &supported));
+        let (_, _, t) =
+            wheel_name("greenlet-3.1.1-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+                .unwrap();
+        assert_eq!(
+            t,
+            [
+                "cp312-cp312-manylinux_2_17_x86_64",
+                "cp312-cp312-manylinux2014_x86_64"
+            ]
+        );
         assert!(wheel_name("x-1.0.tar.gz").is_err());
         assert!(wheel_name("x-1.0-py3.whl").is_err());
     }

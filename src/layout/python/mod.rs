@@ -64,9 +64,24 @@ struct Plan {
     locked: BTreeMap<String, lock::Locked>,
     /// Projects whose wheel was refused (hash mismatch): not also reported missing.
     refused: HashSet<String>,
-    /// The interpreter's supported tags (`None`: it could not say; every wheel is taken).
-    supported: Option<HashSet<String>>,
+    /// The interpreter's supported tags and their rank (0: most preferred); `None`: it
+    /// could not say, and every wheel is taken.
+    supported: Option<HashMap<String, usize>>,
+    /// For each (normal project name, version), the wheel file of the scan whose tags
+    /// the interpreter prefers, and their rank.
+    best: HashMap<(String, String), (usize, String)>,
     allow_missing: bool,
+}
+
+impl Plan {
+    /// The project, version and best tag rank of a wheel file here, if the interpreter
+    /// supports one of its tags.
+    fn rank(&self, file: &str) -> Option<(String, String, usize)> {
+        let (name, version, tags) = lock::wheel_name(file).ok()?;
+        let supported = self.supported.as_ref()?;
+        let rank = tags.iter().filter_map(|t| supported.get(t)).min()?;
+        Some((wheel::normalize(&name), version, *rank))
+    }
 }
 
 /// Read the lock file of `cfg` for the interpreter of `scheme`.
@@ -91,7 +106,14 @@ fn read_plan(cfg: &super::Config, scheme: &Scheme) -> Result<Option<Plan>> {
     Ok(Some(Plan {
         locked,
         refused: HashSet::new(),
-        supported: scheme.tags.as_ref().map(|t| t.iter().cloned().collect()),
+        supported: scheme.tags.as_ref().map(|t| {
+            t.iter()
+                .enumerate()
+                .map(|(i, tag)| (tag.clone(), i))
+                .rev()
+                .collect()
+        }),
+        best: HashMap::new(),
         allow_missing: cfg.allow_missing,
     }))
 }
@@ -278,16 +300,16 @@ impl Python {
             .or_else(|| info_s.split('-').next().map(str::to_string))
             .ok_or("no project name")?;
         let key = wheel::normalize(&project);
+        if let Some(plan) = &mut self.plan {
+            let version = member("METADATA").and_then(wheel::metadata_version);
+            plan.admit(name, &key, &project, version.as_deref(), facts)?;
+        }
         if let Some(first) = self.taken.get(&key) {
             return Err(format!(
                 "a second wheel of {project} (the first: {})",
                 first.display()
             )
             .into());
-        }
-        if let Some(plan) = &mut self.plan {
-            let version = member("METADATA").and_then(wheel::metadata_version);
-            plan.admit(name, &key, &project, version.as_deref(), facts)?;
         }
         let (console, gui) = match member("entry_points.txt") {
             Some(t) => wheel::entry_points(t)?,
@@ -507,12 +529,20 @@ impl Plan {
                 "{file} is not a wheel the lock file lists"
             )));
         }
-        if let (Some(supported), Ok((_, _, tags))) = (&self.supported, lock::wheel_name(&file))
-            && !lock::compatible(&tags, supported)
-        {
-            return Err(NotPlaced::Unused(format!(
-                "{file} is not for this interpreter"
-            )));
+        if self.supported.is_some() {
+            let Some((_, _, rank)) = self.rank(&file) else {
+                return Err(NotPlaced::Unused(format!(
+                    "{file} is not for this interpreter"
+                )));
+            };
+            if let Some((best, better)) = self.best.get(&(key.to_string(), locked.version.clone()))
+                && *best < rank
+            {
+                return Err(NotPlaced::Unused(format!(
+                    "{better} is the wheel of {project} {} this interpreter prefers",
+                    locked.version
+                )));
+            }
         }
         let digest = facts
             .digests
@@ -535,6 +565,22 @@ impl Plan {
 impl Layout for Python {
     fn takes(&self, file_name: &[u8]) -> bool {
         file_name.ends_with(b".whl")
+    }
+
+    fn listed(&mut self, file_names: &[&[u8]]) {
+        let Some(plan) = &mut self.plan else { return };
+        for f in file_names {
+            let f = String::from_utf8_lossy(f).into_owned();
+            if let Some((name, version, rank)) = plan.rank(&f) {
+                let slot = plan
+                    .best
+                    .entry((name, version))
+                    .or_insert((rank, f.clone()));
+                if rank < slot.0 {
+                    *slot = (rank, f);
+                }
+            }
+        }
     }
 
     fn inspector(&self) -> Box<dyn super::Inspect> {
