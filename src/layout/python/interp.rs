@@ -25,8 +25,8 @@ const PYTHON_WAIT: Duration = Duration::from_secs(60);
 /// Asks the interpreter for its version and the `venv` scheme's paths for an
 /// environment at `sys.argv[1]`, as pip computes them inside one.
 /// Also its PEP 508 marker variables, and the wheel tags it supports in order of
-/// preference (`packaging.tags.sys_tags()`, from `packaging` or pip's copy of it; none
-/// when neither is there).
+/// preference (`packaging.tags.sys_tags()`, from `packaging` or pip's copy of it; else
+/// [`FALLBACK_TAGS`]). Run with [`FALLBACK_TAGS`] in front.
 const PROBE: &str = r#"
 import importlib, json, os, platform, sys, sysconfig
 venv = sys.argv[1]
@@ -54,10 +54,53 @@ for mod in ("packaging.tags", "pip._vendor.packaging.tags"):
         break
     except Exception:
         pass
+if tags is None:
+    tags = fallback_tags()
 print(json.dumps({"version": "%d.%d" % sys.version_info[:2],
                   "purelib": p["purelib"], "platlib": p["platlib"],
                   "scripts": p["scripts"], "data": p["data"],
                   "markers": markers, "tags": tags}))
+"#;
+
+/// The tags `packaging.tags.sys_tags()` gives, for CPython on glibc Linux, computed as it
+/// computes them, for an interpreter with neither `packaging` nor pip (Debian's
+/// `/usr/bin/python3` without `python3-pip`): `cpXY` with its own ABI, `abi3` and `none`
+/// on each platform (manylinux from the C library's version down, with the legacy
+/// aliases, then `linux_ARCH`), older `abi3`, `pyXY`…`pyX0` on each platform, then
+/// `cpXY-none-any` and the `py` versions on `any`. Elsewhere: `None` (every wheel taken).
+const FALLBACK_TAGS: &str = r#"
+def fallback_tags():
+    import os, platform, sys, sysconfig
+    if sys.implementation.name != "cpython" or not sys.platform.startswith("linux"):
+        return None
+    x, y = sys.version_info[:2]
+    arch = sysconfig.get_platform().split("-", 1)[-1].replace(".", "_").replace("-", "_")
+    plats = []
+    try:
+        lib, ver = os.confstr("CS_GNU_LIBC_VERSION").split()
+        gmaj, gmin = (int(v) for v in ver.split(".")[:2])
+    except Exception:
+        lib = None
+    if lib == "glibc" and gmaj == 2:
+        low = 5 if arch in ("x86_64", "i686") else 17
+        legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+        for minor in range(gmin, low - 1, -1):
+            plats.append("manylinux_2_%d_%s" % (minor, arch))
+            if minor in legacy and (arch in ("x86_64", "i686") or minor == 17):
+                plats.append("%s_%s" % (legacy[minor], arch))
+    plats.append("linux_" + arch)
+    cp = "cp%d%d" % (x, y)
+    out = []
+    for abi in (cp, "abi3", "none"):
+        out += ["%s-%s-%s" % (cp, abi, p) for p in plats]
+    for m in range(y - 1, 1, -1):
+        out += ["cp%d%d-abi3-%s" % (x, m, p) for p in plats]
+    pys = ["py%d%d" % (x, y), "py%d" % x] + ["py%d%d" % (x, m) for m in range(y - 1, -1, -1)]
+    for v in pys:
+        out += ["%s-none-%s" % (v, p) for p in plats]
+    out.append(cp + "-none-any")
+    out += [v + "-none-any" for v in pys]
+    return out
 "#;
 
 #[derive(Debug, Deserialize)]
@@ -153,7 +196,7 @@ pub fn scheme(python: &Path, venv: &Path) -> Result<Scheme> {
         Command::new(python)
             .arg("-I")
             .arg("-c")
-            .arg(PROBE)
+            .arg(format!("{FALLBACK_TAGS}{PROBE}"))
             .arg(venv),
         "asking the interpreter for its install scheme",
     )?;
@@ -268,6 +311,39 @@ pub fn skeleton(python: &Path, venv: &Path) -> Result<Vec<Entry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The computed tags are `packaging`'s, in its order (pip's copy of it asked on the
+    /// same interpreter).
+    #[test]
+    fn fallback_tags_are_packaging_s() {
+        let script = format!(
+            "{FALLBACK_TAGS}\nimport json\nfrom pip._vendor.packaging import tags\n\
+             print(json.dumps([fallback_tags(), [str(t) for t in tags.sys_tags()]]))"
+        );
+        let out = Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (mut ours, theirs): (Vec<String>, Vec<String>) =
+            serde_json::from_slice(&out.stdout).unwrap();
+        assert!(theirs.len() > 100);
+        // packaging before 22 (pip 23's copy is 21.3) did not list `cpXY-none-any`;
+        // the computed list is current packaging's (24.2 gives it, in this place).
+        let cp_any = ours
+            .iter()
+            .position(|t| t.starts_with("cp") && t.ends_with("-none-any"));
+        if let Some(i) = cp_any
+            && !theirs.contains(&ours[i])
+        {
+            ours.remove(i);
+        }
+        assert_eq!(ours, theirs);
+    }
 
     #[test]
     fn paths_are_replaced_wherever_they_occur() {
