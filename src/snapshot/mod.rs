@@ -55,7 +55,12 @@ pub struct Snapshotter {
     store: Store,
     dirs: Dirs,
     source: Box<dyn LayerSource>,
+    /// Overlay mounts get `index=off` (the kernel's overlayfs has the option).
+    index_off: bool,
 }
+
+/// Present when the kernel's overlayfs knows the `index` option.
+const OVERLAY_INDEX: &str = "/sys/module/overlay/parameters/index";
 
 impl Snapshotter {
     /// Open (or start) the snapshotter at `root` (`ROOT/metadata.redb`,
@@ -81,6 +86,10 @@ impl Snapshotter {
             store,
             dirs,
             source,
+            // As containerd's `supportsIndex`: the inode index ties an upper directory
+            // to the lower directories it was first mounted with, and layers are shared
+            // between mounts.
+            index_off: Path::new(OVERLAY_INDEX).exists(),
         })
     }
 
@@ -152,14 +161,16 @@ impl Snapshotter {
         Ok(self.mounts_of(&self.store.get(key)?))
     }
 
-    /// containerd 1.6's `overlay.go` `mounts()`, exactly (without `index=off` and
-    /// `userxattr`, which this snapshotter never sets):
+    /// containerd 1.6's `overlay.go` `mounts()`, exactly (`userxattr`, for rootless
+    /// overlayfs, is never set):
     ///
     /// - no parent: a bind mount of its own `fs`, `rw` if Active, else `ro`;
     /// - Active with parents: overlay with `workdir`, `upperdir` (its own) and
     ///   `lowerdir` (the parents' `fs`, nearest first);
     /// - View with one parent: a read-only bind mount of the parent's `fs`;
     /// - View with more: overlay with `lowerdir` alone.
+    ///
+    /// Overlay options start with `index=off` where the kernel knows it.
     fn mounts_of(&self, s: &Snapshot) -> Vec<Mount> {
         let path = |p: PathBuf| p.to_string_lossy().into_owned();
         let Some(&nearest) = s.parent_ids.first() else {
@@ -171,6 +182,9 @@ impl Snapshotter {
             }];
         };
         let mut options = Vec::new();
+        if self.index_off {
+            options.push("index=off".to_string());
+        }
         if s.kind == Kind::Active {
             options.push(format!("workdir={}", path(self.dirs.work(s.id))));
             options.push(format!("upperdir={}", path(self.dirs.fs(s.id))));
@@ -181,7 +195,11 @@ impl Snapshotter {
                 options: vec!["ro".into(), "rbind".into()],
             }];
         }
-        let lower: Vec<String> = s.parent_ids.iter().map(|&id| path(self.dirs.fs(id))).collect();
+        let lower: Vec<String> = s
+            .parent_ids
+            .iter()
+            .map(|&id| path(self.dirs.fs(id)))
+            .collect();
         options.push(format!("lowerdir={}", lower.join(":")));
         vec![Mount {
             kind: "overlay".into(),
@@ -282,11 +300,7 @@ mod tests {
     fn layer(s: &Snapshotter, name: &str, parent: &str) {
         let key = format!("extract-{name}");
         s.prepare(&key, parent, Labels::new()).unwrap();
-        std::fs::write(
-            Path::new(&fs_of(s, &key)).join(format!("{name}.txt")),
-            name,
-        )
-        .unwrap();
+        std::fs::write(Path::new(&fs_of(s, &key)).join(format!("{name}.txt")), name).unwrap();
         s.commit(name, &key, Labels::new()).unwrap();
     }
 
@@ -310,14 +324,26 @@ mod tests {
         let m = s.prepare("c", "b", Labels::new()).unwrap();
         let c = s.store.get("c").unwrap().id;
         assert_eq!(m.len(), 1);
-        assert_eq!((m[0].kind.as_str(), m[0].source.as_str()), ("overlay", "overlay"));
+        assert_eq!(
+            (m[0].kind.as_str(), m[0].source.as_str()),
+            ("overlay", "overlay")
+        );
+        let index: Vec<String> = s
+            .index_off
+            .then(|| "index=off".into())
+            .into_iter()
+            .collect();
         assert_eq!(
             m[0].options,
-            vec![
-                format!("workdir={}", s.dirs.work(c).display()),
-                format!("upperdir={}", s.dirs.fs(c).display()),
-                format!("lowerdir={b_fs}:{a_fs}"),
+            [
+                index.clone(),
+                vec![
+                    format!("workdir={}", s.dirs.work(c).display()),
+                    format!("upperdir={}", s.dirs.fs(c).display()),
+                    format!("lowerdir={b_fs}:{a_fs}"),
+                ]
             ]
+            .concat()
         );
         assert_eq!(s.mounts("c").unwrap(), m);
         // A view of one layer: its fs, bound read-only.
@@ -333,7 +359,10 @@ mod tests {
         // A view of two: lowerdir alone.
         let m = s.view("v2", "b", Labels::new()).unwrap();
         assert_eq!(m[0].kind, "overlay");
-        assert_eq!(m[0].options, vec![format!("lowerdir={b_fs}:{a_fs}")]);
+        assert_eq!(
+            m[0].options,
+            [index, vec![format!("lowerdir={b_fs}:{a_fs}")]].concat()
+        );
         // A view of nothing: its own empty fs, read-only.
         let m = s.view("v0", "", Labels::new()).unwrap();
         assert_eq!(m[0].options, vec!["ro".to_string(), "rbind".to_string()]);
@@ -355,7 +384,10 @@ mod tests {
         // Recorded: a later change on disk is not seen (a committed layer never changes).
         std::fs::write(Path::new(&fs_of(&s, "layer")).join("g"), b"x").unwrap();
         assert_eq!(s.usage("layer").unwrap(), grown);
-        assert!(matches!(s.usage("missing").unwrap_err(), Error::NotFound(_)));
+        assert!(matches!(
+            s.usage("missing").unwrap_err(),
+            Error::NotFound(_)
+        ));
     }
 
     #[test]
@@ -373,7 +405,10 @@ mod tests {
             v
         };
         assert_eq!(ids(&s), ["1", "2", "3"]);
-        assert!(matches!(s.remove("b").unwrap_err(), Error::FailedPrecondition(_)));
+        assert!(matches!(
+            s.remove("b").unwrap_err(),
+            Error::FailedPrecondition(_)
+        ));
         s.remove("c").unwrap();
         assert_eq!(ids(&s), ["1", "2"]);
         // Garbage: a crash's temporary directory, a stray id, a file.
@@ -448,13 +483,21 @@ mod tests {
             l.insert(remote::LAYER_DIGEST.into(), digest.into());
             l
         };
-        let e = s.prepare("extract-1", "", labels("sha256:known")).unwrap_err();
+        let e = s
+            .prepare("extract-1", "", labels("sha256:known"))
+            .unwrap_err();
         assert!(matches!(e, Error::AlreadyExists(_)), "{e}");
         let info = s.stat("sha256:chain").unwrap();
         assert_eq!(info.kind, Kind::Committed);
-        assert!(matches!(s.stat("extract-1").unwrap_err(), Error::NotFound(_)));
+        assert!(matches!(
+            s.stat("extract-1").unwrap_err(),
+            Error::NotFound(_)
+        ));
         let fs = fs_of(&s, "sha256:chain");
-        assert_eq!(std::fs::read(Path::new(&fs).join("provided")).unwrap(), b"sha256:chain");
+        assert_eq!(
+            std::fs::read(Path::new(&fs).join("provided")).unwrap(),
+            b"sha256:chain"
+        );
         // Not known, or failing: an ordinary Active snapshot for containerd to unpack into.
         for digest in ["sha256:other", "sha256:broken"] {
             let key = format!("extract-{digest}");
