@@ -11,8 +11,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
     Access, Command, DEFAULT_CACHE, DEFAULT_DISK_CACHE, DEFAULT_PREFETCH, DEFAULT_REMOTE_TIMEOUT,
-    DEFAULT_SNAPSHOTTER_ADDRESS, DEFAULT_SNAPSHOTTER_ROOT, Merge, MountConfig,
-    SnapshotterConfig, UsageError, default_threads, parse_duration, parse_size,
+    DEFAULT_SNAPSHOTTER_ADDRESS, DEFAULT_SNAPSHOTTER_ROOT, Merge, MountConfig, SnapshotterConfig,
+    UsageError, default_threads, parse_duration, parse_size,
 };
 use crate::io::registry::RegistryConfig;
 use crate::io::remote::RemoteConfig;
@@ -113,11 +113,8 @@ enum CliCommand {
     /// Serve containerd's snapshots API on a Unix socket, as a proxy plugin: containerd
     /// then pulls and imports images with `--snapshotter NAME` into snapshots kept here.
     ///
-    /// In containerd's config.toml:
-    ///
-    ///     [proxy_plugins.pkgfs]
-    ///       type = "snapshot"
-    ///       address = "SOCKET"
+    /// containerd's config.toml names it in a table `[proxy_plugins.pkgfs]` with
+    /// `type = "snapshot"` and `address = "SOCKET"` (docs/design/snapshotter.md).
     ///
     /// Snapshots behave as those of containerd's own overlayfs snapshotter: each layer is
     /// unpacked by containerd into ROOT/snapshots/ID/fs, and containers get overlay mounts
@@ -893,7 +890,14 @@ mod tests {
 
     #[test]
     fn snapshotter_takes_a_root_and_a_socket() {
-        match cli(&["pkgfs", "snapshotter", "--root", "/r", "--address", "/s.sock"]) {
+        match cli(&[
+            "pkgfs",
+            "snapshotter",
+            "--root",
+            "/r",
+            "--address",
+            "/s.sock",
+        ]) {
             Ok(Command::Snapshotter(c)) => {
                 assert_eq!(c.root, PathBuf::from("/r"));
                 assert_eq!(c.address, PathBuf::from("/s.sock"));

@@ -115,7 +115,8 @@ pub fn usage(root: &Path) -> Result<Usage> {
             Err(e) => return Err(Error::io(&path, e)),
         };
         if seen.insert((md.dev(), md.ino())) {
-            size = size.saturating_add(i64::try_from(md.blocks().saturating_mul(512)).unwrap_or(i64::MAX));
+            size = size
+                .saturating_add(i64::try_from(md.blocks().saturating_mul(512)).unwrap_or(i64::MAX));
         }
         if md.is_dir() {
             let entries = match std::fs::read_dir(&path) {

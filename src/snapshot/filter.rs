@@ -381,7 +381,11 @@ mod tests {
 
     #[test]
     fn equality_inequality_and_presence() {
-        let o = obj("default/4/sha256:abc", "", &[("containerd.io/gc.root", "x")]);
+        let o = obj(
+            "default/4/sha256:abc",
+            "",
+            &[("containerd.io/gc.root", "x")],
+        );
         assert!(matches(&[], &o), "no filter matches everything");
         assert!(matches(&["name==default/4/sha256:abc"], &o));
         assert!(matches(&["name == default/4/sha256:abc"], &o));
@@ -402,13 +406,14 @@ mod tests {
 
     #[test]
     fn label_keys_join_their_components_with_dots() {
-        let o = obj("n", "", &[("a.b.c", "1"), ("containerd.io/snapshot.ref", "r")]);
+        let o = obj(
+            "n",
+            "",
+            &[("a.b.c", "1"), ("containerd.io/snapshot.ref", "r")],
+        );
         assert!(matches(&["labels.a.b.c==1"], &o));
         assert!(matches(&[r#"labels."a.b".c==1"#], &o));
-        assert!(matches(
-            &[r#"labels."containerd.io/snapshot.ref"==r"#],
-            &o
-        ));
+        assert!(matches(&[r#"labels."containerd.io/snapshot.ref"==r"#], &o));
     }
 
     #[test]

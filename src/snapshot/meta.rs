@@ -37,7 +37,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use super::filter::{FilterError, Fields};
+use super::filter::{Fields, FilterError};
 
 /// Labels: arbitrary key/value pairs containerd and its clients attach to snapshots.
 pub type Labels = BTreeMap<String, String>;
@@ -281,7 +281,10 @@ fn exists(t: &impl ReadableTable<&'static str, &'static [u8]>, key: &str) -> Res
 }
 
 /// The ids of `parent` and its ancestors, nearest first.
-fn ancestors(t: &impl ReadableTable<&'static str, &'static [u8]>, parent: &str) -> Result<Vec<u64>> {
+fn ancestors(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+    parent: &str,
+) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
     let mut next = parent.to_string();
     while !next.is_empty() {
@@ -329,7 +332,9 @@ impl Store {
             ));
         }
         if key.is_empty() {
-            return Err(Error::InvalidArgument("snapshot key must not be empty".into()));
+            return Err(Error::InvalidArgument(
+                "snapshot key must not be empty".into(),
+            ));
         }
         validate_labels(&labels)?;
         let t = self.db.begin_write().map_err(db)?;
@@ -464,7 +469,9 @@ impl Store {
         measure: impl FnOnce(u64) -> Result<Usage>,
     ) -> Result<u64> {
         if name.is_empty() {
-            return Err(Error::InvalidArgument("commit name must not be empty".into()));
+            return Err(Error::InvalidArgument(
+                "commit name must not be empty".into(),
+            ));
         }
         validate_labels(&labels)?;
         let t = self.db.begin_write().map_err(db)?;
@@ -592,9 +599,7 @@ mod tests {
         let (_d, s) = store();
         let a = layer(&s, "a-key", "a", "");
         let b = layer(&s, "b-key", "b", "a");
-        let c = s
-            .create(Kind::Active, "c", "b", Labels::new(), ok)
-            .unwrap();
+        let c = s.create(Kind::Active, "c", "b", Labels::new(), ok).unwrap();
         assert!(a < b && b < c.id);
         assert_eq!(c.parent_ids, vec![b, a]);
         assert_eq!(s.get("c").unwrap(), c);
@@ -659,14 +664,8 @@ mod tests {
     #[test]
     fn commit_rules_and_what_it_records() {
         let (_d, s) = store();
-        s.create(
-            Kind::Active,
-            "k",
-            "",
-            labels(&[("inherited", "no")]),
-            ok,
-        )
-        .unwrap();
+        s.create(Kind::Active, "k", "", labels(&[("inherited", "no")]), ok)
+            .unwrap();
         s.create(Kind::View, "v", "", Labels::new(), ok).unwrap();
         layer(&s, "other-key", "taken", "");
         let usage = |_| {
@@ -716,8 +715,10 @@ mod tests {
             Error::FailedPrecondition(_)
         ));
         // A child committed under a new name still holds its parent.
-        s.commit("child", "child-layer", Labels::new(), |_| Ok(Usage::default()))
-            .unwrap();
+        s.commit("child", "child-layer", Labels::new(), |_| {
+            Ok(Usage::default())
+        })
+        .unwrap();
         assert!(matches!(
             s.remove("a").unwrap_err(),
             Error::FailedPrecondition(_)
@@ -732,14 +733,8 @@ mod tests {
     #[test]
     fn update_takes_a_field_mask() {
         let (_d, s) = store();
-        s.create(
-            Kind::Active,
-            "k",
-            "",
-            labels(&[("a", "1"), ("b", "2")]),
-            ok,
-        )
-        .unwrap();
+        s.create(Kind::Active, "k", "", labels(&[("a", "1"), ("b", "2")]), ok)
+            .unwrap();
         let mut info = s.stat("k").unwrap();
         info.labels = labels(&[("a", "10"), ("c", "3")]);
         // One label, then the removal of another (its value absent from the request).
@@ -791,10 +786,9 @@ mod tests {
         layer(&s, "a-key", "a", "");
         s.create(Kind::Active, "k", "a", labels(&[("x.y", "1")]), ok)
             .unwrap();
-        let f = crate::snapshot::filter::Filters::parse_all(&[
-            "kind==active,parent==a,labels.x.y==1",
-        ])
-        .unwrap();
+        let f =
+            crate::snapshot::filter::Filters::parse_all(&["kind==active,parent==a,labels.x.y==1"])
+                .unwrap();
         let hits: Vec<String> = s
             .list()
             .unwrap()

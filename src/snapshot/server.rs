@@ -125,7 +125,8 @@ async fn serve(snapshotter: Arc<Snapshotter>, address: &Path) -> Result<(), Serv
     }
     // Checked again: a server may have started since.
     claim_socket(address)?;
-    let listener = UnixListener::bind(address).map_err(io(format!("bind {}", address.display())))?;
+    let listener =
+        UnixListener::bind(address).map_err(io(format!("bind {}", address.display())))?;
     let ino = std::fs::symlink_metadata(address)
         .map_err(io(format!("{}", address.display())))?
         .ino();

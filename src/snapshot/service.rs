@@ -129,7 +129,9 @@ impl Snapshots for Service {
                 s.prepare(&r.key, &r.parent, labels(r.labels))
             })
             .await?;
-        Ok(Response::new(pb::PrepareSnapshotResponse { mounts: mounts(m) }))
+        Ok(Response::new(pb::PrepareSnapshotResponse {
+            mounts: mounts(m),
+        }))
     }
 
     async fn view(
@@ -140,7 +142,9 @@ impl Snapshots for Service {
         let m = self
             .call("view", move |s| s.view(&r.key, &r.parent, labels(r.labels)))
             .await?;
-        Ok(Response::new(pb::ViewSnapshotResponse { mounts: mounts(m) }))
+        Ok(Response::new(pb::ViewSnapshotResponse {
+            mounts: mounts(m),
+        }))
     }
 
     async fn mounts(
@@ -152,14 +156,22 @@ impl Snapshots for Service {
         Ok(Response::new(pb::MountsResponse { mounts: mounts(m) }))
     }
 
-    async fn commit(&self, req: Request<pb::CommitSnapshotRequest>) -> Result<Response<()>, Status> {
+    async fn commit(
+        &self,
+        req: Request<pb::CommitSnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
         let r = req.into_inner();
-        self.call("commit", move |s| s.commit(&r.name, &r.key, labels(r.labels)))
-            .await?;
+        self.call("commit", move |s| {
+            s.commit(&r.name, &r.key, labels(r.labels))
+        })
+        .await?;
         Ok(Response::new(()))
     }
 
-    async fn remove(&self, req: Request<pb::RemoveSnapshotRequest>) -> Result<Response<()>, Status> {
+    async fn remove(
+        &self,
+        req: Request<pb::RemoveSnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
         let r = req.into_inner();
         self.call("remove", move |s| s.remove(&r.key)).await?;
         Ok(Response::new(()))
@@ -254,7 +266,8 @@ mod tests {
     fn errors_carry_containerds_codes() {
         let (_d, svc) = service();
         rt().block_on(async {
-            let code = |r: Result<Response<pb::StatSnapshotResponse>, Status>| r.unwrap_err().code();
+            let code =
+                |r: Result<Response<pb::StatSnapshotResponse>, Status>| r.unwrap_err().code();
             let stat = |key: &str| {
                 svc.stat(Request::new(pb::StatSnapshotRequest {
                     snapshotter: "pkgfs".into(),
@@ -273,7 +286,10 @@ mod tests {
             prep("a", "").await.unwrap();
             assert_eq!(prep("a", "").await.unwrap_err().code(), Code::AlreadyExists);
             assert_eq!(prep("b", "nope").await.unwrap_err().code(), Code::NotFound);
-            assert_eq!(prep("b", "a").await.unwrap_err().code(), Code::InvalidArgument);
+            assert_eq!(
+                prep("b", "a").await.unwrap_err().code(),
+                Code::InvalidArgument
+            );
             let commit = |name: &str, key: &str| {
                 svc.commit(Request::new(pb::CommitSnapshotRequest {
                     snapshotter: String::new(),
@@ -312,7 +328,11 @@ mod tests {
                 .info
                 .unwrap();
             assert_eq!(up.labels.get("k").map(String::as_str), Some("v"));
-            assert_eq!(up.kind, pb::Kind::Committed as i32, "the stored kind, not the request's");
+            assert_eq!(
+                up.kind,
+                pb::Kind::Committed as i32,
+                "the stored kind, not the request's"
+            );
         });
     }
 
