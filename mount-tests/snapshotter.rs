@@ -646,6 +646,24 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
         3,
         "the containers' snapshots are gone"
     );
+    // containerd forgets a snapshot at once, and has the snapshotter remove it at its
+    // next garbage collection (rate-limited: seconds later).
+    let in_snapshots_dir = || -> Vec<String> {
+        std::fs::read_dir(&snaps_dir)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "the container's snapshot leaves pkgfs's snapshots directory",
+        || match in_snapshots_dir() {
+            left if left.len() == 3 => Ok(()),
+            left => Err(format!("{left:?}")),
+        },
+    );
 
     // A second server on the same socket is refused while the first answers.
     let second = bounded(
@@ -714,18 +732,10 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
     // Remove the image: containerd's garbage collector removes every snapshot, and
     // pkgfs's snapshots directory is left empty.
     rig.ctr_ok(&["images", "rm", "--sync", IMAGE]);
-    let list_dir = || -> Vec<String> {
-        std::fs::read_dir(&snaps_dir)
-            .map(|d| {
-                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     wait_for(
         Duration::from_secs(30),
         "pkgfs's snapshots directory empties after `ctr images rm --sync`",
-        || match list_dir() {
+        || match in_snapshots_dir() {
             left if left.is_empty() => Ok(()),
             left => Err(format!("left: {left:?}")),
         },
