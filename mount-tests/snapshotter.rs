@@ -747,6 +747,22 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
 
     let status = rig.snapshotter.as_mut().unwrap().stop();
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    // Nothing went wrong on the way that containerd would not have shown: no warning or
+    // error in either server's log (the answers containerd expects, such as NotFound, are
+    // logged at debug level).
+    for log in ["snap.log", "snap2.log"] {
+        let text = std::fs::read_to_string(rig.path().join(log)).unwrap();
+        let bad: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        assert!(bad.is_empty(), "{log}:\n{}", bad.join("\n"));
+        eprintln!(
+            "{log}: {} lines, {} at debug level",
+            text.lines().count(),
+            text.lines().filter(|l| l.contains(" DEBUG ")).count()
+        );
+    }
     eprintln!(
         "snapshotter test: {:.1} s (fixture {:.1} s)",
         started.elapsed().as_secs_f64(),
