@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::filter::{Fields, FilterError};
@@ -76,9 +76,10 @@ pub enum Error {
         /// What the system said.
         source: std::io::Error,
     },
-    /// The database failed (I/O, corruption, another process holding it).
+    /// The database failed (I/O, corruption, another process holding it). Boxed: redb's
+    /// error is large, and every result here carries this type.
     #[error("snapshot database: {0}")]
-    Store(#[from] redb::Error),
+    Store(Box<redb::Error>),
     /// A record that does not decode: the database was written by something else.
     #[error("snapshot database: record {key:?}: {source}")]
     Record {
@@ -103,7 +104,7 @@ impl Error {
 }
 
 fn db(e: impl Into<redb::Error>) -> Error {
-    Error::Store(e.into())
+    Error::Store(Box::new(e.into()))
 }
 
 /// What a snapshot is, as containerd's `snapshots.Kind`.
