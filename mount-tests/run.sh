@@ -16,7 +16,7 @@ tools=(
   truncate:coreutils setfattr:attr getfattr:attr runc:runc man:man-db nginx:nginx
   fusermount3:fuse3 zstd:zstd tar:tar gzip:gzip useradd:passwd runuser:util-linux
   node:nodejs npm:npm docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils
-  openssl:openssl podman:podman ssh-keygen:openssh-client
+  openssl:openssl podman:podman ssh-keygen:openssh-client containerd:containerd ctr:containerd
 )
 need=()
 for pair in "${tools[@]}"; do

@@ -29,9 +29,10 @@ pub fn start() -> Result<(Command, Vec<OsString>), ExitCode> {
     let quiet = cli.quiet;
     crate::progress::set_quiet(quiet);
     let command = cli.into_command().map_err(|e| usage(&e))?;
-    // A mount daemon logs activations at info level into its log; before it is ready, a
-    // background mount only shows warnings on the user's terminal.
-    let is_mount = matches!(command, Command::Mount(_));
+    // A mount daemon logs activations at info level into its log, the snapshotter its
+    // start and stop; before it is ready, a background mount only shows warnings on the
+    // user's terminal.
+    let is_mount = matches!(command, Command::Mount(_) | Command::Snapshotter(_));
     let default = match (is_mount, quiet) {
         (true, _) => "info",
         (false, true) => "error",

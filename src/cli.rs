@@ -11,7 +11,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
     Access, Command, DEFAULT_CACHE, DEFAULT_DISK_CACHE, DEFAULT_PREFETCH, DEFAULT_REMOTE_TIMEOUT,
-    Merge, MountConfig, UsageError, default_threads, parse_duration, parse_size,
+    DEFAULT_SNAPSHOTTER_ADDRESS, DEFAULT_SNAPSHOTTER_ROOT, Merge, MountConfig, SnapshotterConfig,
+    UsageError, default_threads, parse_duration, parse_size,
 };
 use crate::io::registry::RegistryConfig;
 use crate::io::remote::RemoteConfig;
@@ -109,6 +110,18 @@ enum CliCommand {
     /// hashes of each archive of more than one block). Upload all three beside the
     /// archives to seal a remote store.
     Seal(SealArgs),
+    /// Serve containerd's snapshots API on a Unix socket, as a proxy plugin: containerd
+    /// then pulls and imports images with `--snapshotter NAME` into snapshots kept here.
+    ///
+    /// containerd's config.toml names it in a table `[proxy_plugins.pkgfs]` with
+    /// `type = "snapshot"` and `address = "SOCKET"` (docs/design/snapshotter.md).
+    ///
+    /// Snapshots behave as those of containerd's own overlayfs snapshotter: each layer is
+    /// unpacked by containerd into ROOT/snapshots/ID/fs, and containers get overlay mounts
+    /// of them. Their records are in ROOT/metadata.redb. Runs in the foreground until
+    /// SIGINT or SIGTERM and removes its socket on the way out; refuses to start if
+    /// another server answers on the socket, replaces a stale one.
+    Snapshotter(SnapshotterArgs),
     /// Print a shell completion script: `pkgfs completions bash > /etc/bash_completion.d/pkgfs`.
     Completions(CompletionsArgs),
     /// Write the man pages (pkgfs.1, pkgfs-mount.1…), made from these definitions, to DIR.
@@ -121,6 +134,16 @@ struct CompletionsArgs {
     /// The shell.
     #[arg(value_enum)]
     shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+struct SnapshotterArgs {
+    /// Where the snapshots and their database live (made if missing).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_SNAPSHOTTER_ROOT)]
+    root: PathBuf,
+    /// The Unix socket to serve on (containerd's proxy_plugins address).
+    #[arg(long, value_name = "SOCKET", default_value = DEFAULT_SNAPSHOTTER_ADDRESS)]
+    address: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -658,10 +681,30 @@ impl Cli {
                 },
             },
             CliCommand::Pack(p) => Command::Pack(pack_config(p)?),
+            CliCommand::Snapshotter(s) => Command::Snapshotter(snapshotter_config(s)?),
             CliCommand::Completions(c) => Command::Completions(c.shell),
             CliCommand::Manpages(m) => Command::Manpages(m.dir),
         })
     }
+}
+
+/// `pkgfs snapshotter`: the socket's path must fit in a `sockaddr_un`.
+fn snapshotter_config(s: SnapshotterArgs) -> Result<SnapshotterConfig, UsageError> {
+    // sun_path holds 108 bytes, the terminating NUL included.
+    if s.address.as_os_str().len() > 107 {
+        return Err(format!(
+            "--address {}: a Unix socket path is at most 107 bytes",
+            s.address.display()
+        )
+        .into());
+    }
+    if s.address.as_os_str().is_empty() || s.root.as_os_str().is_empty() {
+        return Err("--root and --address must not be empty".into());
+    }
+    Ok(SnapshotterConfig {
+        root: s.root,
+        address: s.address,
+    })
 }
 
 fn pack_config(p: PackArgs) -> Result<crate::tools::pack::PackConfig, UsageError> {
@@ -870,6 +913,34 @@ mod tests {
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn snapshotter_takes_a_root_and_a_socket() {
+        match cli(&[
+            "pkgfs",
+            "snapshotter",
+            "--root",
+            "/r",
+            "--address",
+            "/s.sock",
+        ]) {
+            Ok(Command::Snapshotter(c)) => {
+                assert_eq!(c.root, PathBuf::from("/r"));
+                assert_eq!(c.address, PathBuf::from("/s.sock"));
+            }
+            other => panic!("{other:?}"),
+        }
+        match cli(&["pkgfs", "snapshotter"]) {
+            Ok(Command::Snapshotter(c)) => {
+                assert_eq!(c.root, PathBuf::from(DEFAULT_SNAPSHOTTER_ROOT));
+                assert_eq!(c.address, PathBuf::from(DEFAULT_SNAPSHOTTER_ADDRESS));
+            }
+            other => panic!("{other:?}"),
+        }
+        let long = format!("/{}", "s".repeat(120));
+        let e = cli(&["pkgfs", "snapshotter", "--address", &long]).unwrap_err();
+        assert!(e.contains("107 bytes"), "{e}");
     }
 
     #[test]

@@ -96,6 +96,20 @@ pub struct MountConfig {
     pub store: bool,
 }
 
+/// Default root of `pkgfs snapshotter`.
+pub const DEFAULT_SNAPSHOTTER_ROOT: &str = "/var/lib/pkgfs/snapshotter";
+/// Default socket of `pkgfs snapshotter`.
+pub const DEFAULT_SNAPSHOTTER_ADDRESS: &str = "/run/pkgfs/snapshotter.sock";
+
+/// Validated settings of `pkgfs snapshotter`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotterConfig {
+    /// Where the snapshots and their database live.
+    pub root: PathBuf,
+    /// The Unix socket containerd's `proxy_plugins` entry names.
+    pub address: PathBuf,
+}
+
 /// A validated command.
 #[derive(Debug, Clone)]
 pub enum Command {
@@ -147,6 +161,8 @@ pub enum Command {
     },
     /// Pack a directory.
     Pack(crate::tools::pack::PackConfig),
+    /// Serve containerd's snapshots API.
+    Snapshotter(SnapshotterConfig),
     /// Seal a directory of archives.
     Seal(Box<crate::tools::seal::SealConfig>),
     /// Print a completion script for this shell.

@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! daemon, cli, tools      wiring, arguments, offline commands
+//! snapshot                a containerd snapshotter (proxy plugin over gRPC); stands alone
 //! source, status          finding, indexing, watching archives; the status report
 //! layout                  where each package goes (merge, each, npm, cargo)
 //! keeper                  holds a mount's connection across its servers' lives
@@ -38,6 +39,7 @@ pub mod keeper;
 pub mod layout;
 pub mod progress;
 pub mod seal;
+pub mod snapshot;
 pub mod source;
 pub mod status;
 pub mod sync;

@@ -44,6 +44,7 @@ fn main() -> ExitCode {
         Command::Pack(cfg) => {
             done(tools::pack::pack(&cfg).map(|st| eprintln!("{}", st.summary(&cfg.output))))
         }
+        Command::Snapshotter(cfg) => done(pkgfs::snapshot::server::run(&cfg)),
         Command::Seal(cfg) => done(tools::seal::seal(&cfg).map(|r| eprintln!("{r}"))),
     };
     app::finish(result, out)

@@ -1,0 +1,771 @@
+//! `pkgfs snapshotter` under a real containerd: a private containerd (its own root,
+//! state and sockets under a short /tmp path, CRI and tasks off) with pkgfs as a proxy
+//! snapshot plugin imports the Debian image fixture (`oci-archive.tar` of
+//! `mount-tests/images/make_images.sh`, as `mount-tests/images.rs` builds it) into pkgfs
+//! and into containerd's own overlayfs snapshotter; a container's root in each (an
+//! Active snapshot on the image), mounted as the snapshotter's Mounts say, must give the
+//! same tree (`treecmp.py`: bytes, modes, owners, times, xattrs, devices, links).
+//! Then `ctr snapshots` ls/info/usage/label/mounts through pkgfs, a restart of the
+//! snapshotter (records kept, containerd reconnects), and `ctr images rm --sync`,
+//! which must leave pkgfs's snapshots directory empty and nothing mounted.
+//!
+//! Every external command and every wait is bounded ([`bounded`], [`wait_for`]); the
+//! [`Rig`] guard unmounts what the test mounted, and stops containerd and the
+//! snapshotter, even when an assertion fails.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{pkgfs, repo, require_tools, trees_match};
+
+/// containerd's namespace for the test's images.
+const NS: &str = "pkgfs-test";
+/// The image's name once imported.
+const IMAGE: &str = "pkgfs/debian:latest";
+/// Bound on one `ctr` command.
+const CTR_LIMIT: Duration = Duration::from_secs(60);
+
+/// Run `cmd` (stdin closed, output to files under `dir`) for at most `limit`; on expiry
+/// kill its process group and fail with what it printed. Returns its output whatever its
+/// exit status.
+fn bounded(dir: &Path, cmd: &mut Command, limit: Duration) -> Output {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let (out, err) = (
+        dir.join(format!("cmd{n}.out")),
+        dir.join(format!("cmd{n}.err")),
+    );
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"))
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if start.elapsed() > limit {
+            // SAFETY: signalling the process group of a child we spawned.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &Path| std::fs::read(p).unwrap_or_default();
+    let Some(status) = status else {
+        panic!(
+            "{cmd:?} did not finish within {limit:?}; killed.\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&read(&out)),
+            String::from_utf8_lossy(&read(&err))
+        );
+    };
+    Output {
+        status,
+        stdout: read(&out),
+        stderr: read(&err),
+    }
+}
+
+/// [`bounded`], failing unless the command succeeds; its standard output.
+fn ok(dir: &Path, cmd: &mut Command, limit: Duration) -> String {
+    let out = bounded(dir, cmd, limit);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Try `attempt` every 50 ms for at most `limit`, until it is `Ok`; fail naming `what`
+/// and what the last attempt said.
+fn wait_for(limit: Duration, what: &str, mut attempt: impl FnMut() -> Result<(), String>) {
+    let start = Instant::now();
+    loop {
+        match attempt() {
+            Ok(()) => return,
+            Err(last) => assert!(start.elapsed() < limit, "{what} (waited {limit:?})\n{last}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether something accepts connections on the Unix socket `path`.
+fn answers(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
+/// The Debian image fixture as an OCI archive, built (or found) as `images.rs` does.
+fn oci_archive(scratch: &Path) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target dir")
+        .join("image-fixtures");
+    // A first build debootstraps and converts the image (four minutes on two cores;
+    // usually the image tests of `--test mount` have built it); later runs return at
+    // once.
+    ok(
+        scratch,
+        Command::new("bash")
+            .arg(repo().join("mount-tests/images/make_images.sh"))
+            .arg(&dir),
+        Duration::from_secs(900),
+    );
+    dir.join("oci-archive.tar")
+}
+
+/// A process the rig started and stops: SIGTERM, then SIGKILL after 10 s.
+struct Daemon {
+    name: &'static str,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn spawn(name: &'static str, cmd: &mut Command, log: PathBuf) -> Daemon {
+        let f = std::fs::File::create(&log).expect("log file");
+        // SAFETY: prctl is async-signal-safe. The daemon dies with the test's thread even
+        // if the test process is killed before its guards run.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().expect("log file"))
+            .stderr(f)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Daemon {
+            name,
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Stop it; its exit status (None if it had to be killed).
+    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        // SAFETY: signalling a child we spawned and have not reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("{} ignored SIGTERM for 10 s: killed", self.name);
+        // SAFETY: as above, the whole group.
+        unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+        let _ = c.wait();
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Everything the test starts, torn down in order when dropped: mounts under the
+/// scratch directory (deepest first), containerd, the snapshotter, then the directory.
+struct Rig {
+    containerd: Option<Daemon>,
+    snapshotter: Option<Daemon>,
+    /// /tmp/pkgfs-snap.XXXXXX: sockets, roots, logs, mountpoints.
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.path().join("c.sock")
+    }
+
+    fn snap_sock(&self) -> PathBuf {
+        self.path().join("s.sock")
+    }
+
+    fn snap_root(&self) -> PathBuf {
+        self.path().join("snap")
+    }
+
+    /// `pkgfs snapshotter` on the rig's root and socket, as `log` (a fresh file).
+    fn snapshotter_cmd(&self) -> Command {
+        let mut c = pkgfs();
+        c.arg("snapshotter")
+            .arg("--root")
+            .arg(self.snap_root())
+            .arg("--address")
+            .arg(self.snap_sock())
+            .env("RUST_LOG", "info,pkgfs::snapshot=debug");
+        c
+    }
+
+    /// Start the snapshotter and wait until it answers.
+    fn start_snapshotter(&mut self, log: &str) {
+        let d = Daemon::spawn(
+            "pkgfs snapshotter",
+            &mut self.snapshotter_cmd(),
+            self.path().join(log),
+        );
+        self.snapshotter = Some(d);
+        let sock = self.snap_sock();
+        let s = self.snapshotter.as_mut().expect("just set");
+        let start = Instant::now();
+        while !answers(&sock) {
+            assert!(s.running(), "the snapshotter exited:\n{}", s.log_text());
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the snapshotter does not answer on {}:\n{}",
+                sock.display(),
+                s.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// containerd with pkgfs as a proxy plugin, as `mount-tests/images/containerd.sh`
+    /// configures one, and wait until it answers.
+    fn start_containerd(&mut self) {
+        let d = self.path();
+        let config = format!(
+            r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",
+  "io.containerd.internal.v1.restart", "io.containerd.internal.v1.tracing",
+  "io.containerd.runtime.v1.linux", "io.containerd.runtime.v2.task",
+  "io.containerd.service.v1.tasks-service", "io.containerd.grpc.v1.tasks",
+  "io.containerd.monitor.v1.cgroups", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.aufs"]
+[grpc]
+  address = "{d}/c.sock"
+[ttrpc]
+  address = "{d}/c.sock.ttrpc"
+[proxy_plugins.pkgfs]
+  type = "snapshot"
+  address = "{d}/s.sock"
+"#,
+            d = d.display()
+        );
+        std::fs::write(d.join("config.toml"), config).expect("config");
+        // containerd's own temporary mounts (layer unpacking) go under the rig too, so
+        // that teardown finds any it leaves.
+        let tmp = d.join("tmp");
+        std::fs::create_dir(&tmp).expect("tmp");
+        let daemon = Daemon::spawn(
+            "containerd",
+            Command::new("containerd")
+                .arg("--config")
+                .arg(d.join("config.toml"))
+                .env("TMPDIR", &tmp),
+            d.join("containerd.log"),
+        );
+        self.containerd = Some(daemon);
+        let sock = self.sock();
+        let c = self.containerd.as_mut().expect("just set");
+        let start = Instant::now();
+        while !answers(&sock) {
+            assert!(c.running(), "containerd exited:\n{}", c.log_text());
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "containerd does not answer:\n{}",
+                c.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `ctr -a SOCK -n pkgfs-test ARGS…`.
+    fn ctr(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ctr");
+        c.arg("-a").arg(self.sock()).args(["-n", NS]).args(args);
+        c
+    }
+
+    /// [`Rig::ctr`], bounded, must succeed; its standard output.
+    fn ctr_ok(&self, args: &[&str]) -> String {
+        ok(self.path(), &mut self.ctr(args), CTR_LIMIT)
+    }
+
+    /// Mount points under the rig, deepest first.
+    fn mounts_inside(&self) -> Vec<String> {
+        let prefix = format!("{}/", self.path().display());
+        let mut v: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|m| m.starts_with(&prefix))
+            .map(String::from)
+            .collect();
+        v.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        v
+    }
+
+    fn unmount_all(&self) {
+        for m in self.mounts_inside() {
+            let _ = bounded(
+                self.path(),
+                Command::new("umount").arg("-l").arg(&m),
+                Duration::from_secs(10),
+            );
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.unmount_all();
+        if let Some(mut c) = self.containerd.take() {
+            c.stop();
+        }
+        // containerd may have mounted for an unpack in flight when it stopped.
+        self.unmount_all();
+        if let Some(mut s) = self.snapshotter.take() {
+            s.stop();
+        }
+        if std::thread::panicking() {
+            let keep = self.path().to_path_buf();
+            eprintln!("logs of the failed run:");
+            for log in ["containerd.log", "snap.log", "snap2.log", "snap3.log"] {
+                if let Ok(text) = std::fs::read_to_string(keep.join(log)) {
+                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                    eprintln!("--- {log} (last 40 lines)");
+                    tail.iter().rev().for_each(|l| eprintln!("{l}"));
+                }
+            }
+        }
+    }
+}
+
+/// `ctr snapshots --snapshotter S ls` as (key → (parent, kind)).
+fn ls(rig: &Rig, snapshotter: &str) -> BTreeMap<String, (String, String)> {
+    snapshot_rows(&rig.ctr_ok(&["snapshots", "--snapshotter", snapshotter, "ls"]))
+}
+
+/// The mountpoint of the image imported into `snapshotter`.
+fn mountpoint(rig: &Rig, snapshotter: &str) -> PathBuf {
+    rig.path().join(format!("m-{snapshotter}"))
+}
+
+/// `ctr snapshots ls` as (key → (parent, kind)).
+fn snapshot_rows(text: &str) -> BTreeMap<String, (String, String)> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [key, parent, kind] => {
+                    Some((key.to_string(), (parent.to_string(), kind.to_string())))
+                }
+                [key, kind] => Some((key.to_string(), (String::new(), kind.to_string()))),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// `ctr snapshots usage -b KEY` as (bytes, inodes).
+fn usage_of(rig: &Rig, snapshotter: &str, key: &str) -> (u64, u64) {
+    let out = rig.ctr_ok(&[
+        "snapshots",
+        "--snapshotter",
+        snapshotter,
+        "usage",
+        "-b",
+        key,
+    ]);
+    let row: Vec<&str> = out
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no usage row: {out}"))
+        .split_whitespace()
+        .collect();
+    (row[1].parse().unwrap(), row[2].parse().unwrap())
+}
+
+#[test]
+fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
+    if !require_tools(&["containerd", "ctr", "python3"]) {
+        return;
+    }
+    let started = Instant::now();
+    let dir = tempfile::Builder::new()
+        .prefix("pkgfs-snap.")
+        .tempdir_in("/tmp")
+        .expect("scratch under /tmp");
+    let archive = oci_archive(dir.path());
+    let mut rig = Rig {
+        containerd: None,
+        snapshotter: None,
+        dir,
+    };
+    let fixture_ready = Instant::now();
+    rig.start_snapshotter("snap.log");
+    rig.start_containerd();
+
+    // Import into both snapshotters.
+    let archive = archive.to_str().expect("UTF-8 path");
+    for snapshotter in ["pkgfs", "overlayfs"] {
+        rig.ctr_ok(&[
+            "images",
+            "import",
+            "--base-name",
+            "pkgfs/debian",
+            "--snapshotter",
+            snapshotter,
+            archive,
+        ]);
+    }
+    let images = rig.ctr_ok(&["images", "ls", "-q"]);
+    assert!(images.lines().any(|l| l == IMAGE), "{images}");
+
+    // The snapshots as containerd lists them: the image's three layers, committed, with
+    // the same chain (keys, parents, kinds) in both snapshotters.
+    let rows = ls(&rig, "pkgfs");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert!(
+        rows.values().all(|(_, kind)| kind == "Committed"),
+        "{rows:?}"
+    );
+    assert_eq!(rows, ls(&rig, "overlayfs"));
+    // The chain, top first: the top layer is nobody's parent.
+    let top = rows
+        .keys()
+        .find(|k| !rows.values().any(|(parent, _)| parent == *k))
+        .unwrap_or_else(|| panic!("no top layer in {rows:?}"))
+        .clone();
+    let mut chain = vec![top.clone()];
+    while let Some((parent, _)) = rows
+        .get(chain.last().unwrap())
+        .filter(|(p, _)| !p.is_empty())
+    {
+        chain.push(parent.clone());
+    }
+    assert_eq!(chain.len(), 3, "{rows:?}");
+
+    // A container's root in each snapshotter: an Active snapshot on the image's top
+    // layer, made by `ctr containers create` (which keeps it from containerd's garbage
+    // collector; `ctr images mount` would always use the default snapshotter, and a
+    // bare `ctr snapshots view` may be collected under the test), mounted as the
+    // snapshotter's Mounts say. The two trees must be equal.
+    let snaps_dir = rig.snap_root().join("snapshots");
+    let layer_id = |path: &str| -> u64 {
+        path.strip_prefix(&format!("{}/", snaps_dir.display()))
+            .and_then(|rest| {
+                rest.strip_suffix("/fs")
+                    .or_else(|| rest.strip_suffix("/work"))
+            })
+            .and_then(|id| id.parse().ok())
+            .unwrap_or_else(|| panic!("{path} is not a directory of pkgfs's snapshots"))
+    };
+    let mut pkgfs_options = Vec::new();
+    for snapshotter in ["pkgfs", "overlayfs"] {
+        let mp = mountpoint(&rig, snapshotter);
+        std::fs::create_dir(&mp).unwrap();
+        let container = format!("c-{snapshotter}");
+        rig.ctr_ok(&[
+            "containers",
+            "create",
+            "--snapshotter",
+            snapshotter,
+            "--snapshotter-label",
+            "containerd.io/snapshot/pkgfs.created-with=ctr",
+            IMAGE,
+            &container,
+        ]);
+        let m = rig.ctr_ok(&[
+            "snapshots",
+            "--snapshotter",
+            snapshotter,
+            "mounts",
+            mp.to_str().unwrap(),
+            &container,
+        ]);
+        // One overlay mount: index=off where the kernel has the option (as overlayfs
+        // says it), workdir, upperdir, lowerdir.
+        let line = m.trim();
+        assert_eq!(line.lines().count(), 1, "{m}");
+        let prefix = format!("mount -t overlay overlay {} -o ", mp.display());
+        let options: Vec<String> = line
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("{m}"))
+            .split(',')
+            .map(String::from)
+            .collect();
+        let index: &[&str] = match Path::new("/sys/module/overlay/parameters/index").exists() {
+            true => &["index=off"],
+            false => &[],
+        };
+        let names: Vec<&str> = options
+            .iter()
+            .map(|o| o.split_once('=').map_or(o.as_str(), |(k, _)| k))
+            .collect();
+        let want = [index, &["workdir", "upperdir", "lowerdir"][..]].concat();
+        let want: Vec<&str> = want
+            .iter()
+            .map(|o| o.split('=').next().unwrap_or(o))
+            .collect();
+        assert_eq!(names, want, "{m}");
+        if let [.., first] = index {
+            assert_eq!(options[0], *first, "{m}");
+        }
+        if snapshotter == "pkgfs" {
+            pkgfs_options = options;
+        }
+        ok(
+            rig.path(),
+            Command::new("mount").args(line.split_whitespace().skip(1)),
+            Duration::from_secs(20),
+        );
+    }
+    // Directories in which an unpack applied a whiteout keep the time of that unpack
+    // (containerd's applier, not the snapshotter, sets them), and the two imports ran
+    // seconds apart: directory times are left out, everything else must be equal.
+    trees_match(
+        &mountpoint(&rig, "overlayfs"),
+        &mountpoint(&rig, "pkgfs"),
+        &["--no-dir-mtime"],
+    );
+    assert!(
+        mountpoint(&rig, "pkgfs")
+            .join("usr/local/bin/pkgfs-selftest")
+            .is_file()
+    );
+    // pkgfs's options name its own directories: the container's work and fs, then the
+    // layers' fs top first. Layers are unpacked bottom first, so ids grow up the chain.
+    let value = |name: &str| -> String {
+        pkgfs_options
+            .iter()
+            .find_map(|o| o.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {pkgfs_options:?}"))
+            .to_string()
+    };
+    let upper = layer_id(&value("upperdir"));
+    assert_eq!(layer_id(&value("workdir")), upper, "{pkgfs_options:?}");
+    assert!(value("workdir").ends_with("/work") && value("upperdir").ends_with("/fs"));
+    let lower: Vec<u64> = value("lowerdir").split(':').map(layer_id).collect();
+    assert_eq!(lower.len(), 3, "{pkgfs_options:?}");
+    assert!(lower[0] < upper, "{pkgfs_options:?}");
+    assert!(lower.windows(2).all(|w| w[0] > w[1]), "{pkgfs_options:?}");
+    let rows = ls(&rig, "pkgfs");
+    assert_eq!(
+        rows["c-pkgfs"],
+        (top.clone(), "Active".to_string()),
+        "{rows:?}"
+    );
+
+    // Usage of an Active snapshot is measured when asked: it grows with what the
+    // container writes, by what overlayfs's grows.
+    let before = usage_of(&rig, "pkgfs", "c-pkgfs");
+    assert_eq!(before, usage_of(&rig, "overlayfs", "c-overlayfs"));
+    for snapshotter in ["pkgfs", "overlayfs"] {
+        let dir = mountpoint(&rig, snapshotter).join("srv/new");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("data"), vec![7u8; 300_000]).unwrap();
+    }
+    let after = usage_of(&rig, "pkgfs", "c-pkgfs");
+    assert!(
+        after.1 > before.1 && after.0 >= before.0 + 300_000,
+        "{before:?} → {after:?}"
+    );
+    assert_eq!(after, usage_of(&rig, "overlayfs", "c-overlayfs"));
+
+    // info: kind, parent and labels through Stat.
+    let info: serde_json::Value =
+        serde_json::from_str(&rig.ctr_ok(&["snapshots", "--snapshotter", "pkgfs", "info", &top]))
+            .unwrap();
+    assert_eq!(info["Kind"], "Committed", "{info}");
+    assert_eq!(info["Parent"], chain[1].as_str(), "{info}");
+
+    // usage: measured at Commit, as containerd's overlayfs measures it.
+    for key in &chain {
+        let ours = usage_of(&rig, "pkgfs", key);
+        assert!(ours.1 > 0, "{key}: {ours:?}");
+        assert_eq!(ours, usage_of(&rig, "overlayfs", key), "usage of {key}");
+    }
+
+    // label: containerd passes labels under containerd.io/snapshot/ on to the backend.
+    let label = "containerd.io/snapshot/pkgfs.test";
+    rig.ctr_ok(&[
+        "snapshots",
+        "--snapshotter",
+        "pkgfs",
+        "label",
+        &top,
+        &format!("{label}=yes"),
+    ]);
+    let info: serde_json::Value =
+        serde_json::from_str(&rig.ctr_ok(&["snapshots", "--snapshotter", "pkgfs", "info", &top]))
+            .unwrap();
+    assert_eq!(info["Labels"][label], "yes", "{info}");
+
+    // Unmount and remove the containers, and with them their snapshots.
+    for snapshotter in ["pkgfs", "overlayfs"] {
+        ok(
+            rig.path(),
+            Command::new("umount").arg(mountpoint(&rig, snapshotter)),
+            Duration::from_secs(20),
+        );
+        rig.ctr_ok(&["containers", "rm", &format!("c-{snapshotter}")]);
+    }
+    assert!(rig.mounts_inside().is_empty(), "{:?}", rig.mounts_inside());
+    assert_eq!(
+        ls(&rig, "pkgfs").len(),
+        3,
+        "the containers' snapshots are gone"
+    );
+    // containerd forgets a snapshot at once, and has the snapshotter remove it at its
+    // next garbage collection (rate-limited: seconds later).
+    let in_snapshots_dir = || -> Vec<String> {
+        std::fs::read_dir(&snaps_dir)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "the container's snapshot leaves pkgfs's snapshots directory",
+        || match in_snapshots_dir() {
+            left if left.len() == 3 => Ok(()),
+            left => Err(format!("{left:?}")),
+        },
+    );
+
+    // A second server on the same socket is refused while the first answers.
+    let second = bounded(
+        rig.path(),
+        &mut rig.snapshotter_cmd(),
+        Duration::from_secs(20),
+    );
+    assert!(!second.status.success());
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(said.contains("another server"), "{said}");
+    assert!(answers(&rig.snap_sock()), "the first still serves");
+
+    // Stop: SIGTERM, exit 0, socket removed; the records are in the database, the label
+    // among them (read with the library while no server holds it).
+    let status = rig.snapshotter.as_mut().unwrap().stop();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(!rig.snap_sock().exists(), "the socket is removed on exit");
+    {
+        let store = pkgfs::snapshot::meta::Store::open(&rig.snap_root().join("metadata.redb"))
+            .expect("the database, no server holding it");
+        let all = store.list().unwrap();
+        assert_eq!(all.len(), 3, "{all:?}");
+        let top_record = all
+            .iter()
+            .find(|i| i.name.ends_with(&format!("/{top}")))
+            .unwrap_or_else(|| panic!("{top} in {all:?}"));
+        assert_eq!(
+            top_record.labels.get(label).map(String::as_str),
+            Some("yes")
+        );
+        assert!(
+            all.iter()
+                .all(|i| i.kind == pkgfs::snapshot::Kind::Committed)
+        );
+    }
+
+    // A stale socket file (nobody listening) is replaced on restart; containerd
+    // reconnects by itself and lists the committed layers again.
+    drop(std::os::unix::net::UnixListener::bind(rig.snap_sock()).unwrap());
+    assert!(rig.snap_sock().exists());
+    rig.start_snapshotter("snap2.log");
+    let mut after = BTreeMap::new();
+    wait_for(
+        Duration::from_secs(30),
+        "containerd lists pkgfs's snapshots again after a restart",
+        || {
+            let out = bounded(
+                rig.path(),
+                &mut rig.ctr(&["snapshots", "--snapshotter", "pkgfs", "ls"]),
+                CTR_LIMIT,
+            );
+            after = snapshot_rows(&String::from_utf8_lossy(&out.stdout));
+            match out.status.success() && after.len() == 3 {
+                true => Ok(()),
+                false => Err(format!(
+                    "{after:?}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )),
+            }
+        },
+    );
+    for key in &chain {
+        assert_eq!(after[key].1, "Committed");
+    }
+
+    // Remove the image: containerd's garbage collector removes every snapshot, and
+    // pkgfs's snapshots directory is left empty.
+    rig.ctr_ok(&["images", "rm", "--sync", IMAGE]);
+    wait_for(
+        Duration::from_secs(30),
+        "pkgfs's snapshots directory empties after `ctr images rm --sync`",
+        || match in_snapshots_dir() {
+            left if left.is_empty() => Ok(()),
+            left => Err(format!("left: {left:?}")),
+        },
+    );
+    assert!(ls(&rig, "pkgfs").is_empty());
+    assert!(ls(&rig, "overlayfs").is_empty());
+    assert!(rig.mounts_inside().is_empty(), "{:?}", rig.mounts_inside());
+
+    let status = rig.snapshotter.as_mut().unwrap().stop();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    // Nothing went wrong on the way that containerd would not have shown: no warning or
+    // error in either server's log (the answers containerd expects, such as NotFound, are
+    // logged at debug level).
+    for log in ["snap.log", "snap2.log"] {
+        let text = std::fs::read_to_string(rig.path().join(log)).unwrap();
+        let bad: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        assert!(bad.is_empty(), "{log}:\n{}", bad.join("\n"));
+        eprintln!(
+            "{log}: {} lines, {} at debug level",
+            text.lines().count(),
+            text.lines().filter(|l| l.contains(" DEBUG ")).count()
+        );
+    }
+    eprintln!(
+        "snapshotter test: {:.1} s (fixture {:.1} s)",
+        started.elapsed().as_secs_f64(),
+        (fixture_ready - started).as_secs_f64()
+    );
+}
