@@ -24,9 +24,13 @@
 //! not know, a member path that would leave its directory, an entry point that is not
 //! `NAME = MODULE:ATTR` with a plain name, metadata files larger than 16 MiB.
 //!
-//! Not yet: lock files (`pylock.toml`, hashed requirements) and the checks they bring,
-//! choosing among wheels by the interpreter's tags, and `__pycache__`
-//! (docs/design/python.md has the plan).
+//! With a lock file ([`lock`]: `pylock.toml`, hashed `requirements.txt`), only the
+//! wheels it pins are installed: the pinned version, a file it lists, tags the
+//! interpreter supports (the best-ranked wheel of several, [`Layout::listed`]), and a
+//! sha256 it gives, checked on the indexing threads before any of the wheel is placed;
+//! a locked project with no wheel fails the mount unless `--allow-missing`.
+//!
+//! Not yet: `__pycache__` (docs/design/python.md has the plan).
 
 pub mod interp;
 pub mod lock;
