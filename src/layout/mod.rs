@@ -238,6 +238,21 @@ pub fn file_name(name: &Path) -> &[u8] {
     b.rsplit(|&c| c == b'/').next().unwrap_or(b)
 }
 
+/// Feed every byte of `archive`'s file to `f`, a MiB at a time (layouts that check a
+/// package against a lockfile's digests: npm, python).
+pub fn each_chunk(archive: &Archive, mut f: impl FnMut(&[u8])) -> Result<()> {
+    let blob = &archive.blob;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < blob.size() {
+        let n = (blob.size() - at).min(buf.len() as u64) as usize;
+        blob.read_exact_at(&mut buf[..n], at)?;
+        f(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(())
+}
+
 /// A directory entry of a layout's own.
 pub fn dir(path: &[u8], perm: u16, mtime: i64) -> Entry {
     Entry {

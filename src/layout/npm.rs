@@ -322,17 +322,11 @@ fn manifest_entry(entries: &[Entry]) -> Option<&Entry> {
 /// Digests of all of `archive`'s bytes.
 fn digests(archive: &Archive) -> Result<Vec<(&'static str, Vec<u8>)>> {
     use sha1::Digest as _;
-    let blob = &archive.blob;
     let (mut s512, mut s1) = (sha2::Sha512::new(), sha1::Sha1::new());
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0;
-    while at < blob.size() {
-        let n = (blob.size() - at).min(buf.len() as u64) as usize;
-        blob.read_exact_at(&mut buf[..n], at)?;
-        s512.update(&buf[..n]);
-        s1.update(&buf[..n]);
-        at += n as u64;
-    }
+    super::each_chunk(archive, |b| {
+        s512.update(b);
+        s1.update(b);
+    })?;
     Ok(vec![
         ("sha512", s512.finalize().to_vec()),
         ("sha1", s1.finalize().to_vec()),

@@ -193,16 +193,8 @@ struct Inspector {
 /// The sha256 of all of `archive`'s bytes.
 fn sha256(archive: &Archive) -> Result<Vec<u8>> {
     use sha2::Digest as _;
-    let blob = &archive.blob;
     let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0;
-    while at < blob.size() {
-        let n = (blob.size() - at).min(buf.len() as u64) as usize;
-        blob.read_exact_at(&mut buf[..n], at)?;
-        h.update(&buf[..n]);
-        at += n as u64;
-    }
+    super::each_chunk(archive, |b| h.update(b))?;
     Ok(h.finalize().to_vec())
 }
 
