@@ -3,7 +3,8 @@
 //! and `pip install --no-deps --no-compile` of the same wheels write at the same
 //! absolute path, then used: every module imported, launchers and a rewritten script
 //! run, the environment activated, and every RECORD entry hashed again through
-//! `importlib.metadata`. Hostile wheels are refused by name, the rest mounted.
+//! `importlib.metadata`. Hostile wheels are refused by name, the rest mounted. With an
+//! index cache, the bytecode compiled in the background is pip's compiled install's.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -81,13 +82,21 @@ impl Venv {
         Venv::mount_with(sources, venv, &[])
     }
 
+    /// Without bytecode (the references are pip's `--no-compile` installs) unless
+    /// `extra` gives `--index-cache`, where the packs go.
     fn mount_with(sources: &[&Path], venv: &Path, extra: &[&str]) -> Venv {
         let log = venv.with_extension("log");
         let _ = fs::remove_file(&log);
+        let compile = extra.contains(&"--index-cache");
         let out = pkgfs()
             .arg("mount")
             .args(["--layout", "python", "--python"])
             .arg(python())
+            .args(if compile {
+                &[][..]
+            } else {
+                &["--no-compile"][..]
+            })
             .args(extra)
             .args(sources)
             .arg(venv)
@@ -243,6 +252,11 @@ fn reference_install(venv: &Path, requirements: &Path, extra: &[&str]) -> PathBu
 /// modification times and each RECORD and INSTALLER, each RECORD equal line for line but
 /// for INSTALLER's row, INSTALLER `pkgfs`. Returns how many projects are installed.
 fn same_environment(reference: &Path, venv: &Path) -> usize {
+    same_environment_with(reference, venv, &[])
+}
+
+/// [`same_environment`] with more of treecmp's options (`--pyc`).
+fn same_environment_with(reference: &Path, venv: &Path, extra: &[&str]) -> usize {
     let site = format!("lib/python{}/site-packages", python_version());
     let mut ignore: Vec<String> = Vec::new();
     let mut infos = Vec::new();
@@ -256,6 +270,7 @@ fn same_environment(reference: &Path, venv: &Path) -> usize {
         }
     }
     let mut args = vec!["--no-mtime"];
+    args.extend_from_slice(extra);
     args.extend(ignore.iter().map(String::as_str));
     trees_match(reference, venv, &args);
     for info in &infos {
@@ -268,6 +283,163 @@ fn same_environment(reference: &Path, venv: &Path) -> usize {
         assert_eq!(fs::read(at(venv, "INSTALLER")).unwrap(), b"pkgfs\n");
     }
     infos.len()
+}
+
+/// The `.pyc` files under `root`.
+fn pyc_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "pyc") {
+                out.push(p.strip_prefix(root).unwrap().to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Modules of the environment at `venv` that an import compiled from source, and how
+/// many it loaded from `__pycache__` (`python -v` says which).
+fn imported_from(venv: &Path, modules: &str) -> (Vec<String>, usize) {
+    let out = Command::new(venv.join("bin/python"))
+        .args(["-v", "-c", &format!("import {modules}")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let mine = format!("{}/", venv.display());
+    let compiled = err
+        .lines()
+        .filter(|l| {
+            l.starts_with("# code object from '") && l.contains(&mine) && l.ends_with(".py'")
+        })
+        .map(str::to_string)
+        .collect();
+    let cached = err
+        .lines()
+        .filter(|l| l.contains(" matches ") && l.contains(&mine))
+        .count();
+    (compiled, cached)
+}
+
+#[test]
+fn python_layout_serves_the_bytecode_pip_compiles() {
+    if !require_tools(&["python3"]) {
+        return;
+    }
+    let wheels = wheels();
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("index-cache");
+    let cache_arg = cache.to_str().unwrap();
+    let venv = tmp.path().join("venv");
+    let reference = reference_install(&venv, &wheel_list(), &["--compile"]);
+    let want = pyc_files(&reference);
+    assert!(want.len() > 300, "pip compiled {} files", want.len());
+    let m = Venv::mount_with(&[wheels], &venv, &["--index-cache", cache_arg]);
+    // Compiled in the background, activated as the packs arrive: wait (bounded) until
+    // the mount serves as many as pip wrote, then compare.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    while pyc_files(&venv).len() < want.len() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    // pip's tree, bytecode and RECORD rows included; every .pyc valid for the source
+    // the mount serves.
+    let infos = same_environment_with(&reference, &venv, &["--pyc"]);
+    assert_eq!(infos, 12);
+    assert!(
+        m.messages().contains("compiled the bytecode of"),
+        "{}",
+        m.messages()
+    );
+    let packs = fs::read_dir(cache.join("python")).unwrap().count();
+    assert!(packs >= 11, "{packs} packs");
+    let modules = "attr, certifi, idna, packaging.version, six, jmespath, docutils.core,                    pygments.lexers, setuptools, zope.interface";
+    let (compiled, cached) = imported_from(&venv, modules);
+    assert!(compiled.is_empty(), "compiled from source: {compiled:#?}");
+    assert!(cached > 100, "{cached} modules from __pycache__");
+    // Another environment of the same wheels, elsewhere: the packs serve it at once
+    // (nothing compiled), and its code names its own files.
+    let other = tmp.path().join("other-env");
+    fs::create_dir(&other).unwrap();
+    let m2 = Venv::mount_with(&[wheels], &other, &["--index-cache", cache_arg]);
+    let site = format!("lib/python{}/site-packages", python_version());
+    let served: Vec<PathBuf> = pyc_files(&other)
+        .into_iter()
+        .filter(|p| p.starts_with(&site))
+        .collect();
+    let pip_site: Vec<PathBuf> = want
+        .iter()
+        .filter(|p| p.starts_with(&site))
+        .cloned()
+        .collect();
+    assert_eq!(served, pip_site);
+    let (compiled, cached) = imported_from(&other, modules);
+    assert!(compiled.is_empty(), "compiled from source: {compiled:#?}");
+    assert!(cached > 100, "{cached} modules from __pycache__");
+    let file = stdout_of(Command::new(other.join("bin/python")).args([
+        "-c",
+        "import jmespath; print(jmespath.search.__code__.co_filename)",
+    ]));
+    assert!(file.trim().starts_with(other.to_str().unwrap()), "{file}");
+    assert!(
+        !m2.messages().contains("compiled the bytecode of"),
+        "{}",
+        m2.messages()
+    );
+    drop(m2);
+    // --no-compile: none served.
+    let m3 = Venv::mount_with(&[wheels], &other, &[]);
+    assert!(pyc_files(&other).is_empty());
+    drop(m3);
+    // A pack holding what is not its wheel's bytecode is refused by name, and made
+    // again: six's modules get their bytecode, the stray file never shows.
+    let tag = stdout_of(Command::new(python()).args([
+        "-c",
+        "import sys, importlib.util; print(sys.implementation.cache_tag + '-' + importlib.util.MAGIC_NUMBER.hex())",
+    ]));
+    let bad_cache = tmp.path().join("bad-cache");
+    fs::create_dir_all(bad_cache.join("python")).unwrap();
+    let bad = bad_cache.join("python").join(format!(
+        "{}.{}.pyc.zip",
+        sha256_hex(&wheel_of("six")),
+        tag.trim()
+    ));
+    let zip = format!(
+        "import zipfile\nwith zipfile.ZipFile({bad:?}, 'w') as z:\n    z.writestr('{site}/evil.pyc', b'x')"
+    );
+    run(Command::new(python()).args(["-c", &zip]));
+    let m4 = Venv::mount_with(
+        &[wheels],
+        &other,
+        &["--index-cache", bad_cache.to_str().unwrap()],
+    );
+    let six_pyc = other.join(format!(
+        "{site}/__pycache__/six.{}.pyc",
+        tag.trim().rsplit_once('-').unwrap().0
+    ));
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    while !six_pyc.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert!(six_pyc.exists(), "{}", m4.messages());
+    assert!(!other.join(&site).join("evil.pyc").exists());
+    let log = m4.messages();
+    assert!(
+        log.contains("WARN")
+            && log.contains(bad.file_name().unwrap().to_str().unwrap())
+            && log.contains("is not the cache file of a module of its wheel"),
+        "{log}"
+    );
 }
 
 /// The sha256 of a file, in hex.

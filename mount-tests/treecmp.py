@@ -2,7 +2,7 @@
 """Compare two directory trees byte for byte and attribute by attribute.
 
     treecmp.py EXPECTED ACTUAL [--no-owner] [--no-mtime] [--no-dir-mtime] [--no-xattrs]
-               [--exclude REL]... [--ignore REL]...
+               [--pyc] [--exclude REL]... [--ignore REL]...
 
 Compares the set of paths, file type, permission bits (including setuid/setgid/sticky),
 size, mtime (whole seconds), uid/gid, symlink targets, file content (sha256), device
@@ -13,6 +13,12 @@ link count. Exit 0 if equal; else prints the differences (at most 50) and exits 
 install; pkgfs keeps the tarball's). `--exclude REL` leaves out the path REL of EXPECTED
 and everything under it, and ACTUAL must not have it at all (npm's own bookkeeping file
 `.package-lock.json`); `--ignore REL` leaves REL out of both trees (checked elsewhere).
+`--pyc`: a timestamp-checked `__pycache__/NAME.TAG.pyc` is compared with its source
+time field (bytes 8-12 of the header) left out, and in ACTUAL that field and the size
+field must be its source's (`../NAME.py`) as ACTUAL serves it (the interpreter would
+use it); the same bytes otherwise (code, source size, flags, magic number), once
+marshal's interning flags are made alike (they follow the state of the process that
+compiled: both loaded, then written again, in this one).
 Used to check `pkgfs pack` round trips (the source tree against the mounted package and
 against `zstd -dc | tar x`) and layouts against `npm ci`, cargo's unpacking and `tar -x`.
 """
@@ -46,7 +52,36 @@ def xattrs_of(full):
     return {n: os.getxattr(full, n, follow_symlinks=False) for n in sorted(names)}
 
 
-def scan(root, xattrs=True):
+def pyc_of(full, data):
+    """A pyc's content with its source time left out, and whether its header's time and
+    size are its source's."""
+    if len(data) < 16 or int.from_bytes(data[4:8], "little") != 0:
+        return data, True  # not timestamp-checked: compared whole
+    top, name = os.path.split(full)
+    src = os.path.join(os.path.dirname(top), name.rsplit(b".", 2)[0] + b".py")
+    try:
+        st = os.stat(src)
+    except OSError:
+        return data, False
+    fresh = (int.from_bytes(data[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+             and int.from_bytes(data[12:16], "little") == st.st_size & 0xFFFFFFFF)
+    return data[:8] + bytes(4) + data[12:], fresh
+
+
+def same_code(a, b):
+    """Whether two pycs (source time left out) hold the same code, marshal's interning
+    flags aside."""
+    import marshal
+    if a[:16] != b[:16]:
+        return False
+    try:
+        x, y = marshal.loads(a[16:]), marshal.loads(b[16:])
+    except Exception:
+        return False
+    return marshal.dumps(x) == marshal.dumps(y)
+
+
+def scan(root, xattrs=True, pyc=False):
     out = {}
     root = os.fsencode(root)
     for top, dirs, files in os.walk(root):
@@ -57,7 +92,13 @@ def scan(root, xattrs=True):
             node = dict(type=stat.S_IFMT(st.st_mode), mode=st.st_mode & 0o7777,
                         uid=st.st_uid, gid=st.st_gid, mtime=int(st.st_mtime), ino=st.st_ino,
                         nlink=st.st_nlink)
-            if stat.S_ISREG(st.st_mode):
+            if stat.S_ISREG(st.st_mode) and pyc and name.endswith(b".pyc") \
+                    and os.path.basename(top) == b"__pycache__":
+                with open(full, "rb") as f:
+                    data, fresh = pyc_of(full, f.read())
+                node.update(size=st.st_size, digest=hashlib.sha256(data).hexdigest(),
+                            fresh=fresh, pyc=data)
+            elif stat.S_ISREG(st.st_mode):
                 node.update(size=st.st_size, digest=digest(full))
             elif stat.S_ISLNK(st.st_mode):
                 node.update(target=os.readlink(full))
@@ -97,7 +138,8 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     xattrs = "--no-xattrs" not in flags
-    want, got = scan(paths[0], xattrs), scan(paths[1], xattrs)
+    pyc = "--pyc" in flags
+    want, got = scan(paths[0], xattrs, pyc), scan(paths[1], xattrs, pyc)
     problems = []
     show = lambda p: p.decode(errors="replace")
     for p in sorted(p for p in got if under(p, excluded)):
@@ -114,10 +156,14 @@ def main(argv):
         problems.append(f"missing: {show(p)}")
     for p in sorted(set(got) - set(want)):
         problems.append(f"unexpected: {show(p)}")
+    for p in sorted(p for p, n in got.items() if n.get("fresh") is False):
+        problems.append(f"{show(p)}: its header does not match its source's time and size")
     for p in sorted(set(want) & set(got)):
         w, g = want[p], got[p]
         for k in keys:
             if k == "mtime" and w["type"] == stat.S_IFDIR and "--no-dir-mtime" in flags:
+                continue
+            if k == "digest" and "pyc" in w and "pyc" in g and same_code(w["pyc"], g["pyc"]):
                 continue
             if w.get(k) != g.get(k):
                 problems.append(f"{show(p)}: {k} is {g.get(k)!r}, expected {w.get(k)!r}")

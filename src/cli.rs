@@ -326,7 +326,7 @@ struct ServeArgs {
     /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, full_entries, no_keeper,
     /// restart_limit=COUNT/DURATION, disk_cache=DIR,
     /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
-    /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, python=PATH, authfile=FILE,
+    /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, python=PATH, no_compile, authfile=FILE,
     /// cert_dir=DIR, tls_verify=BOOL, no_background_fetch; options
     /// mount(8) passes (ro, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -465,6 +465,11 @@ struct LayoutArgs {
     /// venv module makes the environment's own files, and scripts run with it.
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
+    /// python: serve no __pycache__ (as pip install --no-compile). By default each
+    /// wheel's modules are compiled once per interpreter, in the background after the
+    /// mount, into the index cache (INDEX_CACHE/python/), and served from there.
+    #[arg(long)]
+    no_compile: bool,
 }
 
 impl LayoutArgs {
@@ -478,6 +483,8 @@ impl LayoutArgs {
             allow_missing: self.allow_missing,
             python: self.python,
             venv: None,
+            no_compile: self.no_compile,
+            bytecode: None,
         })
     }
 }
@@ -548,16 +555,24 @@ fn check_layout(cfg: LayoutConfig) -> Result<LayoutConfig, UsageError> {
     if (cfg.kind == LayoutKind::Python) != cfg.python.is_some() {
         return Err("--layout python and --python go together".into());
     }
+    if cfg.no_compile && cfg.kind != LayoutKind::Python {
+        return Err("--no-compile is for --layout python".into());
+    }
     Ok(cfg)
 }
 
 /// A python layout's environment is the mountpoint: its absolute path, as `python -m
-/// venv` makes it absolute.
+/// venv` makes it absolute. Its bytecode packs are in the index cache (none without
+/// one, or with `--no-compile`).
 fn venv_at(cfg: &mut MountConfig) -> Result<(), UsageError> {
     if cfg.merge.layout.kind == LayoutKind::Python {
         let at = std::path::absolute(&cfg.mountpoint)
             .map_err(|e| format!("{}: {e}", cfg.mountpoint.display()))?;
         cfg.merge.layout.venv = Some(at);
+        cfg.merge.layout.bytecode = match (&cfg.index_cache, cfg.merge.layout.no_compile) {
+            (Some(dir), false) => Some(dir.join("python")),
+            _ => None,
+        };
     }
     Ok(())
 }

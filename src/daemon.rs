@@ -31,6 +31,7 @@ use crate::fs::prefetch::{self, HINT_QUEUE};
 use crate::fs::{KernelCache, PkgFs};
 use crate::io::remote::ObjectVersion;
 use crate::keeper::wire::{self, KeeperReport, ToKeeper, ToServer};
+use crate::source::chores::Chores;
 use crate::source::live::Activity;
 use crate::source::live::{Activator, Live, skipped_list};
 use crate::source::store::{LayerStore, StoreOptions};
@@ -391,7 +392,8 @@ fn spawn(
 /// process without unmounting (the keeper holds the mount and starts another server).
 pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), DaemonError> {
     let signals = prepare_process();
-    let mut packages = Packages::new(cfg.sources.clone(), load_options(cfg));
+    let sources = all_sources(cfg);
+    let mut packages = Packages::new(sources.clone(), load_options(cfg));
     let watcher = watch_sources(cfg, &packages)?;
     let (fs, activity, store) = if cfg.store {
         let (fs, store) = open_store(cfg, &packages)?;
@@ -415,7 +417,7 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     }
     let info = MountInfo {
         mountpoint: session::mount_path(&cfg.mountpoint),
-        sources: cfg.sources.clone(),
+        sources,
         watching: watcher.is_some(),
         whiteouts: cfg.merge.whiteouts,
         layout: cfg.merge.layout.kind,
@@ -438,10 +440,13 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
         }
         None => warn!("cannot stat the mountpoint: no status channel"),
     }
+    let chores = Arc::new(Chores::default());
+    let first_chores = packages.take_chores();
     if let Some(w) = watcher {
-        go_live(w, packages, fs, kernel, activity)?;
+        go_live(w, packages, fs, kernel, activity, chores.clone())?;
     }
     info!("mounted at {}", cfg.mountpoint.display());
+    chores.run(first_chores);
     if let Some(k) = &kept {
         k.say(&ToKeeper::Ready)?;
     }
@@ -449,6 +454,19 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
         detach_output(cfg.log_file.as_deref());
     }
     wait_for_end(cfg, session, &signals, kept.is_some())
+}
+
+/// The sources of a mount: the command line's, then the layout's bytecode directory
+/// (python), made if missing; without it, the mount serves no bytecode.
+fn all_sources(cfg: &MountConfig) -> Vec<PathBuf> {
+    let mut sources = cfg.sources.clone();
+    if let Some(dir) = &cfg.merge.layout.bytecode {
+        match std::fs::create_dir_all(dir) {
+            Ok(()) => sources.push(dir.clone()),
+            Err(e) => warn!("no bytecode: cannot make {}: {e}", dir.display()),
+        }
+    }
+    sources
 }
 
 /// Stage 1: the signal mask (before any thread), the descriptor limit, the allocator.
@@ -1010,9 +1028,11 @@ fn go_live(
     fs: Arc<PkgFs>,
     kernel: Arc<dyn KernelCache>,
     activity: Arc<Mutex<Activity>>,
+    chores: Arc<Chores>,
 ) -> Result<(), DaemonError> {
     packages.index_in_background(watcher.waker())?;
-    Live::new(watcher, Activator::new(packages, fs, kernel, activity))
+    let activator = Activator::new(packages, fs, kernel, activity).with_chores(chores);
+    Live::new(watcher, activator)
         .spawn()
         .map_err(|source| DaemonError::Start {
             what: "the watcher",

@@ -206,6 +206,7 @@ pub fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> 
         "lockfile" => cfg.merge.layout.lockfile = Some(PathBuf::from(need()?)),
         "allow_missing" => cfg.merge.layout.allow_missing = true,
         "python" => cfg.merge.layout.python = Some(PathBuf::from(need()?)),
+        "no_compile" => cfg.merge.layout.no_compile = true,
         "authfile" => cfg.merge.registry.auth_file = Some(PathBuf::from(need()?)),
         "cert_dir" => cfg.merge.registry.cert_dir = Some(PathBuf::from(need()?)),
         "no_background_fetch" => cfg.merge.registry.background_fetch = false,

@@ -110,6 +110,11 @@ pub struct Config {
     /// python: the environment's absolute path (the mountpoint), which its scripts and
     /// activate files name.
     pub venv: Option<PathBuf>,
+    /// python: serve no `__pycache__` (`--no-compile`, as pip's flag).
+    pub no_compile: bool,
+    /// python: the directory of compiled bytecode packs, one per wheel and interpreter
+    /// (`INDEX_CACHE/python`, a source of the mount; `None`: no bytecode).
+    pub bytecode: Option<PathBuf>,
 }
 
 /// Where one package goes.
@@ -207,6 +212,22 @@ pub trait Layout: Send + Sync {
     fn finish(&mut self) -> Result<Vec<Entry>> {
         Ok(Vec::new())
     }
+
+    /// After [`Layout::finish`]: work to do once the mount serves, off the scan's path
+    /// (python compiles the bytecode its environment lacks).
+    fn chore(&mut self) -> Option<Box<dyn Chore>> {
+        None
+    }
+}
+
+/// Work a layout asks for once the mount serves (python's bytecode): run by the daemon
+/// on its `pkgfs-chores` thread, one at a time, never during a scan. What it makes
+/// reaches the mount as a source does (a file in a watched directory, activated live).
+pub trait Chore: Send + Sync {
+    /// What it does, for the log.
+    fn describe(&self) -> String;
+    /// Do it: what was done, for the log (`None`: nothing was left to do).
+    fn run(self: Box<Self>) -> Result<Option<String>>;
 }
 
 /// `merge`: every archive at the root.

@@ -27,6 +27,8 @@ pub struct Activator {
     fs: Arc<PkgFs>,
     kernel: Arc<dyn KernelCache>,
     activity: Arc<Mutex<Activity>>,
+    /// Where the layout's chores of each rescan go (python's bytecode).
+    chores: Arc<super::chores::Chores>,
 }
 
 /// What one [`Activator::apply`] did.
@@ -58,7 +60,14 @@ impl Activator {
             fs,
             kernel,
             activity,
+            chores: Arc::default(),
         }
+    }
+
+    /// Hand the layout's chores of each rescan to `chores` (the daemon's queue).
+    pub fn with_chores(mut self, chores: Arc<super::chores::Chores>) -> Self {
+        self.chores = chores;
+        self
     }
 
     /// Rescan (leaving out the files in `busy`, which are being written) and activate
@@ -68,6 +77,7 @@ impl Activator {
         // A bug in a rescan must not end live activation: the mount keeps its tree.
         let scanned =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.packages.scan(busy)));
+        self.chores.run(self.packages.take_chores());
         lock(&self.activity).indexing = self.packages.pending();
         let scan = match scanned {
             Ok(Ok(Some(scan))) => scan,

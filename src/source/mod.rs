@@ -17,6 +17,7 @@
 //! never takes down the mount.
 
 mod candidate;
+pub mod chores;
 mod discover;
 mod fold;
 pub mod image;
@@ -203,6 +204,9 @@ pub struct Packages {
     /// Remote sources that are one version of one object, given, not listed
     /// ([`load_object`]).
     pinned: HashMap<PathBuf, crate::io::remote::ObjectVersion>,
+    /// What the layouts of the scans so far asked to have done once the mount serves
+    /// ([`crate::layout::Chore`]), not yet taken.
+    chores: Vec<Box<dyn crate::layout::Chore>>,
 }
 
 /// What the sources hold now (the first stage of a scan).
@@ -232,7 +236,14 @@ impl Packages {
             sealed: Arc::default(),
             skipped: Vec::new(),
             pinned: HashMap::new(),
+            chores: Vec::new(),
         }
+    }
+
+    /// The work the layout asked for in the scans so far (python's bytecode), to run
+    /// once the mount serves (`chores::Chores`).
+    pub fn take_chores(&mut self) -> Vec<Box<dyn crate::layout::Chore>> {
+        std::mem::take(&mut self.chores)
     }
 
     /// The seals of the sources (`--verify`), as the last listing accepted them.
@@ -329,6 +340,7 @@ impl Packages {
             self.index_and_place(&listed, plan, ready, &mut *layout, &mut fold, first)?;
         }
         fold.own(self.opts.layout.kind, layout.finish()?);
+        self.chores.extend(layout.chore());
         let Fold {
             builder,
             layers,

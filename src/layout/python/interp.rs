@@ -28,7 +28,7 @@ const PYTHON_WAIT: Duration = Duration::from_secs(60);
 /// preference (`packaging.tags.sys_tags()`, from `packaging` or pip's copy of it; else
 /// [`FALLBACK_TAGS`]). Run with [`FALLBACK_TAGS`] in front.
 const PROBE: &str = r#"
-import importlib, json, os, platform, sys, sysconfig
+import importlib, importlib.util, json, os, platform, sys, sysconfig
 venv = sys.argv[1]
 scheme = "venv" if "venv" in sysconfig.get_scheme_names() else "posix_prefix"
 v = {"base": venv, "platbase": venv, "installed_base": venv, "installed_platbase": venv}
@@ -56,7 +56,9 @@ for mod in ("packaging.tags", "pip._vendor.packaging.tags"):
         pass
 if tags is None:
     tags = fallback_tags()
-print(json.dumps({"version": "%d.%d" % sys.version_info[:2],
+tag = sys.implementation.cache_tag
+bytecode = None if tag is None else tag + "-" + importlib.util.MAGIC_NUMBER.hex()
+print(json.dumps({"version": "%d.%d" % sys.version_info[:2], "bytecode": bytecode,
                   "purelib": p["purelib"], "platlib": p["platlib"],
                   "scripts": p["scripts"], "data": p["data"],
                   "markers": markers, "tags": tags}))
@@ -106,6 +108,7 @@ def fallback_tags():
 #[derive(Debug, Deserialize)]
 struct Probe {
     version: String,
+    bytecode: Option<String>,
     purelib: String,
     platlib: String,
     scripts: String,
@@ -136,6 +139,35 @@ pub struct Scheme {
     pub markers: super::lock::Markers,
     /// The wheel tags the interpreter supports, if it could say.
     pub tags: Option<Vec<String>>,
+    /// Its bytecode's name: `sys.implementation.cache_tag` and the magic number
+    /// (`cpython-311-a70d0d0a`); `None`: it writes no bytecode.
+    pub bytecode: Option<String>,
+}
+
+/// What [`scheme`] and [`skeleton`] said for an interpreter (by its file's identity)
+/// and an environment path, kept for the process's later scans.
+type Asked = (Scheme, Vec<Entry>);
+
+/// [`scheme`] and [`skeleton`] of `python` for `venv`, asked once per process while the
+/// interpreter's file is unchanged (a live mount rescans often; each call costs tens
+/// of milliseconds of the interpreter's start).
+pub fn asked(python: &Path, venv: &Path) -> Result<Asked> {
+    use std::collections::HashMap;
+    use std::os::unix::fs::MetadataExt as _;
+    use std::sync::{Mutex, OnceLock};
+    type Key = (PathBuf, PathBuf, (u64, u64, i64, i64, u64));
+    static ASKED: OnceLock<Mutex<HashMap<Key, Asked>>> = OnceLock::new();
+    let id = std::fs::metadata(python)
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+        .map_err(|e| Error::Format(format!("{}: {e}", python.display())))?;
+    let key = (python.to_path_buf(), venv.to_path_buf(), id);
+    let memo = ASKED.get_or_init(Default::default);
+    if let Some(a) = crate::sync::lock(memo).get(&key) {
+        return Ok(a.clone());
+    }
+    let a = (scheme(python, venv)?, skeleton(python, venv)?);
+    crate::sync::lock(memo).insert(key, a.clone());
+    Ok(a)
 }
 
 /// Components of an absolute path.
@@ -230,6 +262,7 @@ pub fn scheme(python: &Path, venv: &Path) -> Result<Scheme> {
         version: p.version,
         markers: p.markers,
         tags: p.tags,
+        bytecode: p.bytecode,
     })
 }
 

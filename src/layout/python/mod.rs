@@ -32,6 +32,7 @@
 //!
 //! Not yet: `__pycache__` (docs/design/python.md has the plan).
 
+pub mod bytecode;
 pub mod interp;
 pub mod lock;
 pub mod wheel;
@@ -44,6 +45,7 @@ use crate::error::{Error, Result};
 use crate::format::{Archive, Entry, EntryKind, Loc};
 use crate::tree::Place;
 
+use bytecode::Bytecode;
 use interp::Scheme;
 use wheel::EntryPoint;
 
@@ -61,6 +63,27 @@ pub struct Python {
     taken: HashMap<String, PathBuf>,
     /// With a lock file: what it locks, and what was found of it.
     plan: Option<Plan>,
+    /// The `RECORD` of each wheel placed, written by [`Layout::finish`] (a wheel's
+    /// bytecode, placed after it, adds rows).
+    records: Vec<Record>,
+    /// Compiled bytecode: packs placed with their wheels, compiled for those without.
+    bytecode: Option<Bytecode>,
+}
+
+/// A placed wheel's `RECORD`, until every row is known.
+struct Record {
+    /// Where it goes, relative to the environment.
+    at: Vec<u8>,
+    /// Its rows (written sorted, as pip writes them).
+    rows: Vec<(String, String, String)>,
+    /// The library directory its paths are relative to (absolute components).
+    lib: Vec<Vec<u8>>,
+    mtime: i64,
+    /// The wheel's sha256 (hex), if hashed.
+    sha256: Option<String>,
+    /// The `.py` files it installed (what pip compiles): relative to the environment,
+    /// and as pip names them when it compiles them.
+    sources: Vec<(Vec<u8>, String)>,
 }
 
 /// A lock file's projects and what became of each.
@@ -131,17 +154,27 @@ impl Python {
         let venv = cfg.venv.as_deref().ok_or_else(|| {
             Error::Format("--layout python needs the environment's path (the mountpoint)".into())
         })?;
-        let scheme = interp::scheme(python, venv)?;
-        let skeleton = interp::skeleton(python, venv)?;
+        let (scheme, skeleton) = interp::asked(python, venv)?;
         let plan = read_plan(cfg, &scheme)?;
         let mut exe = scheme.scripts.clone();
         exe.push(b"python".to_vec());
+        let bytecode = match (&cfg.bytecode, &scheme.bytecode) {
+            (Some(dir), Some(tag)) if !cfg.no_compile => Some(Bytecode::new(
+                dir.clone(),
+                tag.clone(),
+                python.to_path_buf(),
+                venv.to_path_buf(),
+            )),
+            _ => None,
+        };
         Ok(Python {
             python: absolute(&exe),
             scheme,
             skeleton,
             taken: HashMap::new(),
             plan,
+            records: Vec::new(),
+            bytecode,
         })
     }
 }
@@ -201,12 +234,13 @@ fn sha256(archive: &Archive) -> Result<Vec<u8>> {
 impl super::Inspect for Inspector {
     fn inspect(&self, archive: &Archive, entries: &[Entry]) -> Result<Facts> {
         let mut facts = Facts::default();
-        if self.digest {
-            facts.digests.push(("sha256", sha256(archive)?));
-        }
+        // Not a wheel (a bytecode pack): nothing to learn.
         let Ok(info) = dist_info(entries) else {
             return Ok(facts);
         };
+        if self.digest {
+            facts.digests.push(("sha256", sha256(archive)?));
+        }
         let io = crate::io::Io::new(0);
         for e in entries {
             let Ok(c) = crate::tree::path::components(&e.path) else {
@@ -457,7 +491,6 @@ impl Python {
                 .into_iter()
                 .map(|(_, new)| (new, String::new(), String::new())),
         );
-        generated.push((record_at, wheel::write_record(&mut rows), 0o644));
         // Generated files replace members at the same place, as pip overwrites them.
         let paths: HashSet<Vec<u8>> = generated
             .iter()
@@ -468,6 +501,33 @@ impl Python {
             let path = inst.rel_root(at);
             inst.out.push(inline_file(&path, data, *perm, mtime));
         }
+        // pip compiles what it installed from the wheel, not what it generated.
+        // pip compiles each at the library directory joined with its RECORD path
+        // (`site-packages/../../../bin/x.py` for a script): the code's file name.
+        let lib_rel = inst.rel_root(&lib);
+        let sources = inst
+            .out
+            .iter()
+            .filter(|e| e.kind == EntryKind::File && e.path.ends_with(b".py"))
+            .filter(|e| !paths.contains(&e.path))
+            .map(|e| {
+                let mut dest = self.scheme.root.clone();
+                dest.extend(e.path.split(|&b| b == b'/').map(<[u8]>::to_vec));
+                let as_pip = [&lib_rel[..], b"/", &wheel::relpath(&dest, &lib)].concat();
+                (
+                    e.path.clone(),
+                    String::from_utf8_lossy(&as_pip).into_owned(),
+                )
+            })
+            .collect();
+        self.records.push(Record {
+            at: inst.rel_root(&record_at),
+            rows,
+            lib,
+            mtime,
+            sha256: sha256_hex(facts),
+            sources,
+        });
         self.taken.insert(key, name.to_path_buf());
         Ok(inst.out)
     }
@@ -491,6 +551,15 @@ impl From<&str> for NotPlaced {
     fn from(s: &str) -> Self {
         NotPlaced::Refused(s.to_string())
     }
+}
+
+/// The sha256 the inspector found of a wheel, in hex.
+fn sha256_hex(facts: &Facts) -> Option<String> {
+    facts
+        .digests
+        .iter()
+        .find(|(a, _)| *a == "sha256")
+        .map(|(_, d)| d.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl Plan {
@@ -540,12 +609,7 @@ impl Plan {
                 )));
             }
         }
-        let digest = facts
-            .digests
-            .iter()
-            .find(|(a, _)| *a == "sha256")
-            .map(|(_, d)| d.iter().map(|b| format!("{b:02x}")).collect::<String>())
-            .unwrap_or_default();
+        let digest = sha256_hex(facts).unwrap_or_default();
         if !locked.sha256.contains(&digest) {
             self.refused.insert(key.to_string());
             return Err(NotPlaced::Refused(format!(
@@ -561,9 +625,13 @@ impl Plan {
 impl Layout for Python {
     fn takes(&self, file_name: &[u8]) -> bool {
         file_name.ends_with(b".whl")
+            || (self.bytecode.is_some() && file_name.ends_with(bytecode::PACK_SUFFIX.as_bytes()))
     }
 
     fn listed(&mut self, file_names: &[&[u8]]) {
+        if let Some(b) = &mut self.bytecode {
+            b.listed(file_names);
+        }
         let Some(plan) = &mut self.plan else { return };
         for f in file_names {
             let f = String::from_utf8_lossy(f).into_owned();
@@ -581,12 +649,18 @@ impl Layout for Python {
 
     fn inspector(&self) -> Box<dyn super::Inspect> {
         Box::new(Inspector {
-            digest: self.plan.is_some(),
+            digest: self.plan.is_some() || self.bytecode.is_some(),
         })
     }
 
     fn place(&mut self, name: &Path, entries: &mut Vec<Entry>, facts: &Facts) -> Placement {
-        match self.install(name, entries, facts) {
+        let placed = match &mut self.bytecode {
+            Some(b) if bytecode::pack_name(super::file_name(name)).is_some() => {
+                b.place(name, entries, &mut self.records)
+            }
+            _ => self.install(name, entries, facts),
+        };
+        match placed {
             Ok(out) => {
                 *entries = out;
                 Placement::Fold(vec![Place::default()])
@@ -618,7 +692,21 @@ impl Layout for Python {
                 );
             }
         }
-        Ok(self.skeleton.clone())
+        let mut out = self.skeleton.clone();
+        for r in &mut self.records {
+            out.push(inline_file(
+                &r.at,
+                &wheel::write_record(&mut r.rows),
+                0o644,
+                r.mtime,
+            ));
+        }
+        Ok(out)
+    }
+
+    fn chore(&mut self) -> Option<Box<dyn super::Chore>> {
+        let b = self.bytecode.as_mut()?;
+        b.chore(&self.records)
     }
 }
 
