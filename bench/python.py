@@ -20,8 +20,14 @@ import compiled):
                 an empty uv cache (uv unpacks every wheel into its cache, links from it)
   uv-warm       the same with the cache of the cold run (uv's usual case)
   pkgfs-cold    pkgfs mount --layout python --lockfile LOCK WHEELS V, an empty index
-                cache (every wheel read and hashed)
-  pkgfs-warm    the same with the index cache of the cold run
+                cache (every wheel read and hashed; the bytecode compiled in the
+                background while the imports run)
+  pkgfs-warm    the same with an index cache holding every wheel's bytecode (made by
+                one mount first, waited for)
+  pkgfs-nocompile  the same with --no-compile (no bytecode served)
+  disk          disk used by ten environments of the lock at ten paths (and by one):
+                uv's (its cache included), pkgfs's (its index cache: the bytecode
+                packs); pip's: one environment's size, as nothing is shared
 `--only NAME,NAME` runs only those steps. Results go to OUT.json; a summary to standard
 output.
 """
@@ -81,9 +87,14 @@ def clear_venv():
     shutil.rmtree(VENV, ignore_errors=True)
 
 
+# As users run it: an interpreter that writes bytecode where it can (a writable
+# environment keeps what its first import compiled).
+IMPORT_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def ready():
     subprocess.run([os.path.join(VENV, "bin/python"), "-c", IMPORT], check=True,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, env=IMPORT_ENV)
 
 
 def step(make):
@@ -108,22 +119,85 @@ def pip(extra):
 
 
 def uv():
-    uvx = os.path.join(TOOLS, "bin/uv")
+    return lambda: make_uv(VENV)
 
+
+def pkgfs(extra="", at=VENV):
     def make():
-        env = f"UV_CACHE_DIR='{UV_CACHE}' UV_NO_CONFIG=1"
-        sh(f"{env} '{uvx}' venv -q --python '{PY}' '{VENV}'")
-        sh(f"{env} '{uvx}' pip install -q --no-deps --offline --find-links '{WHEELS}' "
-           f"--python '{VENV}/bin/python' -r '{LOCK}'")
-    return make
-
-
-def pkgfs():
-    def make():
-        os.makedirs(VENV)
+        os.makedirs(at)
         sh(f"'{PKGFS}' mount --layout python --python '{PY}' --lockfile '{LOCK}' "
-           f"-o index_cache='{INDEX_CACHE}' '{WHEELS}' '{VENV}'")
+           f"-o index_cache='{INDEX_CACHE}' {extra} '{WHEELS}' '{at}'")
     return make
+
+
+def compiling():
+    """Whether a mount's bytecode compile is running."""
+    return subprocess.run(["pgrep", "-f", "py_compile"], capture_output=True).returncode == 0
+
+
+def bytecode_made():
+    """Fill the index cache with every wheel's bytecode: one mount, waited for."""
+    clear_venv()
+    pkgfs()()
+    packs, still = -1, 0
+    while still < 3:
+        time.sleep(1)
+        n = len(glob.glob(os.path.join(INDEX_CACHE, "python", "*.pyc.zip")))
+        still = still + 1 if n == packs and not compiling() else 0
+        packs = n
+    log(f"bytecode: {packs} packs")
+    clear_venv()
+
+
+def du(*paths):
+    out = subprocess.run(["du", "-scb", *paths], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.strip().splitlines()[-1].split()[0])
+
+
+def disk():
+    """Bytes on disk for one environment and for ten, per tool."""
+    venvs = [f"{VENV}-{i}" for i in range(10)]
+    out = {}
+
+    def clear():
+        for v in venvs:
+            common.unmount(v)
+            shutil.rmtree(v, ignore_errors=True)
+    # pip: one environment (ten are ten copies: nothing is shared).
+    clear_venv()
+    pip("")()
+    out["pip"] = {"one": du(VENV), "ten": 10 * du(VENV)}
+    clear_venv()
+    # uv: its cache and the environments (du counts each hard-linked file once).
+    for n in (1, 10):
+        clear()
+        shutil.rmtree(UV_CACHE, ignore_errors=True)
+        for v in venvs[:n]:
+            make_uv(v)
+        out.setdefault("uv", {})["one" if n == 1 else "ten"] = du(UV_CACHE, *venvs[:n])
+    clear()
+    # pkgfs: the environments are mounts (nothing on disk); the index cache holds the
+    # bytecode packs and the indexes, waited for after the mounts.
+    for n in (1, 10):
+        shutil.rmtree(INDEX_CACHE, ignore_errors=True)
+        for v in venvs[:n]:
+            pkgfs(at=v)()
+        time.sleep(2)
+        while compiling():
+            time.sleep(1)
+        time.sleep(2)
+        out.setdefault("pkgfs", {})["one" if n == 1 else "ten"] = du(INDEX_CACHE)
+        clear()
+    return out
+
+
+def make_uv(at):
+    uvx = os.path.join(TOOLS, "bin/uv")
+    env = f"UV_CACHE_DIR='{UV_CACHE}' UV_NO_CONFIG=1"
+    sh(f"{env} '{uvx}' venv -q --python '{PY}' '{at}'")
+    sh(f"{env} '{uvx}' pip install -q --no-deps --offline --find-links '{WHEELS}' "
+       f"--python '{at}/bin/python' -r '{LOCK}'")
 
 
 def main():
@@ -139,11 +213,14 @@ def main():
         ("pkgfs-cold", lambda: (shutil.rmtree(INDEX_CACHE, ignore_errors=True),
                                 step(pkgfs()))[1]),
         ("pkgfs-warm", lambda: step(pkgfs())),
+        ("pkgfs-nocompile", lambda: step(pkgfs("--no-compile"))),
     ]
     only = common.arg(sys.argv[3:], "--only", None, str)
     for name, run in steps:
         if only and name not in only.split(","):
             continue
+        if name == "pkgfs-warm":
+            bytecode_made()
         runs = [run() for _ in range(ROUNDS)]
         med = lambda i: statistics.median(r[i] for r in runs)  # noqa: E731
         results["steps"][name] = {
@@ -153,13 +230,17 @@ def main():
         }
         log(f"{name}: median {results['steps'][name]['median']:.2f} s")
     clear_venv()
+    if not only or "disk" in only.split(","):
+        results["disk"] = disk()
     with open(OUT, "w") as f:
         json.dump(results, f, indent=1)
     print(f"{wheels} wheels, {size / 1e6:.1f} MB; medians, s: made + first import "
           f"(`{IMPORT}`) = ready; second import")
     for name, r in results["steps"].items():
-        print(f"  {name:14} {r['make']:.2f} + {r['first_import']:.2f} = {r['median']:.2f};"
+        print(f"  {name:16} {r['make']:.2f} + {r['first_import']:.2f} = {r['median']:.2f};"
               f" {r['second_import']:.2f}")
+    for name, d in results.get("disk", {}).items():
+        print(f"  disk, {name:5} one environment {d['one'] / 1e6:.1f} MB, ten {d['ten'] / 1e6:.1f} MB")
 
 
 if __name__ == "__main__":

@@ -150,6 +150,10 @@ pub struct Facts {
     pub digests: Vec<(&'static str, Vec<u8>)>,
     /// python: members the layout reads (metadata, scripts), as `(path, bytes)`.
     pub members: Vec<(Vec<u8>, Vec<u8>)>,
+    /// python: the members an installer makes executable, when the format says (a ZIP's
+    /// external attributes: a regular file's Unix mode with an execute bit, as pip
+    /// reads them); `None`: the entries' modes decide.
+    pub executable: Option<std::collections::HashSet<Vec<u8>>>,
 }
 
 /// Finds out what a layout needs to know of an indexed package ([`Facts`]).

@@ -42,6 +42,10 @@ pub struct ZipData {
     pub name_len: u16,
     /// See `name_len`.
     pub name_crc: u32,
+    /// The external attributes as stored (an installer's rules may read them: pip
+    /// marks a member executable only if their high half is a regular file's mode with
+    /// an execute bit, whatever the host).
+    pub external: u32,
 }
 
 /// A parsed central directory: the entries, and the records of those with data
@@ -363,6 +367,7 @@ fn parse_record(
             encrypted: flags & 1 != 0,
             name_len: name.len() as u16,
             name_crc: crc32fast::hash(name),
+            external,
         }),
     };
     let entry = Entry {
@@ -711,6 +716,7 @@ mod tests {
                 encrypted: false,
                 name_len: 3,
                 name_crc: crc32fast::hash(b"big"),
+                external: 0o100644 << 16,
             })
         );
     }

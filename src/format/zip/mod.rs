@@ -115,6 +115,12 @@ impl ZipPackage {
         }
     }
 
+    /// The stored external attributes of the member at `loc`.
+    pub fn external_attributes(&self, loc: &Loc) -> Option<u32> {
+        let Loc::Record(n) = loc else { return None };
+        self.records.get(*n as usize).map(|r| r.zip.external)
+    }
+
     fn member<'a>(&'a self, r: &'a Reading<'a>) -> Result<Member<'a>> {
         let Loc::Record(n) = r.loc else {
             return Err(Error::Format(format!("{:?} is no ZIP member", r.loc)));

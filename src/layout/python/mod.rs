@@ -241,6 +241,23 @@ impl super::Inspect for Inspector {
         if self.digest {
             facts.digests.push(("sha256", sha256(archive)?));
         }
+        if let Some(zip) = archive
+            .package
+            .as_any()
+            .downcast_ref::<crate::format::zip::ZipPackage>()
+        {
+            facts.executable = Some(
+                entries
+                    .iter()
+                    .filter(|e| e.kind == EntryKind::File)
+                    .filter(|e| {
+                        zip.external_attributes(&e.data)
+                            .is_some_and(wheel::executable)
+                    })
+                    .map(|e| e.path.clone())
+                    .collect(),
+            );
+        }
         let io = crate::io::Io::new(0);
         for e in entries {
             let Ok(c) = crate::tree::path::components(&e.path) else {
@@ -345,6 +362,16 @@ impl Python {
             Some(t) => wheel::entry_points(t)?,
             None => (Vec::new(), Vec::new()),
         };
+        // pip names the headers' directory after the requirement it installs: the name
+        // as the lock writes it, or the wheel file's with `_` as `-`.
+        let header_dir = match self.plan.as_ref().and_then(|p| p.locked.get(&key)) {
+            Some(l) => l.name.clone(),
+            None => String::from_utf8_lossy(super::file_name(name))
+                .split('-')
+                .next()
+                .unwrap_or(&project)
+                .replace('_', "-"),
+        };
         let lib = if purelib {
             self.scheme.purelib.clone()
         } else {
@@ -384,7 +411,7 @@ impl Python {
                     b"data" => self.scheme.data.clone(),
                     b"headers" => {
                         let mut h = self.scheme.headers.clone();
-                        h.push(project.clone().into_bytes());
+                        h.push(header_dir.clone().into_bytes());
                         h
                     }
                     b"scripts" => {
@@ -420,7 +447,11 @@ impl Python {
                 entry.link = Vec::new();
                 entry.perm = 0o644;
             } else {
-                entry.perm = if e.perm & 0o111 != 0 { 0o755 } else { 0o644 };
+                let exec = match &facts.executable {
+                    Some(set) => set.contains(&e.path),
+                    None => e.perm & 0o111 != 0,
+                };
+                entry.perm = if exec { 0o755 } else { 0o644 };
             }
             entry.uid = None;
             entry.gid = None;

@@ -16,6 +16,14 @@ use sha2::Digest as _;
 /// The scheme keys a wheel's `.data` directory may use, and what pip calls them.
 pub const SCHEME_KEYS: [&str; 5] = ["purelib", "platlib", "headers", "scripts", "data"];
 
+/// Whether pip makes a member executable, from its ZIP external attributes: their high
+/// half is a regular file's mode with an execute bit (`zip_item_is_executable`; a mode
+/// without a file type, as some writers store, is not).
+pub fn executable(external: u32) -> bool {
+    let mode = external >> 16;
+    mode & 0o170000 == 0o100000 && mode & 0o111 != 0
+}
+
 /// `WHEEL`: whether the root of the wheel goes to purelib (else platlib). A `Wheel-Version`
 /// of another major version is refused, as the specification asks.
 pub fn root_is_purelib(wheel: &[u8]) -> Result<bool, String> {
@@ -394,5 +402,15 @@ mod tests {
             b"../../../bin/jp"
         );
         assert_eq!(relpath(&v("/v/lib/x/a.py"), &v("/v/lib/x")), b"a.py");
+    }
+
+    #[test]
+    fn executable_as_pip_reads_the_external_attributes() {
+        assert!(executable(0o100755 << 16));
+        assert!(!executable(0o100644 << 16));
+        // protobuf's wheels: permission bits without a file type.
+        assert!(!executable(0o777 << 16));
+        assert!(!executable(0o120777 << 16));
+        assert!(!executable(0));
     }
 }
