@@ -575,6 +575,39 @@ fn python_layout_of_a_jupyter_stack_is_pips_compiled_install_and_works() {
     assert!(!m.messages().contains("WARN"), "{}", m.messages());
 }
 
+/// Wheels from a remote store: an nginx directory listing of the 12 wheels (started
+/// here on loopback, stopped after). The mount is pip's install of the same wheels, and
+/// its bytecode lands as from local wheels (the packs are local).
+#[test]
+fn python_layout_installs_wheels_from_an_http_store() {
+    if !require_tools(&["python3", "nginx"]) {
+        return;
+    }
+    let wheels = wheels();
+    let www = crate::remote::www();
+    fs::create_dir(www.path().join("wheels")).unwrap();
+    for e in fs::read_dir(wheels).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "whl") {
+            fs::copy(&p, www.path().join("wheels").join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    crate::remote::readable(www.path());
+    let nginx = crate::remote::Nginx::start(www.path());
+    let tmp = tempfile::tempdir().unwrap();
+    let venv = tmp.path().join("venv");
+    let reference = reference_install(&venv, &wheel_list(), &[]);
+    let url = nginx.url("wheels/");
+    let m = Venv::mount_with(&[Path::new(&url)], &venv, &[]);
+    assert_eq!(same_environment(&reference, &venv), 12);
+    let out = stdout_of(Command::new(venv.join("bin/python")).args([
+        "-c",
+        "import zope.interface, greenlet, docutils; print(greenlet.__file__)",
+    ]));
+    assert!(out.trim().starts_with(venv.to_str().unwrap()), "{out}");
+    assert!(!m.messages().contains("WARN"), "{}", m.messages());
+}
+
 /// The sha256 of a file, in hex.
 fn sha256_hex(path: &Path) -> String {
     let out = stdout_of(Command::new("sha256sum").arg(path));

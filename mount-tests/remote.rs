@@ -181,7 +181,7 @@ pub fn readable(p: &Path) {
 }
 
 /// A web root nginx's workers can enter.
-fn www() -> tempfile::TempDir {
+pub fn www() -> tempfile::TempDir {
     let www = tempfile::tempdir().unwrap();
     readable(www.path());
     www

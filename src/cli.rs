@@ -485,6 +485,7 @@ impl LayoutArgs {
             venv: None,
             no_compile: self.no_compile,
             bytecode: None,
+            index_cache: None,
         })
     }
 }
@@ -563,7 +564,7 @@ fn check_layout(cfg: LayoutConfig) -> Result<LayoutConfig, UsageError> {
 
 /// A python layout's environment is the mountpoint: its absolute path, as `python -m
 /// venv` makes it absolute. Its bytecode packs are in the index cache (none without
-/// one, or with `--no-compile`).
+/// one, or with `--no-compile`), and so are its wheels' digests.
 fn venv_at(cfg: &mut MountConfig) -> Result<(), UsageError> {
     if cfg.merge.layout.kind == LayoutKind::Python {
         let at = std::path::absolute(&cfg.mountpoint)
@@ -573,6 +574,7 @@ fn venv_at(cfg: &mut MountConfig) -> Result<(), UsageError> {
             (Some(dir), false) => Some(dir.join("python")),
             _ => None,
         };
+        cfg.merge.layout.index_cache = cfg.index_cache.clone();
     }
     Ok(())
 }

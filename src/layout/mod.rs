@@ -115,6 +115,9 @@ pub struct Config {
     /// python: the directory of compiled bytecode packs, one per wheel and interpreter
     /// (`INDEX_CACHE/python`, a source of the mount; `None`: no bytecode).
     pub bytecode: Option<PathBuf>,
+    /// python: the index cache, where the digests of local packages are kept
+    /// ([`cached_digest`]).
+    pub index_cache: Option<PathBuf>,
 }
 
 /// Where one package goes.
@@ -276,6 +279,38 @@ pub fn each_chunk(archive: &Archive, mut f: impl FnMut(&[u8])) -> Result<()> {
         at += n as u64;
     }
     Ok(())
+}
+
+/// The digest `algo` of `archive`'s bytes, made by `compute` or kept in `cache`: for a
+/// local file only, by its identity (device, inode, size, modification time) and its
+/// change time, which no user can set back, so a file changed since never matches.
+/// Remote objects are always hashed (their version is the server's word).
+pub fn cached_digest(
+    cache: Option<&crate::format::IndexCache>,
+    archive: &Archive,
+    algo: &str,
+    compute: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt as _;
+    let key = cache.and_then(|c| {
+        let meta = std::fs::metadata(&archive.path).ok()?;
+        (archive.blob.version() == crate::io::blob::local_version(&meta)).then(|| {
+            let extra = format!("{algo} ctime {}.{:09}", meta.ctime(), meta.ctime_nsec());
+            (c, c.key("digest", &*archive.blob, &extra))
+        })
+    });
+    if let Some((c, k)) = &key
+        && let Some(d) = c.load(k)
+    {
+        return Ok(d);
+    }
+    let d = compute()?;
+    if let Some((c, k)) = &key
+        && let Err(e) = c.store(k, &d)
+    {
+        log::debug!("{}: digest not kept: {e}", archive.path.display());
+    }
+    Ok(d)
 }
 
 /// A directory entry of a layout's own.

@@ -157,6 +157,30 @@ impl Bytecode {
         }
     }
 
+    /// The cache files among a wheel's own members (`installed`, relative to the
+    /// environment) that its pack replaces, if this scan lists its pack: pip compiles
+    /// over a `.pyc` a wheel ships (numpy ships one), so the pack's is the one shown, not
+    /// a conflict.
+    pub(super) fn replaced(
+        &self,
+        sha256: Option<&str>,
+        sources: &[(Vec<u8>, String)],
+        installed: &[Entry],
+    ) -> HashSet<Vec<u8>> {
+        if !sha256.is_some_and(|s| self.listed.contains(s)) {
+            return HashSet::new();
+        }
+        let caches: HashSet<Vec<u8>> = sources
+            .iter()
+            .filter_map(|(py, _)| cache_file(py, self.cache_tag()))
+            .collect();
+        installed
+            .iter()
+            .filter(|e| caches.contains(&e.path))
+            .map(|e| e.path.clone())
+            .collect()
+    }
+
     /// Place the pack `name` after its wheel: its members are the cache files of the
     /// wheel's sources, added to its `RECORD` (of `records`) with no hash.
     pub(super) fn place(

@@ -68,6 +68,8 @@ pub struct Python {
     records: Vec<Record>,
     /// Compiled bytecode: packs placed with their wheels, compiled for those without.
     bytecode: Option<Bytecode>,
+    /// Where the digests of local wheels are kept.
+    index_cache: Option<crate::format::IndexCache>,
 }
 
 /// A placed wheel's `RECORD`, until every row is known.
@@ -175,6 +177,7 @@ impl Python {
             plan,
             records: Vec::new(),
             bytecode,
+            index_cache: cfg.index_cache.clone().map(crate::format::IndexCache::new),
         })
     }
 }
@@ -221,6 +224,8 @@ fn wanted(c: &[&[u8]], info: &[u8]) -> bool {
 struct Inspector {
     /// Hash the wheel file (a lock file's hashes are checked).
     digest: bool,
+    /// Where the digests of local wheels are kept.
+    cache: Option<crate::format::IndexCache>,
 }
 
 /// The sha256 of all of `archive`'s bytes.
@@ -239,7 +244,9 @@ impl super::Inspect for Inspector {
             return Ok(facts);
         };
         if self.digest {
-            facts.digests.push(("sha256", sha256(archive)?));
+            let d =
+                super::cached_digest(self.cache.as_ref(), archive, "sha256", || sha256(archive))?;
+            facts.digests.push(("sha256", d));
         }
         if let Some(zip) = archive
             .package
@@ -493,12 +500,22 @@ impl Python {
         let old = member("RECORD")
             .map(wheel::parse_record)
             .unwrap_or_default();
-        let mut installed = inst.installed.clone();
+        // Each old row takes the first installed file of its path not yet taken (a map:
+        // plotly's RECORD has 15,000 rows).
+        let installed = &inst.installed;
+        let mut by_src: HashMap<&str, std::collections::VecDeque<usize>> = HashMap::new();
+        for (i, (src, _)) in installed.iter().enumerate() {
+            by_src.entry(src.as_str()).or_default().push_back(i);
+        }
+        let mut taken = vec![false; installed.len()];
         let mut rows: Vec<(String, String, String)> = Vec::new();
         for row in &old {
             let Some(path) = row.first() else { continue };
-            let new = match installed.iter().position(|(src, _)| src == path) {
-                Some(i) => installed.remove(i).1,
+            let new = match by_src.get_mut(path.as_str()).and_then(|q| q.pop_front()) {
+                Some(i) => {
+                    taken[i] = true;
+                    installed[i].1.clone()
+                }
                 None => path.clone(),
             };
             let (hash, size) = match inst.changed.get(&new) {
@@ -519,8 +536,10 @@ impl Python {
         }
         rows.extend(
             installed
-                .into_iter()
-                .map(|(_, new)| (new, String::new(), String::new())),
+                .iter()
+                .zip(&taken)
+                .filter(|(_, t)| !**t)
+                .map(|((_, new), _)| (new.clone(), String::new(), String::new())),
         );
         // Generated files replace members at the same place, as pip overwrites them.
         let paths: HashSet<Vec<u8>> = generated
@@ -550,13 +569,18 @@ impl Python {
                     String::from_utf8_lossy(&as_pip).into_owned(),
                 )
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let sha256 = sha256_hex(facts);
+        if let Some(b) = &self.bytecode {
+            let replaced = b.replaced(sha256.as_deref(), &sources, &inst.out);
+            inst.out.retain(|e| !replaced.contains(&e.path));
+        }
         self.records.push(Record {
             at: inst.rel_root(&record_at),
             rows,
             lib,
             mtime,
-            sha256: sha256_hex(facts),
+            sha256,
             sources,
         });
         self.taken.insert(key, name.to_path_buf());
@@ -681,6 +705,7 @@ impl Layout for Python {
     fn inspector(&self) -> Box<dyn super::Inspect> {
         Box::new(Inspector {
             digest: self.plan.is_some() || self.bytecode.is_some(),
+            cache: self.index_cache.clone(),
         })
     }
 
