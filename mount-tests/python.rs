@@ -338,18 +338,21 @@ fn pyc_files(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Wait, at most `secs` seconds, until the bytecode compiled in the background has
+/// landed (`landed`, polled: what lands is files in the tree); the comparison that
+/// follows says what is missing if it never does.
+fn settle(secs: u64, mut landed: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !landed() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
 /// Modules of the environment at `venv` that an import compiled from source, and how
 /// many it loaded from `__pycache__` (`python -v` says which).
 fn imported_from(venv: &Path, modules: &str) -> (Vec<String>, usize) {
-    let out = Command::new(venv.join("bin/python"))
-        .args(["-v", "-c", &format!("import {modules}")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        run(Command::new(venv.join("bin/python")).args(["-v", "-c", &format!("import {modules}")]));
     let err = String::from_utf8_lossy(&out.stderr);
     let mine = format!("{}/", venv.display());
     let compiled = err
@@ -380,10 +383,7 @@ fn python_layout_serves_the_bytecode_pip_compiles() {
     let m = Venv::mount_with(&[wheels], &venv, &["--index-cache", cache_arg]);
     // Compiled in the background, activated as the packs arrive: wait (bounded) until
     // the mount serves as many as pip wrote, then compare.
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(180);
-    while pyc_files(&venv).len() < want.len() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
+    settle(180, || pyc_files(&venv).len() >= want.len());
     // pip's tree, bytecode and RECORD rows included; every .pyc valid for the source
     // the mount serves.
     let infos = same_environment_with(&reference, &venv, &["--pyc"]);
@@ -459,10 +459,7 @@ fn python_layout_serves_the_bytecode_pip_compiles() {
         "{site}/__pycache__/six.{}.pyc",
         tag.trim().rsplit_once('-').unwrap().0
     ));
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(180);
-    while !six_pyc.exists() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
+    settle(180, || six_pyc.exists());
     assert!(six_pyc.exists(), "{}", m4.messages());
     assert!(!other.join(&site).join("evil.pyc").exists());
     let log = m4.messages();
@@ -513,10 +510,7 @@ fn python_layout_of_a_jupyter_stack_is_pips_compiled_install_and_works() {
             cache.to_str().unwrap(),
         ],
     );
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(600);
-    while pyc_files(&venv).len() < want && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    }
+    settle(600, || pyc_files(&venv).len() >= want);
     let infos = same_environment_with(&reference, &venv, &["--pyc"]);
     assert_eq!(infos, 64, "every wheel of the lock");
     let site = venv.join(format!("lib/python{}/site-packages", python_version()));

@@ -29,7 +29,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use super::{NotPlaced, Record, wheel};
@@ -313,7 +313,6 @@ impl super::super::Chore for Compile {
     }
 
     fn run(mut self: Box<Self>) -> Result<Option<String>> {
-        let err = |e: std::io::Error| Error::Format(format!("compiling bytecode: {e}"));
         // Packs made since the scan that asked (by an earlier chore) are not made again.
         let dir = PathBuf::from(&self.job.dir);
         let tag = self.job.tag.clone();
@@ -333,49 +332,14 @@ impl super::super::Chore for Compile {
         );
         let input = serde_json::to_vec(&self.job)
             .map_err(|e| Error::Internal(format!("the compile job: {e}")))?;
-        let mut child = Command::new(&self.python)
-            .arg("-I")
-            .arg("-c")
-            .arg(COMPILE)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(err)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            use std::io::Write as _;
-            stdin.write_all(&input).map_err(err)?;
-        }
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::{BufRead as _, Read as _};
-            if let Some(out) = stdout {
-                for line in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
-                    log::debug!("bytecode compiled (wheel sha256, files, of): {line}");
-                }
-            }
-            let mut e = String::new();
-            if let Some(mut s) = stderr {
-                let _ = s.read_to_string(&mut e);
-            }
-            let _ = tx.send(e);
-        });
-        let Ok(errors) = rx.recv_timeout(COMPILE_WAIT) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(Error::Format(format!(
-                "compiling bytecode took over {} s: stopped",
-                COMPILE_WAIT.as_secs()
-            )));
-        };
-        let status = child.wait().map_err(err)?;
-        if !status.success() {
-            return Err(Error::Format(format!(
-                "the interpreter failed to compile ({status}): {}",
-                errors.trim()
-            )));
+        let out = super::interp::run_with(
+            Command::new(&self.python).arg("-I").arg("-c").arg(COMPILE),
+            "compiling bytecode",
+            Some(&input),
+            COMPILE_WAIT,
+        )?;
+        for line in String::from_utf8_lossy(&out).lines() {
+            log::debug!("bytecode compiled (wheel sha256, files, of): {line}");
         }
         Ok(Some(done))
     }

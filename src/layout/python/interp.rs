@@ -182,32 +182,56 @@ pub fn abs_components(p: &Path) -> Vec<Vec<u8>> {
 
 /// Run `cmd`, killing it after [`PYTHON_WAIT`]; its stdout, or an error with its stderr.
 fn run(cmd: &mut Command, what: &str) -> Result<Vec<u8>> {
+    run_with(cmd, what, None, PYTHON_WAIT)
+}
+
+/// Run the interpreter command `cmd` with `input` on its standard input (else none),
+/// killing it after `wait`: its stdout, or an error saying `what` failed, with its
+/// stderr.
+pub fn run_with(
+    cmd: &mut Command,
+    what: &str,
+    input: Option<&[u8]>,
+    wait: Duration,
+) -> Result<Vec<u8>> {
+    use std::process::Stdio;
     let mut child = cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| Error::Format(format!("{what}: cannot run the interpreter: {e}")))?;
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
+        use std::io::Write as _;
+        // A child that stops reading has failed: its status and stderr say why.
+        let _ = stdin.write_all(data);
+    }
     let (tx, rx) = std::sync::mpsc::channel();
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
     std::thread::spawn(move || {
-        use std::io::Read as _;
-        let (mut o, mut e) = (Vec::new(), Vec::new());
-        if let Some(s) = stdout.as_mut() {
-            let _ = s.read_to_end(&mut o);
-        }
-        if let Some(s) = stderr.as_mut() {
-            let _ = s.read_to_end(&mut e);
-        }
-        let _ = tx.send((o, e));
+        let out = stdout.join().unwrap_or_default();
+        let _ = tx.send((out, stderr.join().unwrap_or_default()));
     });
-    let Ok((out, err)) = rx.recv_timeout(PYTHON_WAIT) else {
+    let Ok((out, err)) = rx.recv_timeout(wait) else {
         let _ = child.kill();
         let _ = child.wait();
         return Err(Error::Format(format!(
-            "{what}: the interpreter did not answer in {} s",
-            PYTHON_WAIT.as_secs()
+            "{what}: the interpreter did not finish in {} s",
+            wait.as_secs()
         )));
     };
     let status = child
