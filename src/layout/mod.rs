@@ -436,6 +436,52 @@ mod tests {
         assert!(!plain_component(&[b'a'; 256]));
     }
 
+    /// A local file's digest is kept, and computed again once the file changes, even
+    /// with its inode, size and modification time as they were (its change time moved).
+    #[test]
+    fn digests_are_kept_until_the_file_changes() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.zip");
+        let write = |data: &[u8]| {
+            let mut z = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+            z.start_file("a", zip::write::SimpleFileOptions::default())
+                .unwrap();
+            std::io::Write::write_all(&mut z, data).unwrap();
+            z.finish().unwrap();
+        };
+        write(b"one");
+        let cache = crate::format::IndexCache::new(dir.path().join("cache"));
+        let digest = |tag: u8| {
+            let mut a = crate::format::open_path(&path, &Default::default())
+                .map_err(|_| ())
+                .unwrap()
+                .archive;
+            a.path = path.clone();
+            cached_digest(Some(&cache), &a, "test", || Ok(vec![tag])).unwrap()
+        };
+        assert_eq!(digest(1), [1]);
+        assert_eq!(digest(2), [1], "kept");
+        let before = std::fs::metadata(&path).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write(b"two");
+        let t = std::fs::FileTimes::new().set_modified(
+            std::time::UNIX_EPOCH
+                + std::time::Duration::new(before.mtime() as u64, before.mtime_nsec() as u32),
+        );
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_times(t)
+            .unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().mtime_nsec(),
+            before.mtime_nsec()
+        );
+        assert_eq!(digest(3), [3], "computed again");
+    }
+
     #[test]
     fn layouts_are_named_as_on_the_command_line() {
         for k in Kind::ALL {
