@@ -66,7 +66,13 @@ impl IndexCache {
 
     /// Where the index of `blob` in `format` is kept; `extra` must match too.
     pub fn key(&self, format: &str, blob: &dyn Blob, extra: &str) -> CacheKey {
-        let key = format!("{format}\n{}\n{extra}", blob.version());
+        self.key_for(format, blob.version(), extra)
+    }
+
+    /// Where what was learnt of something other than a blob is kept: `version` names
+    /// the thing's state (a file's identity), `extra` the question.
+    pub fn key_for(&self, format: &str, version: &str, extra: &str) -> CacheKey {
+        let key = format!("{format}\n{version}\n{extra}");
         let name = format!(
             "{format}-{:016x}-{:08x}.idx",
             fnv64(key.as_bytes()),

@@ -157,6 +157,9 @@ pub struct Facts {
     /// external attributes: a regular file's Unix mode with an execute bit, as pip
     /// reads them); `None`: the entries' modes decide.
     pub executable: Option<std::collections::HashSet<Vec<u8>>>,
+    /// python: the rows of the wheel's `RECORD`, parsed on the indexing thread (plotly's
+    /// has 15,000).
+    pub record: Option<std::sync::Arc<Vec<Vec<String>>>>,
 }
 
 /// Finds out what a layout needs to know of an indexed package ([`Facts`]).

@@ -27,7 +27,7 @@
 //! replaces it with the path it loads from (`_imp._fix_co_filename`), so another
 //! environment's tracebacks name their own files.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -95,6 +95,7 @@ pub fn pack_name(file_name: &[u8]) -> Option<(&str, &str)> {
 
 /// The cache file of source `py` (relative path) for interpreter tag `cache_tag`, as
 /// `importlib.util.cache_from_source` names it: `DIR/__pycache__/NAME.TAG.pyc`.
+#[cfg(test)]
 fn cache_file(py: &[u8], cache_tag: &str) -> Option<Vec<u8>> {
     let stem = py.strip_suffix(b".py")?;
     let (dir, name) = match stem.iter().rposition(|&b| b == b'/') {
@@ -112,6 +113,23 @@ fn cache_file(py: &[u8], cache_tag: &str) -> Option<Vec<u8>> {
         ]
         .concat(),
     )
+}
+
+/// The module whose cache file (as [`cache_file`] names it) `cache` is.
+fn source_of(cache: &[u8], cache_tag: &str) -> Option<Vec<u8>> {
+    let rest = cache
+        .strip_suffix(b".pyc")?
+        .strip_suffix(cache_tag.as_bytes())?
+        .strip_suffix(b".")?;
+    let (dir, name) = match rest.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rest[..=i], &rest[i + 1..]),
+        None => return None,
+    };
+    let dir = dir.strip_suffix(b"__pycache__/")?;
+    if name.is_empty() || !(dir.is_empty() || dir.ends_with(b"/")) {
+        return None;
+    }
+    Some([dir, name, b".py"].concat())
 }
 
 /// The python layout's bytecode for one scan.
@@ -167,16 +185,18 @@ impl Bytecode {
         sources: &[(Vec<u8>, String)],
         installed: &[Entry],
     ) -> HashSet<Vec<u8>> {
-        if !sha256.is_some_and(|s| self.listed.contains(s)) {
+        if !sha256.is_some_and(|s| self.listed.contains(s))
+            || !installed.iter().any(|e| e.path.ends_with(b".pyc"))
+        {
             return HashSet::new();
         }
-        let caches: HashSet<Vec<u8>> = sources
-            .iter()
-            .filter_map(|(py, _)| cache_file(py, self.cache_tag()))
-            .collect();
+        let sources: HashSet<&[u8]> = sources.iter().map(|(py, _)| py.as_slice()).collect();
         installed
             .iter()
-            .filter(|e| caches.contains(&e.path))
+            .filter(|e| {
+                source_of(&e.path, self.cache_tag())
+                    .is_some_and(|py| sources.contains(py.as_slice()))
+            })
             .map(|e| e.path.clone())
             .collect()
     }
@@ -208,12 +228,13 @@ impl Bytecode {
                 "bytecode of a wheel this environment does not install".into(),
             ));
         };
-        let expected: HashMap<Vec<u8>, ()> = record
-            .sources
-            .iter()
-            .filter_map(|(py, _)| cache_file(py, self.cache_tag()))
-            .map(|c| (c, ()))
-            .collect();
+        let sources: HashSet<&[u8]> = record.sources.iter().map(|(py, _)| py.as_slice()).collect();
+        let venv = super::interp::abs_components(&self.venv);
+        // The library directory relative to the environment, if it is inside it.
+        let lib_rel = record
+            .lib
+            .starts_with(&venv)
+            .then(|| record.lib[venv.len()..].join(&b'/'));
         let mut out = Vec::new();
         let mut rows = Vec::new();
         for e in entries {
@@ -224,22 +245,37 @@ impl Bytecode {
             let comps = crate::tree::path::components(&e.path)
                 .map_err(|err| format!("bytecode pack member {shown:?}: {err}"))?;
             let rel = comps.join(&b'/');
-            if e.kind != EntryKind::File || !expected.contains_key(&rel) {
+            let of_a_module =
+                source_of(&rel, self.cache_tag()).is_some_and(|py| sources.contains(py.as_slice()));
+            if e.kind != EntryKind::File || !of_a_module {
                 return Err(NotPlaced::Refused(format!(
                     "bytecode pack member {shown:?} is not the cache file of a module of its wheel"
                 )));
             }
-            let mut abs = super::interp::abs_components(&self.venv);
-            abs.extend(comps.iter().map(|c| c.to_vec()));
-            let at = String::from_utf8_lossy(&wheel::relpath(&abs, &record.lib)).into_owned();
+            let at = match &lib_rel {
+                Some(l) if rel.starts_with(l) && rel.get(l.len()) == Some(&b'/') => {
+                    String::from_utf8_lossy(&rel[l.len() + 1..]).into_owned()
+                }
+                _ => {
+                    let mut abs = venv.clone();
+                    abs.extend(comps.iter().map(|c| c.to_vec()));
+                    String::from_utf8_lossy(&wheel::relpath(&abs, &record.lib)).into_owned()
+                }
+            };
             rows.push((at, String::new(), String::new()));
-            let mut entry = e.clone();
-            entry.path = rel;
-            entry.perm = 0o644;
-            entry.uid = None;
-            entry.gid = None;
-            entry.xattrs = Vec::new();
-            out.push(entry);
+            out.push(Entry {
+                path: rel,
+                kind: EntryKind::File,
+                perm: 0o644,
+                mtime: e.mtime,
+                uid: None,
+                gid: None,
+                size: e.size,
+                data: e.data.clone(),
+                link: Vec::new(),
+                rdev: 0,
+                xattrs: Vec::new(),
+            });
         }
         record.rows.extend(rows);
         self.placed.insert(sha);
@@ -378,5 +414,24 @@ mod tests {
             b"__pycache__/m.cpython-311.pyc"
         );
         assert_eq!(cache_file(b"m.pyx", "cpython-311"), None);
+        // And back.
+        for py in [&b"lib/p/site-packages/a/b.py"[..], b"m.py", b"a/b.c.py"] {
+            let c = cache_file(py, "cpython-311").unwrap();
+            assert_eq!(source_of(&c, "cpython-311").unwrap(), py);
+        }
+        for not in [
+            &b"a/b.cpython-311.pyc"[..],
+            b"a/__pycache__/b.cpython-312.pyc",
+            b"a/__pycache__/.cpython-311.pyc",
+            b"a__pycache__/b.cpython-311.pyc",
+            b"a/__pycache__/b.cpython-311.pyc.x",
+        ] {
+            assert_eq!(
+                source_of(not, "cpython-311"),
+                None,
+                "{}",
+                String::from_utf8_lossy(not)
+            );
+        }
     }
 }

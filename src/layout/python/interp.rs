@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::Entry;
@@ -47,10 +47,11 @@ markers = {
     "python_version": ".".join(platform.python_version_tuple()[:2]),
     "sys_platform": sys.platform,
 }
-tags = None
+tags = tags_from = None
 for mod in ("packaging.tags", "pip._vendor.packaging.tags"):
     try:
         tags = [str(t) for t in importlib.import_module(mod).sys_tags()]
+        tags_from = mod
         break
     except Exception:
         pass
@@ -58,10 +59,20 @@ if tags is None:
     tags = fallback_tags()
 tag = sys.implementation.cache_tag
 bytecode = None if tag is None else tag + "-" + importlib.util.MAGIC_NUMBER.hex()
+# The files these answers (and venv's) come from: a change to one asks again.
+deps = [sys.executable]
+for mod in ("sysconfig", "venv", "site", tags_from,
+            getattr(sysconfig, "_get_sysconfigdata_name", lambda: None)()):
+    try:
+        spec = mod and importlib.util.find_spec(mod)
+        if spec and spec.origin and os.path.isfile(spec.origin):
+            deps.append(spec.origin)
+    except Exception:
+        pass
 print(json.dumps({"version": "%d.%d" % sys.version_info[:2], "bytecode": bytecode,
                   "purelib": p["purelib"], "platlib": p["platlib"],
                   "scripts": p["scripts"], "data": p["data"],
-                  "markers": markers, "tags": tags}))
+                  "markers": markers, "tags": tags, "deps": deps}))
 "#;
 
 /// The tags `packaging.tags.sys_tags()` gives, for CPython on glibc Linux, computed as it
@@ -105,7 +116,7 @@ def fallback_tags():
     return out
 "#;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 struct Probe {
     version: String,
     bytecode: Option<String>,
@@ -115,6 +126,9 @@ struct Probe {
     data: String,
     markers: std::collections::HashMap<String, String>,
     tags: Option<Vec<String>>,
+    /// The files the answers (and `venv`'s) come from.
+    #[serde(default)]
+    deps: Vec<String>,
 }
 
 /// Where an environment's files go, as absolute component lists.
@@ -144,30 +158,211 @@ pub struct Scheme {
     pub bytecode: Option<String>,
 }
 
-/// What [`scheme`] and [`skeleton`] said for an interpreter (by its file's identity)
-/// and an environment path, kept for the process's later scans.
+/// What the interpreter said of an environment: its [`Scheme`] and the environment's own
+/// files (entries relative to its root).
 type Asked = (Scheme, Vec<Entry>);
 
-/// [`scheme`] and [`skeleton`] of `python` for `venv`, asked once per process while the
-/// interpreter's file is unchanged (a live mount rescans often; each call costs tens
-/// of milliseconds of the interpreter's start).
-pub fn asked(python: &Path, venv: &Path) -> Result<Asked> {
+/// The scheme and skeleton of `python` for an environment at `venv`.
+///
+/// Asked once per process while the interpreter's file is unchanged (a live mount
+/// rescans often), and kept in `cache` (the index cache) across processes: each ask
+/// costs two interpreter starts (about 0.14 s here), a kept answer a few `stat`s. A kept
+/// answer is used while the interpreter, every file it named as a source of its answers
+/// (`sysconfig`, `venv`, `site`, the tags module, the sysconfig data) and the kernel
+/// release are as they were; it is made in a directory named as `venv`, so one answer
+/// serves every environment of that name (paths replaced, as [`skeleton`] does).
+pub fn asked(
+    python: &Path,
+    venv: &Path,
+    cache: Option<&crate::format::IndexCache>,
+) -> Result<Asked> {
     use std::collections::HashMap;
-    use std::os::unix::fs::MetadataExt as _;
     use std::sync::{Mutex, OnceLock};
-    type Key = (PathBuf, PathBuf, (u64, u64, i64, i64, u64));
+    type Key = (PathBuf, PathBuf, String);
     static ASKED: OnceLock<Mutex<HashMap<Key, Asked>>> = OnceLock::new();
-    let id = std::fs::metadata(python)
-        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
-        .map_err(|e| Error::Format(format!("{}: {e}", python.display())))?;
-    let key = (python.to_path_buf(), venv.to_path_buf(), id);
+    let id = identity(python).map_err(|e| Error::Format(format!("{}: {e}", python.display())))?;
+    let key = (python.to_path_buf(), venv.to_path_buf(), id.clone());
     let memo = ASKED.get_or_init(Default::default);
     if let Some(a) = crate::sync::lock(memo).get(&key) {
         return Ok(a.clone());
     }
-    let a = (scheme(python, venv)?, skeleton(python, venv)?);
+    let name = venv.file_name().unwrap_or(venv.as_os_str());
+    let kept_at = cache.map(|c| {
+        let question = format!(
+            "{}\n{:016x}",
+            String::from_utf8_lossy(name.as_encoded_bytes()),
+            crc32fast::hash(format!("{FALLBACK_TAGS}{PROBE}{SKELETON_FORM}").as_bytes())
+        );
+        (
+            c,
+            c.key_for(
+                "python-interp",
+                &format!("{}\n{id}", python.display()),
+                &question,
+            ),
+        )
+    });
+    let kept = kept_at
+        .as_ref()
+        .and_then(|(c, k)| c.load(k))
+        .and_then(|b| serde_json::from_slice::<Kept>(&b).ok())
+        .filter(Kept::holds);
+    let answers = match kept {
+        Some(k) => k.answers,
+        None => {
+            let answers = ask(python, name)?;
+            if let Some((c, k)) = &kept_at {
+                let kept = Kept::of(answers);
+                match serde_json::to_vec(&kept).map_err(|e| Error::Internal(e.to_string())) {
+                    Ok(b) => {
+                        if let Err(e) = c.store(k, &b) {
+                            log::warn!("keeping the interpreter's answers: {e}");
+                        }
+                    }
+                    Err(e) => log::warn!("keeping the interpreter's answers: {e}"),
+                }
+                kept.answers
+            } else {
+                answers
+            }
+        }
+    };
+    let a = (
+        scheme_of(&answers.probe, &answers.made, venv)?,
+        skeleton_of(&answers, venv, now()),
+    );
     crate::sync::lock(memo).insert(key, a.clone());
     Ok(a)
+}
+
+/// Bumped when the skeleton's kept form or its making changes (part of the key).
+const SKELETON_FORM: &str = "skeleton 1";
+
+/// A file's identity: device, inode, size, modification and change times. A package
+/// manager replaces a file (a new inode) or writes it (new times).
+fn identity(p: &Path) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(p)?;
+    Ok(format!(
+        "{} {} {} {}.{} {}.{}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    ))
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// The kernel's release and version, as `platform.release()` and `platform.version()`
+/// (marker variables) give them.
+fn uname() -> (String, String) {
+    // SAFETY: `uname` fills the struct it is given; its fields are NUL-terminated.
+    unsafe {
+        let mut u: libc::utsname = std::mem::zeroed();
+        if libc::uname(&mut u) != 0 {
+            return (String::new(), String::new());
+        }
+        let s = |f: &[libc::c_char]| {
+            std::ffi::CStr::from_ptr(f.as_ptr())
+                .to_string_lossy()
+                .into_owned()
+        };
+        (s(&u.release), s(&u.version))
+    }
+}
+
+/// What the interpreter answered, as it made it: paths name the directory `made`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Answers {
+    probe: Probe,
+    /// The environment's path when it was made (replaced by the mount's).
+    made: Vec<u8>,
+    skeleton: Vec<Made>,
+}
+
+/// One file `python -m venv` made: a directory, a link (`bytes`: its target) or a small
+/// file (`bytes`: its content).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Made {
+    rel: Vec<u8>,
+    kind: MadeKind,
+    perm: u16,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+enum MadeKind {
+    Dir,
+    Link,
+    File,
+}
+
+/// [`Answers`] kept on disk, with what they depend on.
+#[derive(Debug, Serialize, Deserialize)]
+struct Kept {
+    answers: Answers,
+    /// Each file the answers came from, and its identity then.
+    deps: Vec<(String, String)>,
+    /// The kernel's release and version then (marker variables).
+    uname: (String, String),
+}
+
+impl Kept {
+    fn of(answers: Answers) -> Kept {
+        let deps = answers
+            .probe
+            .deps
+            .iter()
+            .map(|d| (d.clone(), identity(Path::new(d)).unwrap_or_default()))
+            .collect();
+        Kept {
+            answers,
+            deps,
+            uname: uname(),
+        }
+    }
+
+    /// Whether nothing it came from has changed.
+    fn holds(&self) -> bool {
+        self.uname == uname()
+            && self
+                .deps
+                .iter()
+                .all(|(p, id)| !id.is_empty() && identity(Path::new(p)).ok().as_ref() == Some(id))
+    }
+}
+
+/// Ask `python` afresh: the probe and `python -m venv --without-pip` at once (two
+/// interpreters, in parallel), for an environment named `name` in a temporary directory.
+fn ask(python: &Path, name: &std::ffi::OsStr) -> Result<Answers> {
+    let err = |e: std::io::Error| Error::Format(format!("making the environment's files: {e}"));
+    let tmp = tempfile::Builder::new()
+        .prefix("pkgfs-venv")
+        .tempdir()
+        .map_err(err)?;
+    let made: PathBuf = tmp.path().join(name);
+    let (probe, skeleton) = std::thread::scope(|s| {
+        let probe = s.spawn(|| probe(python, &made));
+        let skeleton = skeleton(python, &made);
+        let probe = probe
+            .join()
+            .unwrap_or_else(|_| Err(Error::Internal("the interpreter probe panicked".into())));
+        (probe, skeleton)
+    });
+    Ok(Answers {
+        probe: probe?,
+        made: made.as_os_str().as_encoded_bytes().to_vec(),
+        skeleton: skeleton?,
+    })
 }
 
 /// Components of an absolute path.
@@ -247,7 +442,7 @@ pub fn run_with(
 }
 
 /// Ask `python` where an environment at `venv` puts each kind of file.
-pub fn scheme(python: &Path, venv: &Path) -> Result<Scheme> {
+fn probe(python: &Path, venv: &Path) -> Result<Probe> {
     let out = run(
         Command::new(python)
             .arg("-I")
@@ -256,20 +451,24 @@ pub fn scheme(python: &Path, venv: &Path) -> Result<Scheme> {
             .arg(venv),
         "asking the interpreter for its install scheme",
     )?;
-    let p: Probe = serde_json::from_slice(&out)
-        .map_err(|e| Error::Format(format!("the interpreter's install scheme: {e}")))?;
+    serde_json::from_slice(&out)
+        .map_err(|e| Error::Format(format!("the interpreter's install scheme: {e}")))
+}
+
+/// The scheme of `p`, asked for an environment at `made`, for one at `venv`.
+fn scheme_of(p: &Probe, made: &[u8], venv: &Path) -> Result<Scheme> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let made = abs_components(Path::new(std::ffi::OsStr::from_bytes(made)));
+    let root = abs_components(venv);
     let under = |s: &str| -> Result<Vec<Vec<u8>>> {
         let c = abs_components(Path::new(s));
-        let root = abs_components(venv);
-        if !c.starts_with(&root) || c.iter().any(|x| x == b"..") {
+        if !c.starts_with(&made) || c.iter().any(|x| x == b"..") {
             return Err(Error::Format(format!(
-                "the interpreter puts files at {s}, outside {}",
-                venv.display()
+                "the interpreter puts files at {s}, outside the environment"
             )));
         }
-        Ok(c)
+        Ok([root.clone(), c[made.len()..].to_vec()].concat())
     };
-    let root = abs_components(venv);
     let mut headers = root.clone();
     headers.extend([
         b"include".to_vec(),
@@ -283,10 +482,10 @@ pub fn scheme(python: &Path, venv: &Path) -> Result<Scheme> {
         data: under(&p.data)?,
         headers,
         root,
-        version: p.version,
-        markers: p.markers,
-        tags: p.tags,
-        bytecode: p.bytecode,
+        version: p.version.clone(),
+        markers: p.markers.clone(),
+        tags: p.tags.clone(),
+        bytecode: p.bytecode.clone(),
     })
 }
 
@@ -305,26 +504,39 @@ fn replace_all(data: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The environment's own files, as `python -m venv --without-pip VENV` writes them:
-/// entries relative to the environment's root.
-pub fn skeleton(python: &Path, venv: &Path) -> Result<Vec<Entry>> {
+/// The environment's own files for one at `venv`, from those made at `a.made`: that
+/// path replaced by `venv`'s in every file and link, each dated `mtime`.
+fn skeleton_of(a: &Answers, venv: &Path, mtime: i64) -> Vec<Entry> {
+    let to = venv.as_os_str().as_encoded_bytes();
+    a.skeleton
+        .iter()
+        .map(|m| match m.kind {
+            MadeKind::Dir => super::super::dir(&m.rel, m.perm, mtime),
+            MadeKind::Link => {
+                super::super::symlink(&m.rel, &replace_all(&m.bytes, &a.made, to), mtime)
+            }
+            MadeKind::File => super::super::inline_file(
+                &m.rel,
+                &replace_all(&m.bytes, &a.made, to),
+                m.perm,
+                mtime,
+            ),
+        })
+        .collect()
+}
+
+/// What `python -m venv --without-pip MADE` writes, read back (the result is what it
+/// writes for an environment at any path, once `MADE` is replaced: [`skeleton_of`]).
+fn skeleton(python: &Path, made: &Path) -> Result<Vec<Made>> {
     let err = |e: std::io::Error| Error::Format(format!("making the environment's files: {e}"));
-    let tmp = tempfile::Builder::new()
-        .prefix("pkgfs-venv")
-        .tempdir()
-        .map_err(err)?;
-    let name = venv.file_name().unwrap_or(venv.as_os_str());
-    let made: PathBuf = tmp.path().join(name);
     run(
         Command::new(python)
             .args(["-I", "-m", "venv", "--without-pip"])
-            .arg(&made),
+            .arg(made),
         "making the environment with python -m venv",
     )?;
-    let from = made.as_os_str().as_encoded_bytes().to_vec();
-    let to = venv.as_os_str().as_encoded_bytes().to_vec();
     let mut out = Vec::new();
-    let mut stack = vec![made.clone()];
+    let mut stack = vec![made.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let mut names: Vec<_> = std::fs::read_dir(&dir)
             .map_err(err)?
@@ -335,31 +547,34 @@ pub fn skeleton(python: &Path, venv: &Path) -> Result<Vec<Entry>> {
             let p = d.path();
             let md = std::fs::symlink_metadata(&p).map_err(err)?;
             let rel = p
-                .strip_prefix(&made)
+                .strip_prefix(made)
                 .map_err(|_| Error::Internal("a skeleton path outside its directory".into()))?
                 .as_os_str()
                 .as_encoded_bytes()
                 .to_vec();
             use std::os::unix::fs::MetadataExt as _;
             let perm = (md.mode() & 0o7777) as u16;
-            let mtime = md.mtime();
             let ft = md.file_type();
-            if ft.is_dir() {
-                out.push(super::super::dir(&rel, perm, mtime));
+            let (kind, bytes) = if ft.is_dir() {
                 stack.push(p);
+                (MadeKind::Dir, Vec::new())
             } else if ft.is_symlink() {
                 let target = std::fs::read_link(&p).map_err(err)?;
-                let target = replace_all(target.as_os_str().as_encoded_bytes(), &from, &to);
-                out.push(super::super::symlink(&rel, &target, mtime));
+                (MadeKind::Link, target.into_os_string().into_encoded_bytes())
             } else if ft.is_file() && md.len() <= MAX_SKELETON_FILE {
-                let data = replace_all(&std::fs::read(&p).map_err(err)?, &from, &to);
-                out.push(super::super::inline_file(&rel, &data, perm, mtime));
+                (MadeKind::File, std::fs::read(&p).map_err(err)?)
             } else {
                 return Err(Error::Format(format!(
                     "python -m venv made {}, which is not a directory, link or small file",
                     p.display()
                 )));
-            }
+            };
+            out.push(Made {
+                rel,
+                kind,
+                perm,
+                bytes,
+            });
         }
     }
     Ok(out)
@@ -400,6 +615,112 @@ mod tests {
             ours.remove(i);
         }
         assert_eq!(ours, theirs);
+    }
+
+    /// A kept answer serves another process (and an environment of the same name at
+    /// another path) without starting the interpreter, and is asked again once the
+    /// interpreter changes.
+    #[test]
+    fn answers_are_kept_on_disk_until_the_interpreter_changes() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let count = dir.path().join("runs");
+        let python = dir.path().join("python");
+        let wrapper = format!(
+            "#!/bin/sh\necho run >> '{}'\nexec python3 \"$@\"\n",
+            count.display()
+        );
+        std::fs::write(&python, &wrapper).unwrap();
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cache = crate::format::IndexCache::new(dir.path().join("cache"));
+        let runs = || {
+            std::fs::read_to_string(&count)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+
+        let (a, skel_a) = asked(&python, Path::new("/srv/a/env"), Some(&cache)).unwrap();
+        assert_eq!(runs(), 2, "the probe and python -m venv");
+        // Another path (not this process's memo), the same name: from the disk.
+        let (b, skel_b) = asked(&python, Path::new("/srv/b/env"), Some(&cache)).unwrap();
+        assert_eq!(runs(), 2, "asked again despite a kept answer");
+        let b_root = abs_components(Path::new("/srv/b/env"));
+        assert!(b.purelib.starts_with(&b_root) && b.purelib.len() > b_root.len());
+        assert_eq!(a.purelib[a.root.len()..], b.purelib[b.root.len()..]);
+        assert_eq!(
+            (a.version, a.tags, a.bytecode),
+            (b.version, b.tags, b.bytecode)
+        );
+        // The skeleton names the environment's own path, never the one it was made at.
+        let activate =
+            |s: &[Entry]| match &s.iter().find(|e| e.path == b"bin/activate").unwrap().data {
+                crate::format::Loc::Inline(d) => String::from_utf8_lossy(d).into_owned(),
+                other => panic!("{other:?}"),
+            };
+        assert!(activate(&skel_a).contains("/srv/a/env"));
+        assert!(activate(&skel_b).contains("/srv/b/env"));
+        assert!(!activate(&skel_b).contains("pkgfs-venv"));
+        assert_eq!(skel_a.len(), skel_b.len());
+
+        // The interpreter changes: asked again.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&python, format!("{wrapper}\n")).unwrap();
+        asked(&python, Path::new("/srv/c/env"), Some(&cache)).unwrap();
+        assert_eq!(runs(), 4);
+    }
+
+    /// A kept answer holds while each file it came from is as it was.
+    #[test]
+    fn kept_answers_fail_when_a_source_changes_or_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let dep = dir.path().join("sysconfig.py");
+        std::fs::write(&dep, "one").unwrap();
+        let probe = Probe {
+            version: "3.11".into(),
+            bytecode: None,
+            purelib: "/m/env/lib".into(),
+            platlib: "/m/env/lib".into(),
+            scripts: "/m/env/bin".into(),
+            data: "/m/env".into(),
+            markers: Default::default(),
+            tags: None,
+            deps: vec![dep.display().to_string()],
+        };
+        let answers = Answers {
+            probe,
+            made: b"/m/env".to_vec(),
+            skeleton: Vec::new(),
+        };
+        let kept = Kept::of(answers.clone());
+        assert!(kept.holds());
+        std::fs::write(&dep, "two!").unwrap();
+        assert!(!kept.holds());
+        let kept = Kept::of(answers);
+        std::fs::remove_file(&dep).unwrap();
+        assert!(!kept.holds());
+    }
+
+    /// Paths of a scheme outside the environment it was asked for are refused.
+    #[test]
+    fn a_scheme_outside_the_environment_is_refused() {
+        let mut probe = Probe {
+            version: "3.11".into(),
+            bytecode: None,
+            purelib: "/m/env/lib/site-packages".into(),
+            platlib: "/m/env/lib/site-packages".into(),
+            scripts: "/m/env/bin".into(),
+            data: "/m/env".into(),
+            markers: Default::default(),
+            tags: None,
+            deps: Vec::new(),
+        };
+        let s = scheme_of(&probe, b"/m/env", Path::new("/v")).unwrap();
+        assert_eq!(s.scripts, vec![b"v".to_vec(), b"bin".to_vec()]);
+        probe.scripts = "/m/env/../bin".into();
+        assert!(scheme_of(&probe, b"/m/env", Path::new("/v")).is_err());
+        probe.scripts = "/usr/bin".into();
+        assert!(scheme_of(&probe, b"/m/env", Path::new("/v")).is_err());
     }
 
     #[test]

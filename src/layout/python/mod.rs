@@ -156,7 +156,8 @@ impl Python {
         let venv = cfg.venv.as_deref().ok_or_else(|| {
             Error::Format("--layout python needs the environment's path (the mountpoint)".into())
         })?;
-        let (scheme, skeleton) = interp::asked(python, venv)?;
+        let index_cache = cfg.index_cache.clone().map(crate::format::IndexCache::new);
+        let (scheme, skeleton) = interp::asked(python, venv, index_cache.as_ref())?;
         let plan = read_plan(cfg, &scheme)?;
         let mut exe = scheme.scripts.clone();
         exe.push(b"python".to_vec());
@@ -177,7 +178,7 @@ impl Python {
             plan,
             records: Vec::new(),
             bytecode,
-            index_cache: cfg.index_cache.clone().map(crate::format::IndexCache::new),
+            index_cache,
         })
     }
 }
@@ -196,6 +197,9 @@ fn absolute(c: &[Vec<u8>]) -> Vec<u8> {
 fn dist_info(entries: &[Entry]) -> std::result::Result<Vec<u8>, String> {
     let mut found: HashSet<Vec<u8>> = HashSet::new();
     for e in entries {
+        if !e.path.windows(10).any(|w| w == b".dist-info") {
+            continue;
+        }
         if let Ok(c) = crate::tree::path::components(&e.path)
             && c.len() >= 2
             && c[0].ends_with(b".dist-info")
@@ -288,7 +292,11 @@ impl super::Inspect for Inspector {
                 e.size as u32,
                 crate::io::Span::Whole,
             )?;
-            facts.members.push((e.path.clone(), data.into_vec()));
+            let data = data.into_vec();
+            if c.len() == 2 && c[1] == b"RECORD" {
+                facts.record = Some(std::sync::Arc::new(wheel::parse_record(&data)));
+            }
+            facts.members.push((e.path.clone(), data));
         }
         Ok(facts)
     }
@@ -398,6 +406,7 @@ impl Python {
             p
         };
         let mtime = entries.iter().map(|e| e.mtime).max().unwrap_or(0);
+        let lib_rel = inst.rel_root(&lib);
         for e in entries {
             if !matches!(e.kind, EntryKind::File | EntryKind::Symlink) {
                 continue;
@@ -405,6 +414,27 @@ impl Python {
             let shown = String::from_utf8_lossy(&e.path).into_owned();
             let comps = crate::tree::path::components(&e.path)
                 .map_err(|err| format!("member {shown:?}: {err}"))?;
+            let exec = e.kind == EntryKind::File
+                && match &facts.executable {
+                    Some(set) => set.contains(&e.path),
+                    None => e.perm & 0o111 != 0,
+                };
+            if !comps[0].ends_with(b".data") {
+                // Most members: into the library directory as they are (no allocation
+                // beyond the entry's own).
+                let rel = comps.join(&b'/');
+                if comps.len() == 2 && comps[0] == info.as_slice() && comps[1] == b"RECORD" {
+                    continue;
+                }
+                let mut path = Vec::with_capacity(lib_rel.len() + 1 + rel.len());
+                path.extend_from_slice(&lib_rel);
+                path.push(b'/');
+                path.extend_from_slice(&rel);
+                let rec = String::from_utf8_lossy(&rel).into_owned();
+                inst.installed.push((shown, rec));
+                inst.out.push(installed_entry(e, path, exec));
+                continue;
+            }
             let comps: Vec<Vec<u8>> = comps.iter().map(|c| c.to_vec()).collect();
             let mut script = false;
             let dest: Vec<Vec<u8>> = if comps[0].ends_with(b".data") {
@@ -445,25 +475,7 @@ impl Python {
             if dest == record_at {
                 continue;
             }
-            let mut entry = e.clone();
-            // pip writes a symlink member as a file of its target's text.
-            if e.kind == EntryKind::Symlink {
-                entry.kind = EntryKind::File;
-                entry.size = e.link.len() as u64;
-                entry.data = Loc::Inline(e.link.clone().into());
-                entry.link = Vec::new();
-                entry.perm = 0o644;
-            } else {
-                let exec = match &facts.executable {
-                    Some(set) => set.contains(&e.path),
-                    None => e.perm & 0o111 != 0,
-                };
-                entry.perm = if exec { 0o755 } else { 0o644 };
-            }
-            entry.uid = None;
-            entry.gid = None;
-            entry.xattrs = Vec::new();
-            entry.path = inst.rel_root(&dest);
+            let mut entry = installed_entry(e, inst.rel_root(&dest), exec);
             let rec = inst.record_path(&dest);
             if script
                 && let Some(text) = facts
@@ -497,21 +509,35 @@ impl Python {
             Vec::new(),
             0o644,
         ));
-        let old = member("RECORD")
-            .map(wheel::parse_record)
-            .unwrap_or_default();
+        let parsed;
+        let old: &[Vec<String>] = match (&facts.record, member("RECORD")) {
+            (Some(rows), _) => rows,
+            (None, Some(text)) => {
+                parsed = wheel::parse_record(text);
+                &parsed
+            }
+            (None, None) => &[],
+        };
         // Each old row takes the first installed file of its path not yet taken (a map:
         // plotly's RECORD has 15,000 rows).
+        // (The first of each path in `by_src`, the next of the same path in `next`.)
         let installed = &inst.installed;
-        let mut by_src: HashMap<&str, std::collections::VecDeque<usize>> = HashMap::new();
-        for (i, (src, _)) in installed.iter().enumerate() {
-            by_src.entry(src.as_str()).or_default().push_back(i);
+        let mut by_src: HashMap<&str, usize> = HashMap::with_capacity(installed.len());
+        let mut next = vec![usize::MAX; installed.len()];
+        for (i, (src, _)) in installed.iter().enumerate().rev() {
+            if let Some(after) = by_src.insert(src.as_str(), i) {
+                next[i] = after;
+            }
         }
         let mut taken = vec![false; installed.len()];
-        let mut rows: Vec<(String, String, String)> = Vec::new();
-        for row in &old {
+        let mut rows: Vec<(String, String, String)> = Vec::with_capacity(old.len() + 8);
+        for row in old {
             let Some(path) = row.first() else { continue };
-            let new = match by_src.get_mut(path.as_str()).and_then(|q| q.pop_front()) {
+            let first = by_src
+                .get_mut(path.as_str())
+                .filter(|i| **i != usize::MAX)
+                .map(|i| std::mem::replace(i, next[*i]));
+            let new = match first {
                 Some(i) => {
                     taken[i] = true;
                     installed[i].1.clone()
@@ -542,7 +568,8 @@ impl Python {
                 .map(|((_, new), _)| (new.clone(), String::new(), String::new())),
         );
         // Generated files replace members at the same place, as pip overwrites them.
-        let paths: HashSet<Vec<u8>> = generated
+        // (A few: a list.)
+        let paths: Vec<Vec<u8>> = generated
             .iter()
             .map(|(at, _, _)| inst.rel_root(at))
             .collect();
@@ -554,13 +581,18 @@ impl Python {
         // pip compiles what it installed from the wheel, not what it generated.
         // pip compiles each at the library directory joined with its RECORD path
         // (`site-packages/../../../bin/x.py` for a script): the code's file name.
-        let lib_rel = inst.rel_root(&lib);
         let sources = inst
             .out
             .iter()
             .filter(|e| e.kind == EntryKind::File && e.path.ends_with(b".py"))
             .filter(|e| !paths.contains(&e.path))
             .map(|e| {
+                if e.path.starts_with(&lib_rel) && e.path.get(lib_rel.len()) == Some(&b'/') {
+                    return (
+                        e.path.clone(),
+                        String::from_utf8_lossy(&e.path).into_owned(),
+                    );
+                }
                 let mut dest = self.scheme.root.clone();
                 dest.extend(e.path.split(|&b| b == b'/').map(<[u8]>::to_vec));
                 let as_pip = [&lib_rel[..], b"/", &wheel::relpath(&dest, &lib)].concat();
@@ -585,6 +617,37 @@ impl Python {
         });
         self.taken.insert(key, name.to_path_buf());
         Ok(inst.out)
+    }
+}
+
+/// Member `e` of a wheel as installed at `path` (relative to the environment): pip
+/// writes a symlink member as a file of its target's text, and a file with mode 0755 or
+/// 0644 by `exec`; owners and extended attributes are not kept.
+fn installed_entry(e: &Entry, path: Vec<u8>, exec: bool) -> Entry {
+    let (kind, size, data, perm) = if e.kind == EntryKind::Symlink {
+        let size = e.link.len() as u64;
+        (
+            EntryKind::File,
+            size,
+            Loc::Inline(e.link.clone().into()),
+            0o644,
+        )
+    } else {
+        let perm = if exec { 0o755 } else { 0o644 };
+        (e.kind, e.size, e.data.clone(), perm)
+    };
+    Entry {
+        path,
+        kind,
+        perm,
+        mtime: e.mtime,
+        uid: None,
+        gid: None,
+        size,
+        data,
+        link: Vec::new(),
+        rdev: 0,
+        xattrs: Vec::new(),
     }
 }
 
