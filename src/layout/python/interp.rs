@@ -25,8 +25,9 @@ const PYTHON_WAIT: Duration = Duration::from_secs(60);
 /// Asks the interpreter for its version and the `venv` scheme's paths for an
 /// environment at `sys.argv[1]`, as pip computes them inside one.
 /// Also its PEP 508 marker variables, and the wheel tags it supports in order of
-/// preference (`packaging.tags.sys_tags()`, from `packaging` or pip's copy of it; else
-/// [`FALLBACK_TAGS`]). Run with [`FALLBACK_TAGS`] in front.
+/// preference (`packaging.tags.sys_tags()`, from `packaging`, pip's copy of it, or the
+/// copy in the pip wheel its `ensurepip` bundles; else [`FALLBACK_TAGS`]). Run with
+/// [`FALLBACK_TAGS`] in front.
 const PROBE: &str = r#"
 import importlib, importlib.util, json, os, platform, sys, sysconfig
 venv = sys.argv[1]
@@ -55,13 +56,41 @@ for mod in ("packaging.tags", "pip._vendor.packaging.tags"):
         break
     except Exception:
         pass
+bundled = None
+if tags is None:
+    # The pip wheel the interpreter's own ensurepip installs (upstream: `_bundled`
+    # beside it; Debian and Fedora: WHEEL_PKG_DIR, /usr/share/python-wheels), imported
+    # from the wheel: packaging's tags for musl, PyPy, free-threaded builds alike.
+    import glob
+    def version(w):
+        v = os.path.basename(w).split("-")[1]
+        return tuple(int(x) if x.isdigit() else 0 for x in v.split("."))
+    try:
+        import ensurepip
+        places = [os.path.join(os.path.dirname(ensurepip.__file__), "_bundled")]
+    except Exception:
+        places = []
+    places += [sysconfig.get_config_var("WHEEL_PKG_DIR"), "/usr/share/python-wheels"]
+    wheels = [w for d in places if d for w in glob.glob(os.path.join(d, "pip-*.whl"))]
+    for w in sorted(wheels, key=version, reverse=True):
+        try:
+            sys.path.insert(0, w)
+            tags = [str(t) for t in importlib.import_module("pip._vendor.packaging.tags").sys_tags()]
+            tags_from, bundled = "pip._vendor.packaging.tags from " + w, w
+            break
+        except Exception:
+            sys.path.remove(w)
+            for m in [m for m in sys.modules if m == "pip" or m.startswith("pip.")]:
+                del sys.modules[m]
 if tags is None:
     tags = fallback_tags()
+    tags_from = None if tags is None else "computed"
 tag = sys.implementation.cache_tag
 bytecode = None if tag is None else tag + "-" + importlib.util.MAGIC_NUMBER.hex()
 # The files these answers (and venv's) come from: a change to one asks again.
-deps = [sys.executable]
-for mod in ("sysconfig", "venv", "site", tags_from,
+deps = [sys.executable] + ([bundled] if bundled else [])
+for mod in ("sysconfig", "venv", "site", tags_from if tags_from in
+            ("packaging.tags", "pip._vendor.packaging.tags") else None,
             getattr(sysconfig, "_get_sysconfigdata_name", lambda: None)()):
     try:
         spec = mod and importlib.util.find_spec(mod)
@@ -72,7 +101,7 @@ for mod in ("sysconfig", "venv", "site", tags_from,
 print(json.dumps({"version": "%d.%d" % sys.version_info[:2], "bytecode": bytecode,
                   "purelib": p["purelib"], "platlib": p["platlib"],
                   "scripts": p["scripts"], "data": p["data"],
-                  "markers": markers, "tags": tags, "deps": deps}))
+                  "markers": markers, "tags": tags, "tags_from": tags_from, "deps": deps}))
 "#;
 
 /// The tags `packaging.tags.sys_tags()` gives, for CPython on glibc Linux, computed as it
@@ -126,6 +155,10 @@ struct Probe {
     data: String,
     markers: std::collections::HashMap<String, String>,
     tags: Option<Vec<String>>,
+    /// Where the tags came from: `packaging.tags`, pip's copy, pip's copy in the wheel
+    /// `ensurepip` installs, or `computed` ([`FALLBACK_TAGS`]).
+    #[serde(default)]
+    tags_from: Option<String>,
     /// The files the answers (and `venv`'s) come from.
     #[serde(default)]
     deps: Vec<String>,
@@ -227,6 +260,15 @@ pub fn asked(
             }
         }
     };
+    log::debug!(
+        "{}: wheel tags from {}",
+        python.display(),
+        answers
+            .probe
+            .tags_from
+            .as_deref()
+            .unwrap_or("nowhere (every wheel is taken)")
+    );
     let a = (
         scheme_of(&answers.probe, &answers.made, venv)?,
         skeleton_of(&answers, venv, now()),
@@ -617,6 +659,50 @@ mod tests {
         assert_eq!(ours, theirs);
     }
 
+    /// An interpreter that cannot import `packaging` or pip (here: without its site
+    /// directories) gets packaging's tags from the pip wheel its `ensurepip` bundles;
+    /// on this CPython on glibc they are the computed ones (less `cpXY-none-any`, which
+    /// packaging before 22 did not list).
+    #[test]
+    fn tags_come_from_the_bundled_pip_without_packaging_or_pip() {
+        let out = Command::new("python3")
+            .args(["-I", "-S", "-c", &format!("{FALLBACK_TAGS}{PROBE}"), "/v"])
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p: Probe = serde_json::from_slice(&out.stdout).unwrap();
+        let from = p.tags_from.clone().unwrap_or_default();
+        assert!(
+            from.starts_with("pip._vendor.packaging.tags from ") && from.ends_with(".whl"),
+            "{from}"
+        );
+        let whl = from.rsplit(' ').next().unwrap();
+        assert!(p.deps.iter().any(|d| d == whl), "{:?}", p.deps);
+        let computed = Command::new("python3")
+            .args([
+                "-I",
+                "-S",
+                "-c",
+                &format!("{FALLBACK_TAGS}\nimport json\nprint(json.dumps(fallback_tags()))"),
+            ])
+            .output()
+            .expect("python3");
+        let mut computed: Vec<String> = serde_json::from_slice(&computed.stdout).unwrap();
+        let tags = p.tags.unwrap();
+        if !tags
+            .iter()
+            .any(|t| t.starts_with("cp") && t.ends_with("-none-any"))
+        {
+            computed.retain(|t| !(t.starts_with("cp") && t.ends_with("-none-any")));
+        }
+        assert!(tags.len() > 100);
+        assert_eq!(tags, computed);
+    }
+
     /// A kept answer serves another process (and an environment of the same name at
     /// another path) without starting the interpreter, and is asked again once the
     /// interpreter changes.
@@ -685,6 +771,7 @@ mod tests {
             data: "/m/env".into(),
             markers: Default::default(),
             tags: None,
+            tags_from: None,
             deps: vec![dep.display().to_string()],
         };
         let answers = Answers {
@@ -713,6 +800,7 @@ mod tests {
             data: "/m/env".into(),
             markers: Default::default(),
             tags: None,
+            tags_from: None,
             deps: Vec::new(),
         };
         let s = scheme_of(&probe, b"/m/env", Path::new("/v")).unwrap();
