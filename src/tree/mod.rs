@@ -454,11 +454,16 @@ fn same_path(path: &[u8], comps: &[&[u8]]) -> bool {
 /// [`Building::children`] of a node that has none.
 const NO_CHILDREN: u32 = u32::MAX;
 
+/// A directory's children by name, while building. Names come from archives, so the
+/// hash is keyed per process (foldhash's, as hashbrown's default: several times
+/// cheaper than SipHash on short names, and not predictable from outside).
+type NameMap = HashMap<Vec<u8>, usize, foldhash::fast::RandomState>;
+
 /// Folds layers into a [`Tree`].
 pub struct TreeBuilder {
     nodes: Vec<Building>,
     /// Children of directories, by name.
-    dirs: Vec<HashMap<Vec<u8>, usize>>,
+    dirs: Vec<NameMap>,
     owner: Ownership,
     conflicts: Vec<Conflict>,
     skipped: Vec<Skipped>,
@@ -919,7 +924,7 @@ impl TreeBuilder {
         let idx = self.nodes.len();
         if self.nodes[dir].children == NO_CHILDREN {
             self.nodes[dir].children = self.dirs.len() as u32;
-            self.dirs.push(HashMap::new());
+            self.dirs.push(NameMap::default());
         }
         self.dirs[self.nodes[dir].children as usize].insert(name, idx);
         self.nodes.push(node);
@@ -935,7 +940,7 @@ impl TreeBuilder {
     }
 
     /// The children of node `dir`, if it has had any.
-    fn children_mut(&mut self, dir: usize) -> Option<&mut HashMap<Vec<u8>, usize>> {
+    fn children_mut(&mut self, dir: usize) -> Option<&mut NameMap> {
         self.dirs.get_mut(self.nodes[dir].children as usize)
     }
 
@@ -985,7 +990,7 @@ impl Frozen {
     /// by name, so they are consecutive and in order).
     fn breadth_first(
         mut nodes: Vec<Building>,
-        mut dirs: Vec<HashMap<Vec<u8>, usize>>,
+        mut dirs: Vec<NameMap>,
         graft_nodes: &HashMap<usize, u32>,
     ) -> Frozen {
         let mut f = Frozen {
