@@ -1,5 +1,8 @@
 //! The index cache: indexes that cost a pass over an archive's data to make (a seekable
 //! tar.zst without a pkgfs index), kept on disk so the next mount reads them instead.
+//! Layouts keep what else a mount would have to learn again there too: a package's
+//! digest (`layout::cached_digest`), what a Python interpreter answered
+//! (`layout::python::interp`, through [`IndexCache::key_for`]).
 //!
 //! An entry is keyed by the format, the blob's version ([`Blob::version`]: device, inode,
 //! size and modification time of a local file) and whatever else the format wants to
