@@ -202,8 +202,9 @@ type Asked = (Scheme, Vec<Entry>);
 /// costs two interpreter starts (about 0.14 s here), a kept answer a few `stat`s. A kept
 /// answer is used while the interpreter, every file it named as a source of its answers
 /// (`sysconfig`, `venv`, `site`, the tags module, the sysconfig data) and the kernel
-/// release are as they were; it is made in a directory named as `venv`, so one answer
-/// serves every environment of that name (paths replaced, as [`skeleton`] does).
+/// release are as they were; it is made in a directory named as `venv` (a stand-in
+/// name for a plain one), so one answer serves every environment of that name (every
+/// plain name), paths and name replaced as [`skeleton_of`] does.
 pub fn asked(
     python: &Path,
     venv: &Path,
@@ -220,10 +221,18 @@ pub fn asked(
         return Ok(a.clone());
     }
     let name = venv.file_name().unwrap_or(venv.as_os_str());
+    // A plain name is asked as a stand-in, replaced afterwards: one answer serves every
+    // environment with a plain name (ten environments keep one answer, not ten).
+    let plain = is_plain(name.as_encoded_bytes());
+    let asked_as = if plain {
+        std::ffi::OsStr::new(STAND_IN)
+    } else {
+        name
+    };
     let kept_at = cache.map(|c| {
         let question = format!(
             "{}\n{:016x}",
-            String::from_utf8_lossy(name.as_encoded_bytes()),
+            String::from_utf8_lossy(asked_as.as_encoded_bytes()),
             crc32fast::hash(format!("{FALLBACK_TAGS}{PROBE}{SKELETON_FORM}").as_bytes())
         );
         (
@@ -243,7 +252,7 @@ pub fn asked(
     let answers = match kept {
         Some(k) => k.answers,
         None => {
-            let answers = ask(python, name)?;
+            let answers = ask(python, asked_as)?;
             if let Some((c, k)) = &kept_at {
                 let kept = Kept::of(answers);
                 match serde_json::to_vec(&kept).map_err(|e| Error::Internal(e.to_string())) {
@@ -278,7 +287,23 @@ pub fn asked(
 }
 
 /// Bumped when the skeleton's kept form or its making changes (part of the key).
-const SKELETON_FORM: &str = "skeleton 1";
+const SKELETON_FORM: &str = "skeleton 2";
+
+/// The name an environment with a plain name ([`is_plain`]) is made under, replaced by
+/// its own wherever it occurs (the activate scripts' prompt): no template holds it.
+const STAND_IN: &str = "pkgfs-venv-name-5b1d4e607f3a9c2e";
+
+/// Whether an environment's name is plain: letters, digits, `.`, `_`, `-` (not `.` or
+/// `..`), which `venv` writes into its files as it is, with no quoting that could
+/// differ from the stand-in's.
+fn is_plain(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name != b"."
+        && name != b".."
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
 
 /// A file's identity: device, inode, size, modification and change times. A package
 /// manager replaces a file (a new inode) or writes it (new times).
@@ -550,19 +575,25 @@ fn replace_all(data: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 /// path replaced by `venv`'s in every file and link, each dated `mtime`.
 fn skeleton_of(a: &Answers, venv: &Path, mtime: i64) -> Vec<Entry> {
     let to = venv.as_os_str().as_encoded_bytes();
+    let name = venv
+        .file_name()
+        .unwrap_or(venv.as_os_str())
+        .as_encoded_bytes();
+    // The path first, then the stand-in name where it is left (the prompt).
+    let fix = |b: &[u8]| {
+        let b = replace_all(b, &a.made, to);
+        if a.made.ends_with(STAND_IN.as_bytes()) {
+            replace_all(&b, STAND_IN.as_bytes(), name)
+        } else {
+            b
+        }
+    };
     a.skeleton
         .iter()
         .map(|m| match m.kind {
             MadeKind::Dir => super::super::dir(&m.rel, m.perm, mtime),
-            MadeKind::Link => {
-                super::super::symlink(&m.rel, &replace_all(&m.bytes, &a.made, to), mtime)
-            }
-            MadeKind::File => super::super::inline_file(
-                &m.rel,
-                &replace_all(&m.bytes, &a.made, to),
-                m.perm,
-                mtime,
-            ),
+            MadeKind::Link => super::super::symlink(&m.rel, &fix(&m.bytes), mtime),
+            MadeKind::File => super::super::inline_file(&m.rel, &fix(&m.bytes), m.perm, mtime),
         })
         .collect()
 }
@@ -748,12 +779,54 @@ mod tests {
         assert!(activate(&skel_b).contains("/srv/b/env"));
         assert!(!activate(&skel_b).contains("pkgfs-venv"));
         assert_eq!(skel_a.len(), skel_b.len());
+        // Another plain name: the same kept answer, the prompt its own.
+        let (_, skel_d) = asked(&python, Path::new("/srv/d/other.env"), Some(&cache)).unwrap();
+        assert_eq!(runs(), 2, "asked again for another plain name");
+        assert!(
+            activate(&skel_d).contains("(other.env) "),
+            "{}",
+            activate(&skel_d)
+        );
+        assert!(activate(&skel_a).contains("(env) "));
+        assert!(!activate(&skel_d).contains(STAND_IN));
+        // Byte for byte what venv writes there itself.
+        let real = dir.path().join("real").join("other.env");
+        let st = Command::new("python3")
+            .args(["-I", "-m", "venv", "--without-pip"])
+            .arg(&real)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let (_, skel_r) = asked(&python, &real, Some(&cache)).unwrap();
+        assert_eq!(runs(), 2);
+        for e in &skel_r {
+            let at = real.join(String::from_utf8_lossy(&e.path).as_ref());
+            match &e.data {
+                crate::format::Loc::Inline(d) => {
+                    assert_eq!(&d[..], std::fs::read(&at).unwrap(), "{}", at.display())
+                }
+                _ if e.kind == crate::format::EntryKind::Symlink => {
+                    assert_eq!(
+                        std::fs::read_link(&at)
+                            .unwrap()
+                            .as_os_str()
+                            .as_encoded_bytes(),
+                        e.link
+                    )
+                }
+                _ => assert!(at.is_dir(), "{}", at.display()),
+            }
+        }
+        // A name venv might quote is asked as itself.
+        let (_, skel_e) = asked(&python, Path::new("/srv/e/my env"), Some(&cache)).unwrap();
+        assert_eq!(runs(), 4);
+        assert!(activate(&skel_e).contains("(my env) "));
 
         // The interpreter changes: asked again.
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&python, format!("{wrapper}\n")).unwrap();
         asked(&python, Path::new("/srv/c/env"), Some(&cache)).unwrap();
-        assert_eq!(runs(), 4);
+        assert_eq!(runs(), 6);
     }
 
     /// A kept answer holds while each file it came from is as it was.
