@@ -151,7 +151,8 @@ pub struct Facts {
     /// npm with a lockfile: digests of the archive's bytes as `(algorithm, digest)`
     /// (`sha512`, `sha1`).
     pub digests: Vec<(&'static str, Vec<u8>)>,
-    /// python: members the layout reads (metadata, scripts), as `(path, bytes)`.
+    /// python: members the layout reads (metadata, scripts), as `(path, bytes)`; the
+    /// `RECORD` is in `record`, parsed.
     pub members: Vec<(Vec<u8>, Vec<u8>)>,
     /// python: the members an installer makes executable, when the format says (a ZIP's
     /// external attributes: a regular file's Unix mode with an execute bit, as pip

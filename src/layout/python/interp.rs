@@ -657,6 +657,20 @@ fn skeleton(python: &Path, made: &Path) -> Result<Vec<Made>> {
 mod tests {
     use super::*;
 
+    /// What `python3 ARGS` prints; it must succeed.
+    fn python3(args: &[&str]) -> Vec<u8> {
+        let out = Command::new("python3")
+            .args(args)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
     /// The computed tags are `packaging`'s, in its order (pip's copy of it asked on the
     /// same interpreter).
     #[test]
@@ -665,17 +679,8 @@ mod tests {
             "{FALLBACK_TAGS}\nimport json\nfrom pip._vendor.packaging import tags\n\
              print(json.dumps([fallback_tags(), [str(t) for t in tags.sys_tags()]]))"
         );
-        let out = Command::new("python3")
-            .args(["-c", &script])
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         let (mut ours, theirs): (Vec<String>, Vec<String>) =
-            serde_json::from_slice(&out.stdout).unwrap();
+            serde_json::from_slice(&python3(&["-c", &script])).unwrap();
         assert!(theirs.len() > 100);
         // packaging before 22 (pip 23's copy is 21.3) did not list `cpXY-none-any`;
         // the computed list is current packaging's (24.2 gives it, in this place).
@@ -696,16 +701,8 @@ mod tests {
     /// packaging before 22 did not list).
     #[test]
     fn tags_come_from_the_bundled_pip_without_packaging_or_pip() {
-        let out = Command::new("python3")
-            .args(["-I", "-S", "-c", &format!("{FALLBACK_TAGS}{PROBE}"), "/v"])
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let p: Probe = serde_json::from_slice(&out.stdout).unwrap();
+        let probe = format!("{FALLBACK_TAGS}{PROBE}");
+        let p: Probe = serde_json::from_slice(&python3(&["-I", "-S", "-c", &probe, "/v"])).unwrap();
         let from = p.tags_from.clone().unwrap_or_default();
         assert!(
             from.starts_with("pip._vendor.packaging.tags from ") && from.ends_with(".whl"),
@@ -713,16 +710,9 @@ mod tests {
         );
         let whl = from.rsplit(' ').next().unwrap();
         assert!(p.deps.iter().any(|d| d == whl), "{:?}", p.deps);
-        let computed = Command::new("python3")
-            .args([
-                "-I",
-                "-S",
-                "-c",
-                &format!("{FALLBACK_TAGS}\nimport json\nprint(json.dumps(fallback_tags()))"),
-            ])
-            .output()
-            .expect("python3");
-        let mut computed: Vec<String> = serde_json::from_slice(&computed.stdout).unwrap();
+        let script = format!("{FALLBACK_TAGS}\nimport json\nprint(json.dumps(fallback_tags()))");
+        let mut computed: Vec<String> =
+            serde_json::from_slice(&python3(&["-I", "-S", "-c", &script])).unwrap();
         let tags = p.tags.unwrap();
         if !tags
             .iter()
@@ -823,7 +813,6 @@ mod tests {
         assert!(activate(&skel_e).contains("(my env) "));
 
         // The interpreter changes: asked again.
-        std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&python, format!("{wrapper}\n")).unwrap();
         asked(&python, Path::new("/srv/c/env"), Some(&cache)).unwrap();
         assert_eq!(runs(), 6);

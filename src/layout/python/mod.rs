@@ -293,10 +293,12 @@ impl super::Inspect for Inspector {
                 crate::io::Span::Whole,
             )?;
             let data = data.into_vec();
+            // RECORD is kept parsed only (plotly's is 1.5 MB of text).
             if c.len() == 2 && c[1] == b"RECORD" {
                 facts.record = Some(std::sync::Arc::new(wheel::parse_record(&data)));
+            } else {
+                facts.members.push((e.path.clone(), data));
             }
-            facts.members.push((e.path.clone(), data));
         }
         Ok(facts)
     }
@@ -509,15 +511,7 @@ impl Python {
             Vec::new(),
             0o644,
         ));
-        let parsed;
-        let old: &[Vec<String>] = match (&facts.record, member("RECORD")) {
-            (Some(rows), _) => rows,
-            (None, Some(text)) => {
-                parsed = wheel::parse_record(text);
-                &parsed
-            }
-            (None, None) => &[],
-        };
+        let old: &[Vec<String>] = facts.record.as_deref().map_or(&[], Vec::as_slice);
         // Each old row takes the first installed file of its path not yet taken (a map:
         // plotly's RECORD has 15,000 rows).
         // (The first of each path in `by_src`, the next of the same path in `next`.)
