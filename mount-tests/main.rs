@@ -13,6 +13,7 @@ mod prefetch;
 mod registry;
 mod remote;
 mod restart;
+mod snapshotter;
 mod targz;
 mod verify;
 

@@ -19,7 +19,7 @@ use crate::images::{images, in_runc, runs_its_programs};
 use crate::remote::Moto;
 
 /// How a test registry lets clients in.
-enum Auth {
+pub(crate) enum Auth {
     Anonymous,
     /// htpasswd (bcrypt) with this user and password, over TLS.
     Basic(&'static str, &'static str),
@@ -30,7 +30,7 @@ enum Auth {
 /// A registry on a loopback port of the system's choice (it binds port 0 and its log
 /// says which it got), with its data, log and certificates in a temporary directory;
 /// stopped (and its token server) when dropped.
-struct Registry {
+pub(crate) struct Registry {
     child: Option<Child>,
     token: Option<Child>,
     dir: tempfile::TempDir,
@@ -39,7 +39,7 @@ struct Registry {
 }
 
 impl Registry {
-    fn start(auth: Auth) -> Registry {
+    pub(crate) fn start(auth: Auth) -> Registry {
         Registry::start_with(auth, None)
     }
 
@@ -198,7 +198,7 @@ impl Registry {
         }
     }
 
-    fn host(&self) -> String {
+    pub(crate) fn host(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
@@ -213,7 +213,7 @@ impl Registry {
 
     /// `skopeo copy` of the fixture layout `from` (`oci-gzip:latest`…) to `to`
     /// (`REPO:TAG`), layers as they are (no recompression).
-    fn push(&self, from: &str, to: &str, creds: Option<&str>) {
+    pub(crate) fn push(&self, from: &str, to: &str, creds: Option<&str>) {
         let mut c = Command::new("skopeo");
         c.args(["copy", "--quiet", "--preserve-digests"]);
         if self.tls {
@@ -266,7 +266,7 @@ impl Registry {
     }
 
     /// Blob GETs so far: their count and body bytes.
-    fn blob_gets(&self) -> (usize, u64) {
+    pub(crate) fn blob_gets(&self) -> (usize, u64) {
         let gets: Vec<_> = self
             .requests()
             .into_iter()
@@ -1660,7 +1660,10 @@ impl Drop for Podman {
 }
 
 /// The manifest and config skopeo sees for `name`.
-fn manifest_and_config(reg: &Registry, name: &str) -> (serde_json::Value, serde_json::Value) {
+pub(crate) fn manifest_and_config(
+    reg: &Registry,
+    name: &str,
+) -> (serde_json::Value, serde_json::Value) {
     let get = |extra: &[&str]| -> serde_json::Value {
         let out = run(Command::new("skopeo")
             .args(["inspect", "--raw", "--tls-verify=false"])

@@ -13,8 +13,6 @@
 //! [`Rig`] guard unmounts what the test mounted, and stops containerd and the
 //! snapshotter, even when an assertion fails.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -22,7 +20,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{pkgfs, repo, require_tools, trees_match};
+use crate::common::{pkgfs, require_tools, trees_match};
+use crate::images::{images, runs_its_programs};
+use crate::registry::{Auth, Registry, manifest_and_config};
 
 /// containerd's namespace for the test's images.
 const NS: &str = "pkgfs-test";
@@ -107,23 +107,9 @@ fn answers(path: &Path) -> bool {
     std::os::unix::net::UnixStream::connect(path).is_ok()
 }
 
-/// The Debian image fixture as an OCI archive, built (or found) as `images.rs` does.
-fn oci_archive(scratch: &Path) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("target dir")
-        .join("image-fixtures");
-    // A first build debootstraps and converts the image (four minutes on two cores;
-    // usually the image tests of `--test mount` have built it); later runs return at
-    // once.
-    ok(
-        scratch,
-        Command::new("bash")
-            .arg(repo().join("mount-tests/images/make_images.sh"))
-            .arg(&dir),
-        Duration::from_secs(900),
-    );
-    dir.join("oci-archive.tar")
+/// The Debian image fixture as an OCI archive (`images.rs` builds the fixtures once).
+fn oci_archive() -> PathBuf {
+    images().join("oci-archive.tar")
 }
 
 /// A process the rig started and stops: SIGTERM, then SIGKILL after 10 s.
@@ -201,9 +187,28 @@ struct Rig {
     snapshotter: Option<Daemon>,
     /// /tmp/pkgfs-snap.XXXXXX: sockets, roots, logs, mountpoints.
     dir: tempfile::TempDir,
+    /// Arguments the snapshotter gets beyond its root and socket.
+    snap_args: Vec<String>,
+    /// A `pkgfs store` the rig mounted (unmounted last).
+    store: Option<PathBuf>,
 }
 
 impl Rig {
+    /// A rig in a fresh /tmp/pkgfs-snap.XXXXXX (short: sockets' paths are bounded).
+    fn new() -> Rig {
+        let dir = tempfile::Builder::new()
+            .prefix("pkgfs-snap.")
+            .tempdir_in("/tmp")
+            .expect("scratch under /tmp");
+        Rig {
+            containerd: None,
+            snapshotter: None,
+            dir,
+            snap_args: Vec::new(),
+            store: None,
+        }
+    }
+
     fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -228,6 +233,7 @@ impl Rig {
             .arg(self.snap_root())
             .arg("--address")
             .arg(self.snap_sock())
+            .args(&self.snap_args)
             .env("RUST_LOG", "info,pkgfs::snapshot=debug");
         c
     }
@@ -310,8 +316,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt"
 
     /// `ctr -a SOCK -n pkgfs-test ARGS…`.
     fn ctr(&self, args: &[&str]) -> Command {
+        self.ctr_in(NS, args)
+    }
+
+    /// `ctr -a SOCK -n NAMESPACE ARGS…`.
+    fn ctr_in(&self, namespace: &str, args: &[&str]) -> Command {
         let mut c = Command::new("ctr");
-        c.arg("-a").arg(self.sock()).args(["-n", NS]).args(args);
+        c.arg("-a")
+            .arg(self.sock())
+            .args(["-n", namespace])
+            .args(args);
         c
     }
 
@@ -320,14 +334,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt"
         ok(self.path(), &mut self.ctr(args), CTR_LIMIT)
     }
 
-    /// Mount points under the rig, deepest first.
+    /// Mount points under the rig, deepest first; the rig's store is not among them
+    /// while the rig holds it.
     fn mounts_inside(&self) -> Vec<String> {
         let prefix = format!("{}/", self.path().display());
+        let store = self.store.as_ref().map(|s| s.display().to_string());
         let mut v: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
             .unwrap_or_default()
             .lines()
             .filter_map(|l| l.split(' ').nth(1))
-            .filter(|m| m.starts_with(&prefix))
+            .filter(|m| m.starts_with(&prefix) && Some(*m) != store.as_deref())
             .map(String::from)
             .collect();
         v.sort_by_key(|m| std::cmp::Reverse(m.len()));
@@ -356,10 +372,24 @@ impl Drop for Rig {
         if let Some(mut s) = self.snapshotter.take() {
             s.stop();
         }
+        if let Some(store) = self.store.take() {
+            let _ = bounded(
+                self.path(),
+                pkgfs().arg("umount").arg(&store),
+                Duration::from_secs(20),
+            );
+            self.unmount_all();
+        }
         if std::thread::panicking() {
             let keep = self.path().to_path_buf();
             eprintln!("logs of the failed run:");
-            for log in ["containerd.log", "snap.log", "snap2.log", "snap3.log"] {
+            for log in [
+                "containerd.log",
+                "snap.log",
+                "snap2.log",
+                "snap3.log",
+                "store.log",
+            ] {
                 if let Ok(text) = std::fs::read_to_string(keep.join(log)) {
                     let tail: Vec<&str> = text.lines().rev().take(40).collect();
                     eprintln!("--- {log} (last 40 lines)");
@@ -422,16 +452,8 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
         return;
     }
     let started = Instant::now();
-    let dir = tempfile::Builder::new()
-        .prefix("pkgfs-snap.")
-        .tempdir_in("/tmp")
-        .expect("scratch under /tmp");
-    let archive = oci_archive(dir.path());
-    let mut rig = Rig {
-        containerd: None,
-        snapshotter: None,
-        dir,
-    };
+    let archive = oci_archive();
+    let mut rig = Rig::new();
     let fixture_ready = Instant::now();
     rig.start_snapshotter("snap.log");
     rig.start_containerd();
@@ -767,5 +789,355 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
         "snapshotter test: {:.1} s (fixture {:.1} s)",
         started.elapsed().as_secs_f64(),
         (fixture_ready - started).as_secs_f64()
+    );
+}
+
+/// The fs directories of a container's overlay mount as `ctr snapshots mounts` prints
+/// it: (upperdir, lowerdirs top first).
+fn overlay_dirs(mount_line: &str) -> (String, Vec<String>) {
+    let options = mount_line
+        .split_whitespace()
+        .last()
+        .unwrap_or_else(|| panic!("{mount_line}"));
+    let value = |name: &str| {
+        options
+            .split(',')
+            .find_map(|o| o.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {mount_line}"))
+            .to_string()
+    };
+    let lower = value("lowerdir").split(':').map(String::from).collect();
+    (value("upperdir"), lower)
+}
+
+/// Whether `path` is a mount point of this mount namespace.
+fn mounted(path: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(path))
+}
+
+/// containerd pulls through pkgfs lazily: `pkgfs snapshotter --store` over a `pkgfs
+/// store`, images in docker-registry on loopback as eStargz, zstd:chunked and plain gzip,
+/// each pulled by `ctr-remote images rpull` (which labels each layer with its image and
+/// digest) into a namespace of its own. Each layer is committed as a remote snapshot
+/// bind-mounted from the store, containerd downloads no layer, and the registry sends
+/// under 10 % of the layer bytes for the two kinds with a table of contents (plain gzip
+/// takes one pass). A container's root equals the same image pulled into containerd's
+/// own overlayfs snapshotter and runs its programs (chroot: no runtime here). The
+/// snapshotter stopped, the container still reads; a layer's mount undone (as a reboot
+/// undoes it) is made again at the next start. `ctr images rm --sync` leaves nothing.
+#[test]
+fn containerd_pulls_lazily_through_the_layer_store() {
+    if !require_tools(&[
+        "containerd",
+        "ctr",
+        "ctr-remote",
+        "docker-registry",
+        "skopeo",
+        "python3",
+        "chroot",
+    ]) {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    let kinds = [
+        ("oci-estargz:latest", "esgz", true),
+        ("oci-zstd-chunked:latest", "zc", true),
+        ("oci-gzip:latest", "gz", false),
+    ];
+    for (from, tag, _) in kinds {
+        reg.push(from, &format!("pkgfs/debian:{tag}"), None);
+    }
+    let mut rig = Rig::new();
+    let store = rig.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    ok(
+        rig.path(),
+        pkgfs()
+            .arg("store")
+            .arg(&store)
+            .args([
+                "--tls-verify=false",
+                "--no-background-fetch",
+                "--no-disk-cache",
+            ])
+            .arg("--index-cache")
+            .arg(rig.path().join("index"))
+            .arg("--log-file")
+            .arg(rig.path().join("store.log")),
+        Duration::from_secs(30),
+    );
+    rig.store = Some(store.clone());
+    rig.snap_args = vec!["--store".into(), store.display().to_string()];
+    rig.start_snapshotter("snap.log");
+    rig.start_containerd();
+
+    let mut layer_count = 0;
+    for (_, tag, has_toc) in kinds {
+        let ns = format!("lazy-{tag}");
+        let name = format!("pkgfs/debian:{tag}");
+        let image = format!("{}/{name}", reg.host());
+        let (manifest, _) = manifest_and_config(&reg, &name);
+        let layers: Vec<(String, u64)> = manifest["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["digest"].as_str().unwrap().to_string(),
+                    l["size"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let layer_bytes: u64 = layers.iter().map(|l| l.1).sum();
+        layer_count += layers.len();
+        let before = reg.blob_gets().1;
+        ok(
+            rig.path(),
+            Command::new("ctr-remote").arg("-a").arg(rig.sock()).args([
+                "-n",
+                &ns,
+                "images",
+                "rpull",
+                "--plain-http",
+                "--snapshotter",
+                "pkgfs",
+                &image,
+            ]),
+            CTR_LIMIT,
+        );
+        let fetched = reg.blob_gets().1 - before;
+        eprintln!("{tag}: the pull fetched {fetched} of {layer_bytes} layer bytes");
+        if has_toc {
+            assert!(
+                fetched * 10 < layer_bytes,
+                "{tag}: {fetched} of {layer_bytes} bytes"
+            );
+        }
+        // containerd holds no layer: its content store has the manifest and config only.
+        let content = ok(
+            rig.path(),
+            &mut rig.ctr_in(&ns, &["content", "ls", "-q"]),
+            CTR_LIMIT,
+        );
+        for (digest, _) in &layers {
+            assert!(!content.contains(digest.as_str()), "{tag}: {content}");
+        }
+        // Every layer a committed remote snapshot, named by its digest, using no disk.
+        let rows = snapshot_rows(&ok(
+            rig.path(),
+            &mut rig.ctr_in(&ns, &["snapshots", "--snapshotter", "pkgfs", "ls"]),
+            CTR_LIMIT,
+        ));
+        assert_eq!(rows.len(), layers.len(), "{tag}: {rows:?}");
+        let mut digests = Vec::new();
+        for key in rows.keys() {
+            let info: serde_json::Value = serde_json::from_str(&ok(
+                rig.path(),
+                &mut rig.ctr_in(&ns, &["snapshots", "--snapshotter", "pkgfs", "info", key]),
+                CTR_LIMIT,
+            ))
+            .unwrap();
+            assert_eq!(info["Kind"], "Committed", "{info}");
+            assert_eq!(
+                info["Labels"]["containerd.io/snapshot/remote/pkgfs.reference"],
+                image.as_str(),
+                "{info}"
+            );
+            digests.push(
+                info["Labels"]["containerd.io/snapshot/remote/pkgfs.digest"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{info}"))
+                    .to_string(),
+            );
+        }
+        digests.sort();
+        let mut want: Vec<String> = layers.iter().map(|l| l.0.clone()).collect();
+        want.sort();
+        assert_eq!(digests, want, "{tag}");
+
+        // A container's root on it, mounted as pkgfs says; the same image pulled into
+        // containerd's overlayfs snapshotter (which downloads and unpacks it).
+        let mut roots = Vec::new();
+        let mut pkgfs_lower = Vec::new();
+        for snapshotter in ["pkgfs", "overlayfs"] {
+            if snapshotter == "overlayfs" {
+                ok(
+                    rig.path(),
+                    &mut rig.ctr_in(
+                        &ns,
+                        &[
+                            "images",
+                            "pull",
+                            "--plain-http",
+                            "--snapshotter",
+                            "overlayfs",
+                            &image,
+                        ],
+                    ),
+                    CTR_LIMIT,
+                );
+            }
+            let container = format!("c-{snapshotter}");
+            ok(
+                rig.path(),
+                &mut rig.ctr_in(
+                    &ns,
+                    &[
+                        "containers",
+                        "create",
+                        "--snapshotter",
+                        snapshotter,
+                        &image,
+                        &container,
+                    ],
+                ),
+                CTR_LIMIT,
+            );
+            let mp = rig.path().join(format!("m-{tag}-{snapshotter}"));
+            std::fs::create_dir(&mp).unwrap();
+            let line = ok(
+                rig.path(),
+                &mut rig.ctr_in(
+                    &ns,
+                    &[
+                        "snapshots",
+                        "--snapshotter",
+                        snapshotter,
+                        "mounts",
+                        mp.to_str().unwrap(),
+                        &container,
+                    ],
+                ),
+                CTR_LIMIT,
+            );
+            ok(
+                rig.path(),
+                Command::new("mount").args(line.split_whitespace().skip(1)),
+                Duration::from_secs(20),
+            );
+            if snapshotter == "pkgfs" {
+                // Every lower layer is the store's, bind-mounted.
+                let (_, lower) = overlay_dirs(line.trim());
+                assert_eq!(lower.len(), layers.len(), "{line}");
+                assert!(lower.iter().all(|l| mounted(l)), "{line}");
+                pkgfs_lower = lower;
+            }
+            roots.push(mp);
+        }
+        runs_its_programs(&roots[0]);
+        // containerd's unpack of an eStargz layer keeps the format's own entries, which
+        // pkgfs (as stargz-snapshotter) does not show (docs/SEMANTICS.md).
+        let mut flags = vec!["--no-dir-mtime"];
+        if tag == "esgz" {
+            for own in [
+                "stargz.index.json",
+                ".prefetch.landmark",
+                ".no.prefetch.landmark",
+            ] {
+                flags.extend(["--exclude", own]);
+            }
+        }
+        trees_match(&roots[1], &roots[0], &flags);
+        if tag == "esgz" {
+            restarts_keep_lazy_layers(&mut rig, &ns, &roots[0], &pkgfs_lower);
+        }
+        // Containers and images removed: every layer unmounted, the snapshots directory
+        // empty (layers of the same chain would otherwise be shared by the next image).
+        for (snapshotter, mp) in ["pkgfs", "overlayfs"].iter().zip(&roots) {
+            ok(
+                rig.path(),
+                Command::new("umount").arg(mp),
+                Duration::from_secs(20),
+            );
+            ok(
+                rig.path(),
+                &mut rig.ctr_in(&ns, &["containers", "rm", &format!("c-{snapshotter}")]),
+                CTR_LIMIT,
+            );
+        }
+        ok(
+            rig.path(),
+            &mut rig.ctr_in(&ns, &["images", "rm", "--sync", &image]),
+            CTR_LIMIT,
+        );
+        let snaps_dir = rig.snap_root().join("snapshots");
+        wait_for(
+            Duration::from_secs(30),
+            "pkgfs's snapshots directory empties after `ctr images rm --sync`",
+            || {
+                let left: Vec<_> = std::fs::read_dir(&snaps_dir)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .collect();
+                match (left.is_empty(), rig.mounts_inside()) {
+                    (true, m) if m.is_empty() => Ok(()),
+                    (_, m) => Err(format!("left: {left:?}, mounted: {m:?}")),
+                }
+            },
+        );
+    }
+
+    // The logs said, per layer, that it was read lazily; nothing went wrong.
+    let logs: Vec<String> = ["snap.log", "snap2.log"]
+        .iter()
+        .map(|l| std::fs::read_to_string(rig.path().join(l)).unwrap())
+        .collect();
+    let lazy: usize = logs
+        .iter()
+        .map(|t| t.lines().filter(|l| l.contains(": read lazily")).count())
+        .sum();
+    assert_eq!(lazy, layer_count, "{logs:?}");
+    for text in &logs {
+        let bad: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+}
+
+/// Stop the snapshotter: the container at `root` reads on. Undo the mount of one of its
+/// `layers` (as a reboot undoes them all) and start the snapshotter again: the layer is
+/// mounted again, and said to be; containerd (in namespace `ns`) reconnects.
+fn restarts_keep_lazy_layers(rig: &mut Rig, ns: &str, root: &Path, layers: &[String]) {
+    let status = rig.snapshotter.as_mut().unwrap().stop();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let bash = std::fs::read(images().join("reference/rootfs/usr/bin/bash")).unwrap();
+    assert_eq!(std::fs::read(root.join("usr/bin/bash")).unwrap(), bash);
+    let undone = layers.last().unwrap();
+    ok(
+        rig.path(),
+        Command::new("umount").arg("-l").arg(undone),
+        Duration::from_secs(20),
+    );
+    assert!(!mounted(undone));
+    rig.start_snapshotter("snap2.log");
+    assert!(mounted(undone), "{undone} is not mounted again");
+    assert!(
+        std::fs::read_dir(undone).unwrap().next().is_some(),
+        "{undone} is empty"
+    );
+    let log = rig.snapshotter.as_ref().unwrap().log_text();
+    assert_eq!(log.matches("mounted again").count(), 1, "{log}");
+    assert_eq!(std::fs::read(root.join("usr/bin/bash")).unwrap(), bash);
+    // containerd dials again after a back-off: until it has, its garbage collector
+    // cannot reach the snapshotter.
+    wait_for(
+        Duration::from_secs(30),
+        "containerd lists pkgfs's snapshots again after a restart",
+        || {
+            let out = bounded(
+                rig.path(),
+                &mut rig.ctr_in(ns, &["snapshots", "--snapshotter", "pkgfs", "ls"]),
+                CTR_LIMIT,
+            );
+            match out.status.success() {
+                true => Ok(()),
+                false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+            }
+        },
     );
 }

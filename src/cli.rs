@@ -144,6 +144,13 @@ struct SnapshotterArgs {
     /// The Unix socket to serve on (containerd's proxy_plugins address).
     #[arg(long, value_name = "SOCKET", default_value = DEFAULT_SNAPSHOTTER_ADDRESS)]
     address: PathBuf,
+    /// Read layers lazily from the `pkgfs store` mounted at MOUNTPOINT (start it first:
+    /// `pkgfs store MOUNTPOINT` with the registry options the images need). A layer
+    /// whose pull names its image (CRI's labels, or those of `ctr-remote images rpull`)
+    /// is bind-mounted from the store and containerd downloads nothing of it; any other
+    /// layer is unpacked by containerd as usual. The log says which, and why.
+    #[arg(long, value_name = "MOUNTPOINT")]
+    store: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -718,9 +725,13 @@ fn snapshotter_config(s: SnapshotterArgs) -> Result<SnapshotterConfig, UsageErro
     if s.address.as_os_str().is_empty() || s.root.as_os_str().is_empty() {
         return Err("--root and --address must not be empty".into());
     }
+    if s.store.as_ref().is_some_and(|p| !p.is_absolute()) {
+        return Err("--store must be an absolute path (it goes into mount options)".into());
+    }
     Ok(SnapshotterConfig {
         root: s.root,
         address: s.address,
+        store: s.store,
     })
 }
 
@@ -941,10 +952,13 @@ mod tests {
             "/r",
             "--address",
             "/s.sock",
+            "--store",
+            "/var/lib/pkgfs-store",
         ]) {
             Ok(Command::Snapshotter(c)) => {
                 assert_eq!(c.root, PathBuf::from("/r"));
                 assert_eq!(c.address, PathBuf::from("/s.sock"));
+                assert_eq!(c.store, Some(PathBuf::from("/var/lib/pkgfs-store")));
             }
             other => panic!("{other:?}"),
         }
@@ -952,9 +966,12 @@ mod tests {
             Ok(Command::Snapshotter(c)) => {
                 assert_eq!(c.root, PathBuf::from(DEFAULT_SNAPSHOTTER_ROOT));
                 assert_eq!(c.address, PathBuf::from(DEFAULT_SNAPSHOTTER_ADDRESS));
+                assert_eq!(c.store, None, "no store: every layer unpacked");
             }
             other => panic!("{other:?}"),
         }
+        let e = cli(&["pkgfs", "snapshotter", "--store", "store"]).unwrap_err();
+        assert!(e.contains("absolute"), "{e}");
         let long = format!("/{}", "s".repeat(120));
         let e = cli(&["pkgfs", "snapshotter", "--address", &long]).unwrap_err();
         assert!(e.contains("107 bytes"), "{e}");

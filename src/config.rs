@@ -108,6 +108,9 @@ pub struct SnapshotterConfig {
     pub root: PathBuf,
     /// The Unix socket containerd's `proxy_plugins` entry names.
     pub address: PathBuf,
+    /// A `pkgfs store` mount to read layers from lazily (None: containerd unpacks every
+    /// layer).
+    pub store: Option<PathBuf>,
 }
 
 /// A validated command.

@@ -100,6 +100,80 @@ pub fn remove_all(path: &Path) -> Result<()> {
     }
 }
 
+/// Whether something is mounted at `path`: it is on another device than its parent
+/// directory, or it cannot be looked at for another reason than being missing (a FUSE
+/// mount whose server is gone answers `ENOTCONN`).
+pub fn is_mount_point(path: &Path) -> bool {
+    let Some(parent) = path.parent() else {
+        return true;
+    };
+    match (std::fs::symlink_metadata(path), std::fs::metadata(parent)) {
+        (Ok(md), Ok(up)) => md.dev() != up.dev(),
+        (Err(e), _) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => false,
+        _ => true,
+    }
+}
+
+/// Bind-mount the directory `from` on `to`, read-only.
+pub fn bind_read_only(from: &Path, to: &Path) -> Result<()> {
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::InvalidArgument(format!("{}: a NUL in the path", p.display())))
+    };
+    let (src, dst) = (c(from)?, c(to)?);
+    // SAFETY: NUL-terminated paths that live across the calls; no data argument.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(Error::io(to, std::io::Error::last_os_error()));
+    }
+    // A bind mount takes the flags of the mount it binds; read-only is a remount.
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            dst.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        let _ = unmount(to);
+        return Err(Error::io(to, e));
+    }
+    Ok(())
+}
+
+/// Detach whatever is mounted at `path` (lazily: readers of it keep what they hold).
+pub fn unmount(path: &Path) -> Result<()> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::InvalidArgument(format!("{}: a NUL in the path", path.display())))?;
+    // SAFETY: a NUL-terminated path that lives across the call.
+    if unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(Error::io(path, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Remove the snapshot directory `dir`, detaching a layer mounted on its `fs` first (a
+/// lazily read layer), so that the removal never reaches into a mount.
+pub fn remove_snapshot_dir(dir: &Path) -> Result<()> {
+    let fs = dir.join("fs");
+    if is_mount_point(&fs) {
+        unmount(&fs)?;
+    }
+    remove_all(dir)
+}
+
 /// The disk usage of the tree at `root` (itself included), without following symbolic
 /// links: each inode counted once (hard links), its size the blocks allocated to it
 /// (`st_blocks` × 512), as containerd's `fs.DiskUsage`. Entries that vanish during the

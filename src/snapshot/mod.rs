@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use disk::Dirs;
 pub use meta::{Error, Info, Kind, Labels, Result, Usage};
 use meta::{Snapshot, Store};
-use remote::{LayerRequest, LayerSource, Unpacked};
+use remote::{LayerRequest, LayerSource, Provided, Unpacked};
 
 /// A mount as containerd's `mount.Mount`: what to mount, from where, how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +82,7 @@ impl Snapshotter {
         }
         let dirs = Dirs::open(&root)?;
         let store = Store::open(&root.join("metadata.redb"))?;
-        Ok(Snapshotter {
+        let s = Snapshotter {
             store,
             dirs,
             source,
@@ -90,7 +90,34 @@ impl Snapshotter {
             // to the lower directories it was first mounted with, and layers are shared
             // between mounts.
             index_off: Path::new(OVERLAY_INDEX).exists(),
-        })
+        };
+        s.restore()?;
+        Ok(s)
+    }
+
+    /// Mount again every committed layer the source provided whose `fs` has nothing
+    /// mounted (after a reboot; a restart of the snapshotter alone leaves them mounted).
+    /// A layer that cannot be mounted is logged: the containers on it fail to start,
+    /// not the snapshotter.
+    fn restore(&self) -> Result<()> {
+        for info in self.store.list()? {
+            if info.kind != Kind::Committed || !info.labels.contains_key(remote::REMOTE) {
+                continue;
+            }
+            let fs = self.dirs.fs(self.store.get(&info.name)?.id);
+            if disk::is_mount_point(&fs) {
+                continue;
+            }
+            match self.source.restore(&info.labels, &fs) {
+                Ok(true) => log::info!("layer {}: mounted again", info.name),
+                Ok(false) => log::warn!(
+                    "layer {}: read lazily before, and this snapshotter has no source for it (--store)",
+                    info.name
+                ),
+                Err(e) => log::warn!("layer {}: cannot be mounted again: {e}", info.name),
+            }
+        }
+        Ok(())
     }
 
     /// `ROOT/snapshots`.
@@ -119,6 +146,17 @@ impl Snapshotter {
     /// answer is `AlreadyExists`, which tells containerd not to unpack it.
     pub fn prepare(&self, key: &str, parent: &str, labels: Labels) -> Result<Vec<Mount>> {
         let target = labels.get(remote::TARGET).cloned();
+        // A layer already committed (the same chain ID, pulled by another image or in
+        // another namespace: containerd finds it by its target label) is not provided
+        // again.
+        if let Some(target) = &target
+            && self
+                .store
+                .stat(target)
+                .is_ok_and(|i| i.kind == Kind::Committed)
+        {
+            return Err(Error::AlreadyExists(format!("target snapshot {target}")));
+        }
         let snap = self.create(Kind::Active, key, parent, labels.clone())?;
         if let Some(target) = target {
             let req = LayerRequest {
@@ -127,23 +165,39 @@ impl Snapshotter {
                 target: &target,
                 labels: &labels,
             };
-            let provided = self
-                .source
-                .provide(&req, &self.dirs.fs(snap.id))
-                .unwrap_or_else(|e| {
-                    log::warn!("layer {target}: not provided, containerd unpacks it: {e}");
-                    false
-                });
-            if provided {
-                return Err(match self.commit(&target, key, labels) {
-                    Ok(()) => Error::AlreadyExists(format!("target snapshot {target}")),
-                    Err(e) => {
-                        if let Err(e) = self.remove(key) {
-                            log::warn!("snapshot {key}: {e}");
+            let what = match remote::named_layer(&labels) {
+                Some((reference, digest)) => format!("layer {digest} of {reference}"),
+                None => format!("layer {target}"),
+            };
+            let fs = self.dirs.fs(snap.id);
+            let provided = self.source.provide(&req, &fs).unwrap_or_else(|e| {
+                log::warn!("{what}: {e}");
+                Provided::No(e.to_string())
+            });
+            match provided {
+                Provided::No(why) => {
+                    log::info!("{what}: unpacked by containerd: {why}");
+                }
+                Provided::Yes(extra) => {
+                    log::info!("{what}: read lazily (committed as {target})");
+                    let mut labels = labels;
+                    labels.extend(extra);
+                    // Nothing of a lazily read layer is on this disk: its usage is zero
+                    // (as stargz-snapshotter counts its remote layers), and measuring it
+                    // would walk the whole layer.
+                    let committed = self
+                        .store
+                        .commit(key, &target, labels, |_| Ok(Usage::default()));
+                    return Err(match committed {
+                        Ok(_) => Error::AlreadyExists(format!("target snapshot {target}")),
+                        Err(e) => {
+                            if let Err(e) = self.remove(key) {
+                                log::warn!("snapshot {key}: {e}");
+                            }
+                            e
                         }
-                        e
-                    }
-                });
+                    });
+                }
             }
         }
         Ok(self.mounts_of(&snap))
@@ -221,7 +275,7 @@ impl Snapshotter {
     /// and left to Cleanup.
     pub fn remove(&self, key: &str) -> Result<()> {
         let (id, _) = self.store.remove(key)?;
-        if let Err(e) = disk::remove_all(&self.dirs.dir(id)) {
+        if let Err(e) = disk::remove_snapshot_dir(&self.dirs.dir(id)) {
             log::warn!("snapshot {key} removed, its directory left for Cleanup: {e}");
         }
         Ok(())
@@ -270,7 +324,7 @@ impl Snapshotter {
                     .to_str()
                     .and_then(|n| n.parse::<u64>().ok())
                     .is_some_and(|id| ids.contains(&id));
-                if !owned && let Err(e) = disk::remove_all(&entry.path()) {
+                if !owned && let Err(e) = disk::remove_snapshot_dir(&entry.path()) {
                     log::warn!("cleanup: {e}");
                 }
             }
@@ -461,14 +515,17 @@ mod tests {
     struct Fake;
 
     impl LayerSource for Fake {
-        fn provide(&self, req: &LayerRequest<'_>, fs: &Path) -> Result<bool> {
+        fn provide(&self, req: &LayerRequest<'_>, fs: &Path) -> Result<Provided> {
             match req.labels.get(remote::LAYER_DIGEST).map(String::as_str) {
                 Some("sha256:known") => {
                     std::fs::write(fs.join("provided"), req.target).unwrap();
-                    Ok(true)
+                    Ok(Provided::Yes(Labels::from([(
+                        remote::REMOTE.to_string(),
+                        "fake".to_string(),
+                    )])))
                 }
                 Some("sha256:broken") => Err(Error::InvalidArgument("broken".into())),
-                _ => Ok(false),
+                _ => Ok(Provided::No("unknown".into())),
             }
         }
     }
@@ -489,6 +546,10 @@ mod tests {
         assert!(matches!(e, Error::AlreadyExists(_)), "{e}");
         let info = s.stat("sha256:chain").unwrap();
         assert_eq!(info.kind, Kind::Committed);
+        // The request's labels and the source's, and no usage: nothing is on this disk.
+        assert_eq!(info.labels[remote::REMOTE], "fake");
+        assert_eq!(info.labels[remote::LAYER_DIGEST], "sha256:known");
+        assert_eq!(s.usage("sha256:chain").unwrap(), Usage::default());
         assert!(matches!(
             s.stat("extract-1").unwrap_err(),
             Error::NotFound(_)
@@ -498,10 +559,22 @@ mod tests {
             std::fs::read(Path::new(&fs).join("provided")).unwrap(),
             b"sha256:chain"
         );
+        // The same layer again (another image, another namespace): already there, the
+        // source is not asked (a broken source would fail), no Active snapshot is made.
+        let mut again = labels("sha256:broken");
+        again.insert(remote::IMAGE_REF.into(), "other/image:1".into());
+        let e = s.prepare("extract-2", "", again).unwrap_err();
+        assert!(matches!(e, Error::AlreadyExists(_)), "{e}");
+        assert!(matches!(
+            s.stat("extract-2").unwrap_err(),
+            Error::NotFound(_)
+        ));
         // Not known, or failing: an ordinary Active snapshot for containerd to unpack into.
         for digest in ["sha256:other", "sha256:broken"] {
             let key = format!("extract-{digest}");
-            let m = s.prepare(&key, "", labels(digest)).unwrap();
+            let mut l = labels(digest);
+            l.insert(remote::TARGET.into(), format!("chain-of-{digest}"));
+            let m = s.prepare(&key, "", l).unwrap();
             assert_eq!(m[0].options, vec!["rw".to_string(), "rbind".to_string()]);
             assert_eq!(s.stat(&key).unwrap().kind, Kind::Active);
         }

@@ -100,10 +100,15 @@ pub fn run(cfg: &SnapshotterConfig) -> Result<(), ServeError> {
     // The socket first: a second server on the same root and socket is told that
     // another one serves there, rather than that the database is locked.
     claim_socket(&cfg.address)?;
-    let snapshotter = Snapshotter::open(&cfg.root).map_err(|source| ServeError::Root {
-        root: cfg.root.clone(),
-        source,
-    })?;
+    let source: Box<dyn super::remote::LayerSource> = match &cfg.store {
+        Some(store) => Box::new(super::remote::StoreLayers::new(store.clone())),
+        None => Box::new(super::remote::Unpacked),
+    };
+    let snapshotter =
+        Snapshotter::with_source(&cfg.root, source).map_err(|source| ServeError::Root {
+            root: cfg.root.clone(),
+            source,
+        })?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("pkgfs-grpc")
