@@ -1391,7 +1391,7 @@ fn a_polled_tag_follows_pushes() {
 /// The SOCI fixtures (`registry/make_soci.sh`: AWS's `soci` built from the Go module
 /// proxy, the umoci image converted by `soci convert` to a SOCI-enabled image), built
 /// once under the target directory.
-fn soci_fixtures() -> &'static Path {
+pub(crate) fn soci_fixtures() -> &'static Path {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let images = images();

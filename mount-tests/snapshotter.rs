@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{pkgfs, require_tools, trees_match};
 use crate::images::{images, runs_its_programs};
-use crate::registry::{Auth, Registry, manifest_and_config};
+use crate::registry::{Auth, Registry, manifest_and_config, soci_fixtures};
 
 /// containerd's namespace for the test's images.
 const NS: &str = "pkgfs-test";
@@ -262,18 +262,25 @@ impl Rig {
     }
 
     /// containerd with pkgfs as a proxy plugin, as `mount-tests/images/containerd.sh`
-    /// configures one, and wait until it answers.
-    fn start_containerd(&mut self) {
+    /// configures one, and wait until it answers. With `tasks`, containers can run
+    /// (`ctr run`: runc through containerd's shim), else tasks are off.
+    fn start_containerd(&mut self, tasks: bool) {
         let d = self.path();
+        let task_plugins = match tasks {
+            true => "",
+            false => {
+                r#""io.containerd.runtime.v1.linux", "io.containerd.runtime.v2.task",
+  "io.containerd.service.v1.tasks-service", "io.containerd.grpc.v1.tasks",
+  "io.containerd.monitor.v1.cgroups", "#
+            }
+        };
         let config = format!(
             r#"version = 2
 root = "{d}/root"
 state = "{d}/state"
 disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",
   "io.containerd.internal.v1.restart", "io.containerd.internal.v1.tracing",
-  "io.containerd.runtime.v1.linux", "io.containerd.runtime.v2.task",
-  "io.containerd.service.v1.tasks-service", "io.containerd.grpc.v1.tasks",
-  "io.containerd.monitor.v1.cgroups", "io.containerd.snapshotter.v1.btrfs",
+  {task_plugins}"io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
   "io.containerd.snapshotter.v1.aufs"]
 [grpc]
@@ -456,7 +463,7 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
     let mut rig = Rig::new();
     let fixture_ready = Instant::now();
     rig.start_snapshotter("snap.log");
-    rig.start_containerd();
+    rig.start_containerd(false);
 
     // Import into both snapshotters.
     let archive = archive.to_str().expect("UTF-8 path");
@@ -850,6 +857,19 @@ fn containerd_pulls_lazily_through_the_layer_store() {
     for (from, tag, _) in kinds {
         reg.push(from, &format!("pkgfs/debian:{tag}"), None);
     }
+    // SOCI-indexed gzip: the image index with its SOCI index, as `soci convert` makes it.
+    ok(
+        Path::new("/tmp"),
+        Command::new("skopeo")
+            .args(["copy", "--quiet", "--all", "--dest-tls-verify=false"])
+            .arg(format!(
+                "oci:{}",
+                soci_fixtures().join("oci-gzip-soci").display()
+            ))
+            .arg(format!("docker://{}/pkgfs/debian:soci", reg.host())),
+        Duration::from_secs(120),
+    );
+    let kinds = [kinds[0], kinds[1], ("", "soci", true), kinds[2]];
     let mut rig = Rig::new();
     let store = rig.path().join("store");
     std::fs::create_dir(&store).unwrap();
@@ -872,14 +892,25 @@ fn containerd_pulls_lazily_through_the_layer_store() {
     rig.store = Some(store.clone());
     rig.snap_args = vec!["--store".into(), store.display().to_string()];
     rig.start_snapshotter("snap.log");
-    rig.start_containerd();
+    rig.start_containerd(true);
 
     let mut layer_count = 0;
     for (_, tag, has_toc) in kinds {
         let ns = format!("lazy-{tag}");
         let name = format!("pkgfs/debian:{tag}");
         let image = format!("{}/{name}", reg.host());
-        let (manifest, _) = manifest_and_config(&reg, &name);
+        let (mut manifest, _) = manifest_and_config(&reg, &name);
+        if let Some(list) = manifest["manifests"].as_array() {
+            // An index (SOCI's): the image's manifest is the one not annotated as a
+            // SOCI index of another.
+            let digest = list
+                .iter()
+                .find(|d| d["annotations"]["com.amazon.soci.image-manifest-digest"].is_null())
+                .and_then(|d| d["digest"].as_str())
+                .unwrap_or_else(|| panic!("{manifest}"))
+                .to_string();
+            manifest = manifest_and_config(&reg, &format!("pkgfs/debian@{digest}")).0;
+        }
         let layers: Vec<(String, u64)> = manifest["layers"]
             .as_array()
             .unwrap()
@@ -1028,6 +1059,29 @@ fn containerd_pulls_lazily_through_the_layer_store() {
             roots.push(mp);
         }
         runs_its_programs(&roots[0]);
+        // And as a container: `ctr run` (runc through containerd's shim) on a root of
+        // its own from pkgfs.
+        let out = ok(
+            rig.path(),
+            &mut rig.ctr_in(
+                &ns,
+                &[
+                    "run",
+                    "--rm",
+                    "--snapshotter",
+                    "pkgfs",
+                    &image,
+                    &format!("run-{tag}"),
+                    "/usr/local/bin/pkgfs-selftest",
+                ],
+            ),
+            CTR_LIMIT,
+        );
+        assert_eq!(
+            out,
+            std::fs::read_to_string(images().join("reference.selftest")).unwrap(),
+            "{tag}"
+        );
         // containerd's unpack of an eStargz layer keeps the format's own entries, which
         // pkgfs (as stargz-snapshotter) does not show (docs/SEMANTICS.md).
         let mut flags = vec!["--no-dir-mtime"];
