@@ -480,6 +480,17 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
     }
     let images = rig.ctr_ok(&["images", "ls", "-q"]);
     assert!(images.lines().any(|l| l == IMAGE), "{images}");
+    // `pkgfs status SOCKET`: an import asks for no layer by name: each unpacked.
+    let st = ok(
+        rig.path(),
+        pkgfs().arg("status").arg(rig.snap_sock()),
+        CTR_LIMIT,
+    );
+    assert!(
+        st.contains("0 layers read lazily, 3 unpacked")
+            && st.matches("asked for no layer by name").count() == 3,
+        "{st}"
+    );
 
     // The snapshots as containerd lists them: the image's three layers, committed, with
     // the same chain (keys, parents, kinds) in both snapshotters.
@@ -924,6 +935,9 @@ fn containerd_pulls_lazily_through_the_layer_store() {
             .collect();
         let layer_bytes: u64 = layers.iter().map(|l| l.1).sum();
         layer_count += layers.len();
+        if !has_toc {
+            plain_pulls_are_unpacked_and_say_why(&rig, &image, layers.len());
+        }
         let before = reg.blob_gets().1;
         ok(
             rig.path(),
@@ -955,6 +969,20 @@ fn containerd_pulls_lazily_through_the_layer_store() {
         );
         for (digest, _) in &layers {
             assert!(!content.contains(digest.as_str()), "{tag}: {content}");
+        }
+        // `pkgfs status SOCKET` says each layer is read lazily, and from where.
+        let st: serde_json::Value = serde_json::from_str(&ok(
+            rig.path(),
+            pkgfs().arg("status").arg("--json").arg(rig.snap_sock()),
+            CTR_LIMIT,
+        ))
+        .unwrap();
+        assert_eq!(st["lazy"], layers.len(), "{tag}: {st}");
+        assert_eq!(st["unpacked"], 0, "{tag}: {st}");
+        assert_eq!(st["store"], store.to_str().unwrap(), "{st}");
+        for row in st["snapshots"].as_array().unwrap() {
+            assert_eq!(row["how"], "lazy", "{row}");
+            assert_eq!(row["reference"], image.as_str(), "{row}");
         }
         // Every layer a committed remote snapshot, named by its digest, using no disk.
         let rows = snapshot_rows(&ok(
@@ -1117,21 +1145,7 @@ fn containerd_pulls_lazily_through_the_layer_store() {
             &mut rig.ctr_in(&ns, &["images", "rm", "--sync", &image]),
             CTR_LIMIT,
         );
-        let snaps_dir = rig.snap_root().join("snapshots");
-        wait_for(
-            Duration::from_secs(30),
-            "pkgfs's snapshots directory empties after `ctr images rm --sync`",
-            || {
-                let left: Vec<_> = std::fs::read_dir(&snaps_dir)
-                    .unwrap()
-                    .map(|e| e.unwrap().file_name())
-                    .collect();
-                match (left.is_empty(), rig.mounts_inside()) {
-                    (true, m) if m.is_empty() => Ok(()),
-                    (_, m) => Err(format!("left: {left:?}, mounted: {m:?}")),
-                }
-            },
-        );
+        emptied(&rig);
     }
 
     // The logs said, per layer, that it was read lazily; nothing went wrong.
@@ -1194,4 +1208,65 @@ fn restarts_keep_lazy_layers(rig: &mut Rig, ns: &str, root: &Path, layers: &[Str
             }
         },
     );
+}
+
+/// Wait until pkgfs's snapshots directory is empty and nothing is mounted in the rig
+/// (after `ctr images rm --sync`: containerd's collector removes the snapshots).
+fn emptied(rig: &Rig) {
+    let snaps_dir = rig.snap_root().join("snapshots");
+    wait_for(
+        Duration::from_secs(30),
+        "pkgfs's snapshots directory empties after `ctr images rm --sync`",
+        || {
+            let left: Vec<_> = std::fs::read_dir(&snaps_dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            match (left.is_empty(), rig.mounts_inside()) {
+                (true, m) if m.is_empty() => Ok(()),
+                (_, m) => Err(format!("left: {left:?}, mounted: {m:?}")),
+            }
+        },
+    );
+}
+
+/// A plain `ctr images pull` (no labels naming the image) of `image` through pkgfs:
+/// the pull works, containerd unpacks each of its `layers`, and `pkgfs status` says
+/// why each was not read lazily. Removed after.
+fn plain_pulls_are_unpacked_and_say_why(rig: &Rig, image: &str, layers: usize) {
+    let ns = "plain";
+    ok(
+        rig.path(),
+        &mut rig.ctr_in(
+            ns,
+            &[
+                "images",
+                "pull",
+                "--plain-http",
+                "--snapshotter",
+                "pkgfs",
+                image,
+            ],
+        ),
+        CTR_LIMIT,
+    );
+    let st: serde_json::Value = serde_json::from_str(&ok(
+        rig.path(),
+        pkgfs().arg("status").arg("--json").arg(rig.snap_sock()),
+        CTR_LIMIT,
+    ))
+    .unwrap();
+    assert_eq!(st["unpacked"], layers, "{st}");
+    assert_eq!(st["lazy"], 0, "{st}");
+    for row in st["snapshots"].as_array().unwrap() {
+        assert_eq!(row["how"], "unpacked", "{row}");
+        let why = row["why"].as_str().unwrap_or_default();
+        assert!(why.contains("asked for no layer by name"), "{row}");
+    }
+    ok(
+        rig.path(),
+        &mut rig.ctr_in(ns, &["images", "rm", "--sync", image]),
+        CTR_LIMIT,
+    );
+    emptied(rig);
 }

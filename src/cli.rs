@@ -88,7 +88,8 @@ enum CliCommand {
     Check(CheckArgs),
     /// Show what a running mount serves and how it is doing: active packages (entries,
     /// conflicts won and lost), skipped archives, cache, bytes read and decompressed,
-    /// request counts, errors.
+    /// request counts, errors. Given a `pkgfs snapshotter`'s socket: its snapshots, and
+    /// per layer lazy or unpacked, and why.
     Status(StatusArgs),
     /// Write DIR (or convert a tar archive) as a pkgfs package: a seekable-zstd tar with
     /// an embedded index.
@@ -385,7 +386,10 @@ struct ServeArgs {
 
 #[derive(Debug, Args)]
 struct StatusArgs {
-    /// The mountpoint.
+    /// The mountpoint, or the socket of a `pkgfs snapshotter` (then: each snapshot, and
+    /// for each layer whether it is read lazily, from which image, or was unpacked by
+    /// containerd, and why).
+    #[arg(value_name = "MOUNTPOINT|SOCKET")]
     mountpoint: PathBuf,
     /// Print JSON (one object, every package) instead of text.
     #[arg(long, conflicts_with = "packages")]

@@ -1,4 +1,6 @@
-//! `pkgfs status MOUNTPOINT`: asking a running mount what it serves and how it is doing.
+//! `pkgfs status MOUNTPOINT`: asking a running mount what it serves and how it is doing
+//! (and `pkgfs status SOCKET`, a running `pkgfs snapshotter` what its layers are:
+//! [`serve_snapshotter`], the report made by `crate::snapshot::report`).
 //!
 //! The channel is a Unix socket in Linux's *abstract* namespace named after the mount's
 //! device number (`pkgfs-status-<st_dev>`): nothing appears in the tree or on disk,
@@ -20,7 +22,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -826,7 +828,36 @@ pub fn serve(
     info: MountInfo,
     activity: Arc<Mutex<Activity>>,
 ) -> std::io::Result<()> {
-    let listener = bind(&address(dev)?)?;
+    serve_channel(&address(dev)?, move |style| {
+        let act = crate::sync::lock(&activity).clone();
+        report(&fs, &info, &act, style)
+    })
+}
+
+/// The status channel of the `pkgfs snapshotter` serving on the socket whose file is
+/// (`dev`, `ino`): a socket file's inode is new with each server.
+fn snapshotter_address(dev: u64, ino: u64) -> std::io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(format!("pkgfs-status-snapshotter-{dev}-{ino}").as_bytes())
+}
+
+/// Serve status requests for the `pkgfs snapshotter` whose socket file is `socket`
+/// (bound already), answered by `answer`, on a background thread.
+pub fn serve_snapshotter(
+    socket: &Path,
+    answer: impl Fn(Style) -> String + Send + 'static,
+) -> std::io::Result<()> {
+    let md = std::fs::symlink_metadata(socket)?;
+    serve_channel(&snapshotter_address(md.dev(), md.ino())?, answer)
+}
+
+/// Bind `addr` and answer each request on it with `answer`, on a background thread:
+/// only this process's user and root are answered, a request is one line, a panic in
+/// `answer` is an error line, not a dead channel.
+fn serve_channel(
+    addr: &SocketAddr,
+    answer: impl Fn(Style) -> String + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = bind(addr)?;
     // SAFETY: getuid cannot fail.
     let me = unsafe { libc::getuid() };
     std::thread::Builder::new()
@@ -854,11 +885,8 @@ pub fn serve(
                     let _ = writeln!(conn, "error: unknown request {:?}", line.trim());
                     continue;
                 };
-                let act = crate::sync::lock(&activity).clone();
-                let text = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    report(&fs, &info, &act, style)
-                }))
-                .unwrap_or_else(|_| "error: the report failed\n".into());
+                let text = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(style)))
+                    .unwrap_or_else(|_| "error: the report failed\n".into());
                 if let Err(e) = conn.write_all(text.as_bytes()) {
                     debug!("status reply: {e}");
                 }
@@ -911,6 +939,11 @@ pub fn query(mountpoint: &Path, style: Style) -> Result<String, QueryError> {
         path: path(),
         source,
     })?;
+    if meta.file_type().is_socket() {
+        // A snapshotter's socket: its inode names the channel, no other server's.
+        let addr = snapshotter_address(meta.dev(), meta.ino()).map_err(channel)?;
+        return ask(&addr, style, mountpoint);
+    }
     let addr = address(meta.dev()).map_err(channel)?;
     let here = crate::transport::session::mount_path(mountpoint);
     // Device numbers are reused: for a moment the daemon of a mount that has just gone

@@ -21,6 +21,7 @@
 //! - [`disk`]: the directories and disk usage;
 //! - [`Snapshotter`] (here): the operations, putting those together; no gRPC;
 //! - [`service`]: the thin tonic adapter, requests in and status codes out;
+//! - [`report`]: what `pkgfs status SOCKET` says of the snapshots and their layers;
 //! - [`server`]: the socket, the runtime and the signals of `pkgfs snapshotter`;
 //! - [`api`]: the generated protocol types (checked in, see `api/gen.sh`).
 
@@ -29,6 +30,7 @@ pub mod disk;
 pub mod filter;
 pub mod meta;
 pub mod remote;
+pub mod report;
 pub mod server;
 pub mod service;
 
@@ -177,6 +179,12 @@ impl Snapshotter {
             match provided {
                 Provided::No(why) => {
                     log::info!("{what}: unpacked by containerd: {why}");
+                    // Kept with the layer for `pkgfs status` (carried over at Commit).
+                    let mut info = self.store.stat(key)?;
+                    info.labels
+                        .insert(remote::UNPACKED.into(), remote::label_value(&why));
+                    self.store
+                        .update(&info, &[format!("labels.{}", remote::UNPACKED)])?;
                 }
                 Provided::Yes(extra) => {
                     log::info!("{what}: read lazily (committed as {target})");
@@ -264,10 +272,23 @@ impl Snapshotter {
 
     /// Commit the Active snapshot `key` as `name` with `labels`, measuring its upper
     /// directory for Usage.
-    pub fn commit(&self, name: &str, key: &str, labels: Labels) -> Result<()> {
+    pub fn commit(&self, name: &str, key: &str, mut labels: Labels) -> Result<()> {
+        // Why a layer was unpacked stays with it (containerd's labels replace the
+        // Active snapshot's at Commit).
+        if let Some(why) = self.store.stat(key)?.labels.remove(remote::UNPACKED) {
+            labels.entry(remote::UNPACKED.into()).or_insert(why);
+        }
         self.store
             .commit(key, name, labels, |id| disk::usage(&self.dirs.fs(id)))
             .map(|_| ())
+    }
+
+    /// The root this snapshotter keeps its snapshots and records in.
+    pub fn root(&self) -> &Path {
+        self.dirs
+            .snapshots()
+            .parent()
+            .unwrap_or(self.dirs.snapshots())
     }
 
     /// Remove `key`: its record in one transaction, then its directory. Once the record

@@ -53,6 +53,18 @@ pub const REMOTE: &str = "containerd.io/snapshot/remote";
 pub const PKGFS_REFERENCE: &str = "containerd.io/snapshot/remote/pkgfs.reference";
 /// That layer's digest.
 pub const PKGFS_DIGEST: &str = "containerd.io/snapshot/remote/pkgfs.digest";
+/// Why a layer that containerd's unpacker asked for was not read lazily (kept on the
+/// layer for `pkgfs status`).
+pub const UNPACKED: &str = "containerd.io/snapshot/pkgfs.unpacked";
+
+/// `text` cut to fit a label value (at most 1,024 bytes, on a character boundary).
+pub fn label_value(text: &str) -> String {
+    let mut end = text.len().min(1024);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
 
 /// What a Prepare with a target asks of a [`LayerSource`].
 #[derive(Debug, Clone, Copy)]

@@ -1,7 +1,7 @@
 //! `pkgfs snapshotter`: the process around the [`Service`]. It opens the snapshotter
 //! root, takes the socket (refusing one another server answers on, replacing a stale
 //! file), serves gRPC on it until SIGINT or SIGTERM, and removes the socket on the way
-//! out.
+//! out. Beside it, the status channel of `pkgfs status SOCKET` (`crate::status`).
 //!
 //! A tokio runtime of two worker threads (`pkgfs-grpc`) runs the HTTP/2 connections;
 //! each request's work runs on tokio's blocking threads, since the store and the disk
@@ -115,13 +115,14 @@ pub fn run(cfg: &SnapshotterConfig) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(io("tokio runtime"))?;
-    rt.block_on(serve(Arc::new(snapshotter), &cfg.address))?;
+    rt.block_on(serve(Arc::new(snapshotter), cfg))?;
     // Requests still on blocking threads finish (or are abandoned) within a bound.
     rt.shutdown_timeout(Duration::from_secs(10));
     Ok(())
 }
 
-async fn serve(snapshotter: Arc<Snapshotter>, address: &Path) -> Result<(), ServeError> {
+async fn serve(snapshotter: Arc<Snapshotter>, cfg: &SnapshotterConfig) -> Result<(), ServeError> {
+    let address = cfg.address.as_path();
     // Signals first: one arriving while the socket is set up still stops the server.
     let mut term = signal(SignalKind::terminate()).map_err(io("SIGTERM handler"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(io("SIGINT handler"))?;
@@ -139,6 +140,18 @@ async fn serve(snapshotter: Arc<Snapshotter>, address: &Path) -> Result<(), Serv
         path: address.to_path_buf(),
         ino,
     };
+    // `pkgfs status SOCKET`: what each layer is, lazy or unpacked and why.
+    {
+        let (s, socket, store) = (
+            snapshotter.clone(),
+            address.to_path_buf(),
+            cfg.store.clone(),
+        );
+        crate::status::serve_snapshotter(address, move |style| {
+            super::report::report(&s, &socket, store.as_deref(), style)
+        })
+        .map_err(io("status channel"))?;
+    }
     log::info!(
         "serving containerd's snapshots API on {} (root {})",
         address.display(),
