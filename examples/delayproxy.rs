@@ -1,12 +1,15 @@
 //! A TCP proxy that adds latency, for benchmarks: what `tc qdisc add dev lo root netem
 //! delay D` does, on machines whose kernel has no netem.
 //!
-//!     cargo run --release --example delayproxy -- LISTEN_PORT UPSTREAM_PORT DELAY_MS [STATS]
+//!     cargo run --release --example delayproxy -- LISTEN_PORT UPSTREAM_PORT DELAY_MS [STATS] [--mbit RATE]
 //!
 //! Every connection to 127.0.0.1:LISTEN_PORT is joined to 127.0.0.1:UPSTREAM_PORT; every
 //! chunk of bytes, in each direction, is delivered DELAY_MS after it arrived (connection
 //! set-up too), so a request and its answer take 2 × DELAY_MS more, as with netem on
-//! loopback, and bandwidth is not limited. With STATS (a file path), it keeps
+//! loopback. Bandwidth is not limited unless `--mbit RATE` (megabits per second) is
+//! given: then each direction is one link of that rate shared by every connection (as a
+//! node's uplink is), a chunk sent once the link has sent what came before it, then
+//! delivered DELAY_MS later (`netem delay D rate R`). With STATS (a file path), it keeps
 //! "CONNECTIONS BYTES_TO_SERVER BYTES_TO_CLIENT" written there (every 50 ms), so a
 //! benchmark counts what each system fetched. Runs until killed.
 
@@ -19,12 +22,32 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// Copy `from` to `to`, each chunk `delay` after it was read.
+/// One direction's link of a limited rate: when it is next free.
+struct Link {
+    /// Nanoseconds a byte takes.
+    ns_per_byte: f64,
+    free_at: std::sync::Mutex<Instant>,
+}
+
+impl Link {
+    /// When a chunk of `n` bytes that arrived now has been sent.
+    fn send(&self, n: usize) -> Instant {
+        let now = Instant::now();
+        let mut free = self.free_at.lock().unwrap_or_else(|e| e.into_inner());
+        let start = (*free).max(now);
+        *free = start + Duration::from_nanos((n as f64 * self.ns_per_byte) as u64);
+        *free
+    }
+}
+
+/// Copy `from` to `to`, each chunk `delay` after it was read (and, with a `link`, after
+/// the link has sent it).
 async fn delayed(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay: Duration,
     count: Arc<AtomicU64>,
+    link: Option<Arc<Link>>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let reader = tokio::spawn(async move {
@@ -34,10 +57,8 @@ async fn delayed(
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     count.fetch_add(n as u64, Relaxed);
-                    if tx
-                        .send((Instant::now() + delay, buf[..n].to_vec()))
-                        .is_err()
-                    {
+                    let sent = link.as_ref().map_or_else(Instant::now, |l| l.send(n));
+                    if tx.send((sent + delay, buf[..n].to_vec())).is_err() {
                         break;
                     }
                 }
@@ -58,7 +79,10 @@ async fn delayed(
 /// Connections, bytes to the server, bytes to the client.
 type Counters = Arc<[Arc<AtomicU64>; 3]>;
 
-async fn serve(client: TcpStream, upstream: u16, delay: Duration, c: Counters) {
+/// The two directions' links (to the server, to the client), when the rate is limited.
+type Links = Option<(Arc<Link>, Arc<Link>)>;
+
+async fn serve(client: TcpStream, upstream: u16, delay: Duration, c: Counters, links: Links) {
     c[0].fetch_add(1, Relaxed);
     // The handshake's round trip.
     tokio::time::sleep(delay * 2).await;
@@ -69,17 +93,39 @@ async fn serve(client: TcpStream, upstream: u16, delay: Duration, c: Counters) {
     let _ = server.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let up = tokio::spawn(delayed(cr, sw, delay, c[1].clone()));
-    delayed(sr, cw, delay, c[2].clone()).await;
+    let (to_server, to_client) = match links {
+        Some((a, b)) => (Some(a), Some(b)),
+        None => (None, None),
+    };
+    let up = tokio::spawn(delayed(cr, sw, delay, c[1].clone(), to_server));
+    delayed(sr, cw, delay, c[2].clone(), to_client).await;
     let _ = up.await;
 }
 
 fn main() -> std::io::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
+    let mut args: Vec<String> = std::env::args().collect();
+    let mbit = match args.iter().position(|a| a == "--mbit") {
+        Some(i) if i + 1 < args.len() => {
+            let rate = args.remove(i + 1);
+            args.remove(i);
+            Some(rate.parse::<f64>().unwrap_or_else(|_| {
+                eprintln!("--mbit: not a number: {rate}");
+                std::process::exit(2)
+            }))
+        }
+        _ => None,
+    };
     if args.len() != 4 && args.len() != 5 {
-        eprintln!("usage: delayproxy LISTEN_PORT UPSTREAM_PORT DELAY_MS [STATS]");
+        eprintln!("usage: delayproxy LISTEN_PORT UPSTREAM_PORT DELAY_MS [STATS] [--mbit RATE]");
         std::process::exit(2);
     }
+    let link = |rate: f64| {
+        Arc::new(Link {
+            ns_per_byte: 8e3 / rate,
+            free_at: std::sync::Mutex::new(Instant::now()),
+        })
+    };
+    let links: Links = mbit.map(|r| (link(r), link(r)));
     let parse = |s: &str| -> u64 {
         s.parse().unwrap_or_else(|_| {
             eprintln!("not a number: {s}");
@@ -116,7 +162,13 @@ fn main() -> std::io::Result<()> {
             }
             loop {
                 let (c, _) = l.accept().await?;
-                tokio::spawn(serve(c, upstream as u16, delay, counters.clone()));
+                tokio::spawn(serve(
+                    c,
+                    upstream as u16,
+                    delay,
+                    counters.clone(),
+                    links.clone(),
+                ));
             }
         })
 }
