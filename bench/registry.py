@@ -111,10 +111,11 @@ def layer_bytes(layout):
 class Proxy:
     """examples/delayproxy in front of the registry; its stats file counts bytes."""
 
-    def __init__(self, upstream):
-        self.stats = os.path.join(SCRATCH, "proxy.stats")
+    def __init__(self, upstream, scratch=None, delay=None, extra=()):
+        self.stats = os.path.join(scratch or SCRATCH, "proxy.stats")
         self.port = free_port()
-        spawn([DELAYPROXY, str(self.port), str(upstream), str(DELAY), self.stats])
+        spawn([DELAYPROXY, str(self.port), str(upstream), str(delay or DELAY), self.stats,
+               *extra])
         wait_listening(self.port, "delayproxy")
 
     def counters(self):
@@ -140,8 +141,8 @@ def ensure_images():
         shutil.rmtree(os.path.join(SOCI, "ingest"), ignore_errors=True)
 
 
-def start_registry():
-    d = os.path.join(SCRATCH, "registry")
+def start_registry(scratch=None):
+    d = os.path.join(scratch or SCRATCH, "registry")
     os.makedirs(d)
     port = free_port()
     with open(os.path.join(d, "config.yml"), "w") as f:

@@ -529,7 +529,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
     let close = close_file;
     for e in &toc.entries {
         if e.kind == "chunk" {
-            let Some((ei, fi, _)) = open else {
+            let Some((ei, fi, size)) = open else {
                 return Err(Error::Corrupt(format!(
                     "table of contents: a chunk of {:?} follows no file",
                     e.name
@@ -542,10 +542,16 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
                     String::from_utf8_lossy(&entries[ei].path)
                 )));
             }
+            // A chunk without a size runs to the end of its file (stargz-snapshotter's
+            // writer leaves the last chunk's size out).
+            let len = match e.chunk_size {
+                0 => size.saturating_sub(e.chunk_offset),
+                n => n,
+            };
             chunks.push(chunk(
                 e,
                 e.chunk_offset,
-                e.chunk_size,
+                len,
                 &e.chunk_digest,
                 &next_start,
                 blob_size,
@@ -591,7 +597,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
 fn chunk_starts(entries: &[TocEntry]) -> Vec<u64> {
     let mut starts: Vec<u64> = entries
         .iter()
-        .filter(|e| matches!(e.kind.as_str(), "reg" | "chunk") && (e.size > 0 || e.chunk_size > 0))
+        .filter(|e| e.kind == "chunk" || (e.kind == "reg" && e.size > 0))
         .map(|e| e.offset)
         .collect();
     starts.sort_unstable();

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""containerd pulling through `pkgfs snapshotter` (issue 40), on a node's network:
+
+    snapshotter.py WORKDIR OUT.json [--rounds N] [--delay-ms MS] [--mbit RATE]
+
+The Debian+python3 image of bench/images.sh (two gzip layers, 200 MB unpacked) in a
+registry on loopback (Debian's docker-registry) as gzip, zstd:chunked, a SOCI-enabled
+image (AWS's `soci convert`) and eStargz (`ctr-remote images convert`), behind
+examples/delayproxy: MS ms each way (default 20: a 40 ms round trip) and one link of
+RATE Mbit/s each way (default 100). A private containerd 1.6 (tasks on, pkgfs as a proxy
+snapshot plugin) runs each system; each step drops the page cache and starts from
+nothing (the image removed, `ctr images rm --sync`, the store's caches emptied). In N
+rotating rounds (default 3), the time from the pull's start to the first output of
+`python3 -c 'import json; print("ok")'` in the container (`ctr run --rm`), and the bytes
+the registry sent through the proxy:
+
+  overlayfs              `ctr images pull` into containerd's overlayfs snapshotter
+                         (download, unpack), then `ctr run`
+  pkgfs-FORMAT           `ctr-remote images rpull --snapshotter pkgfs` (layers from a
+                         `pkgfs store` with empty caches, fetched whole in the background
+                         as it does by default), then `ctr run`
+  pkgfs-FORMAT-lazy      the same, the store with --no-background-fetch (only what is read
+                         is fetched)
+
+FORMAT: gzip (the store's index pass reads each layer whole), zstd-chunked, soci, estargz.
+stargz-snapshotter and the SOCI snapshotter, the peers the issue names, are not run yet
+(docs/BENCHMARKS.md says why). Results to OUT.json, a summary to standard output. Needs
+root, containerd, ctr-remote, docker-registry, skopeo; builds what bench/registry.py
+builds.
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import registry as reg  # noqa: E402  (same WORKDIR OUT.json arguments)
+
+WORK = sys.argv[1]
+OUT = sys.argv[2]
+ARGS = sys.argv[3:]
+ROUNDS = common.arg(ARGS, "--rounds", 3)
+DELAY = common.arg(ARGS, "--delay-ms", 20)
+MBIT = common.arg(ARGS, "--mbit", 100)
+HERE = reg.HERE
+PKGFS = reg.PKGFS
+SCRATCH = os.path.join(WORK, "snapshotter-run")
+CMD = ["python3", "-c", "import json; print('ok')"]
+log = common.log
+
+
+class Containerd:
+    """A private containerd with tasks and pkgfs as the proxy plugin `pkgfs`."""
+
+    def __init__(self, d):
+        self.d = d
+        os.makedirs(os.path.join(d, "tmp"), exist_ok=True)
+        with open(os.path.join(d, "config.toml"), "w") as f:
+            f.write(f"""version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",
+  "io.containerd.internal.v1.restart", "io.containerd.internal.v1.tracing",
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+[grpc]
+  address = "{d}/c.sock"
+[ttrpc]
+  address = "{d}/c.sock.ttrpc"
+[proxy_plugins.pkgfs]
+  type = "snapshot"
+  address = "{d}/s.sock"
+""")
+        reg.spawn(["containerd", "--config", os.path.join(d, "config.toml")],
+                  env=dict(os.environ, TMPDIR=os.path.join(d, "tmp")))
+        self.wait_socket(os.path.join(d, "c.sock"), "containerd")
+
+    @staticmethod
+    def wait_socket(path, what):
+        import socket
+        for _ in range(600):
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(path)
+                s.close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit(f"{what} does not answer on {path}")
+
+    def ctr(self, *args, tool="ctr", ns="bench"):
+        return [tool, "-a", os.path.join(self.d, "c.sock"), "-n", ns, *args]
+
+    def run(self, *args, **kw):
+        return subprocess.run(self.ctr(*args, **kw), check=True, capture_output=True, text=True)
+
+
+def ensure_estargz(ctrd, direct):
+    """The gzip image converted to eStargz by ctr-remote (stargz-snapshotter's converter)
+    and pushed as bench/estargz:1."""
+    tar = os.path.join(SCRATCH, "gzip.tar")
+    subprocess.run(["skopeo", "copy", "--quiet", f"oci:{reg.GZ}:latest",
+                    f"oci-archive:{tar}:bench/src:1"], check=True)
+    ctrd.run("images", "import", "--no-unpack", "--base-name", "bench/src", tar, ns="convert")
+    ctrd.run("images", "convert", "--oci", "--estargz", "bench/src:1",
+             f"{direct}/bench/estargz:1", tool="ctr-remote", ns="convert")
+    ctrd.run("images", "push", "--plain-http", f"{direct}/bench/estargz:1", ns="convert")
+    os.remove(tar)
+
+
+def main():
+    for tool in ("containerd", "ctr-remote", "docker-registry", "skopeo"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"needs {tool} (apt-get install containerd stargz-snapshotter "
+                             "docker-registry skopeo)")
+    reg.ensure_images()
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+    os.makedirs(SCRATCH)
+    port = reg.start_registry(SCRATCH)
+    direct = f"127.0.0.1:{port}"
+    for name, layout, all_ in [("gzip", reg.GZ, False), ("zstd-chunked", reg.ZC, False),
+                               ("soci", reg.SOCI, True)]:
+        common.sh(f"skopeo copy --quiet {'--all' if all_ else ''} --dest-tls-verify=false "
+                  f"oci:{layout} docker://{direct}/bench/{name}:1")
+    ctrd = Containerd(os.path.join(SCRATCH, "c"))
+    ensure_estargz(ctrd, direct)
+    proxy = reg.Proxy(port, scratch=SCRATCH, delay=DELAY, extra=("--mbit", str(MBIT)))
+    via = f"127.0.0.1:{proxy.port}"
+    store = os.path.join(SCRATCH, "store")
+    os.makedirs(store)
+    snap_sock = os.path.join(ctrd.d, "s.sock")
+    reg.spawn([PKGFS, "snapshotter", "--root", os.path.join(SCRATCH, "snap"),
+               "--address", snap_sock, "--store", store])
+    Containerd.wait_socket(snap_sock, "pkgfs snapshotter")
+
+    def start_store(lazy):
+        common.unmount(store)
+        c = os.path.join(SCRATCH, "store-cache")
+        common.retire(c)
+        common.sh(f"'{PKGFS}' store -q --tls-verify=false --io-uring off --disk-cache '{c}/disk' "
+                  f"--index-cache '{c}/index' {'--no-background-fetch' if lazy else ''} "
+                  f"'{store}'")
+
+    runs = [0]
+
+    def pull_and_run(snapshotter, image, pull):
+        """`pull` (a whole command), then the program in a container; the seconds."""
+        runs[0] += 1
+        t0 = time.monotonic()
+        subprocess.run(pull, check=True, capture_output=True)
+        out = ctrd.run("run", "--rm", "--snapshotter", snapshotter, image,
+                       f"bench-{runs[0]}", *CMD)
+        t = time.monotonic() - t0
+        assert out.stdout == "ok\n", out
+        return t
+
+    def cleanup(image):
+        ctrd.run("images", "rm", "--sync", image)
+        # The content store too: the next pull starts from nothing.
+        left = ctrd.run("content", "ls", "-q").stdout.split()
+        if left:
+            ctrd.run("content", "rm", *left)
+
+    def overlayfs():
+        image = f"{via}/bench/gzip:1"
+        t = pull_and_run("overlayfs", image, ctrd.ctr(
+            "images", "pull", "--plain-http", "--snapshotter", "overlayfs", image))
+        cleanup(image)
+        return t
+
+    def pkgfs(fmt, lazy):
+        image = f"{via}/bench/{fmt}:1"
+        start_store(lazy)
+        common.drop_caches()
+        t = pull_and_run("pkgfs", image, ctrd.ctr(
+            "images", "rpull", "--plain-http", "--snapshotter", "pkgfs", image, tool="ctr-remote"))
+        cleanup(image)
+        return t
+
+    systems = {"overlayfs": overlayfs}
+    for f in ("gzip", "zstd-chunked", "soci", "estargz"):
+        systems[f"pkgfs-{f}"] = (lambda f=f: pkgfs(f, False))
+        if f != "gzip":
+            systems[f"pkgfs-{f}-lazy"] = (lambda f=f: pkgfs(f, True))
+    layouts = {"gzip": reg.GZ, "zstd-chunked": reg.ZC, "soci": reg.SOCI}
+    layer_bytes = {f: reg.layer_bytes(l) for f, l in layouts.items()}
+    r = {"rounds": ROUNDS, "delay_ms": DELAY, "mbit": MBIT,
+         "measured": time.strftime("%Y-%m-%d %H:%M"),
+         "build": subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
+                                 capture_output=True, text=True).stdout.strip(),
+         "layer_bytes": layer_bytes,
+         "first_output_s": {k: [] for k in systems}, "sent_bytes": {k: [] for k in systems}}
+    for i in range(ROUNDS):
+        for name, fn in systems.items():
+            common.drop_caches()
+            mark = proxy.counters()
+            try:
+                t = fn()
+            except subprocess.CalledProcessError as e:
+                log(f"{name}: failed ({e}: {e.stderr}); left out of this round")
+                continue
+            r["first_output_s"][name].append(t)
+            r["sent_bytes"][name].append(proxy.sent_since(mark))
+        log(f"round {i + 1}:", {k: round(v[-1], 3) for k, v in r["first_output_s"].items() if v})
+    r["median_s"] = {k: statistics.median(v) for k, v in r["first_output_s"].items() if v}
+    with open(OUT, "w") as f:
+        json.dump(r, f, indent=1)
+    m = r["median_s"]
+    print(f"{2 * DELAY} ms round trip, {MBIT} Mbit/s; layers: "
+          + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in layer_bytes.items()))
+    base = m.get("overlayfs")
+    for k, v in m.items():
+        sent = statistics.median(r["sent_bytes"][k])
+        vs = f", {base / v:.1f}x sooner than overlayfs" if base and k != "overlayfs" else ""
+        print(f"  {k:24} {v:.3f} s ({', '.join(f'{x:.3f}' for x in r['first_output_s'][k])}); "
+              f"sent {sent / 1e6:.2f} MB{vs}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        common.unmount(os.path.join(SCRATCH, "store"))
+        for p in reg.PROCS:
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        # Layers the snapshotter bind-mounted, containers' roots containerd left.
+        with open("/proc/self/mounts") as f:
+            left = sorted((l.split(" ")[1] for l in f if f" {SCRATCH}/" in l), key=len,
+                          reverse=True)
+        for m in left:
+            subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
