@@ -60,6 +60,13 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     /// The ranges (start, end) will be read soon: start fetching them (read-ahead advice,
     /// never an error).
     fn will_need(&self, _ranges: &[(u64, u64)]) {}
+    /// Fetch the whole blob in the background, behind reads: nothing of it is fetched
+    /// while a read waits for the source (a layer read lazily, fetched whole so that a
+    /// program's later reads wait for no round trip, without slowing the ones it makes
+    /// now). Advice, never an error; by default [`Blob::will_need`] of all of it.
+    fn fetch_in_background(&self) {
+        self.will_need(&[(0, self.size())]);
+    }
     /// A string that names this version of the object: equal versions have equal bytes.
     /// Caches of indexes are keyed by it; a rescan that finds another version has a new
     /// package.
@@ -523,6 +530,15 @@ impl Blob for Slice {
 
     fn fetch_sparingly(&self, sequential: u64) {
         self.inner.fetch_sparingly(sequential);
+    }
+
+    fn fetch_in_background(&self) {
+        // All of a blob (a renamed one): its own background fetch; else the slice.
+        if self.offset == 0 && self.len == self.inner.size() {
+            self.inner.fetch_in_background();
+        } else {
+            self.will_need(&[(0, self.len)]);
+        }
     }
 
     /// What the blob it is a slice of fetched (a slice of all of one: a renamed blob).

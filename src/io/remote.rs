@@ -26,7 +26,7 @@
 //! connector, so `pkgfs status` shows the requests sent, including the retries.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,6 +49,13 @@ pub const MAX_READ_AHEAD: u64 = 8 << 20;
 pub const SPARING_READ_AHEAD: u64 = 1 << 20;
 /// Background fetches in flight at most (all objects).
 const PREFETCHES: usize = 64;
+/// Pieces a whole blob is fetched in behind reads ([`Blob::fetch_in_background`]): a
+/// read that arrives while one is on the wire waits for at most this much of it (42 ms
+/// at 100 Mbit/s).
+const BACKGROUND_PIECE: u64 = 512 << 10;
+/// Such pieces in flight at most (all objects): 1 MiB, what a 100 Mbit/s path of 80 ms
+/// round trip holds, so the background fetch still fills the link between reads.
+const BACKGROUND_FLIGHTS: usize = 2;
 /// Bytes of fetched extents kept in memory, over all objects of a runtime: what readers
 /// fetched beyond their read and what the walk's read-ahead fetched, until it is read.
 /// Without a disk cache it is the only place such bytes wait; kept by count (the last
@@ -200,8 +207,51 @@ pub struct Remote {
     pub disk: Option<Arc<DiskCache>>,
     /// Background fetches (read-ahead advice) in flight at most.
     prefetch: Arc<tokio::sync::Semaphore>,
+    /// Pieces of whole-blob background fetches in flight at most.
+    background: Arc<tokio::sync::Semaphore>,
+    /// Reads waiting for the source now: whole-blob background fetches wait for none.
+    foreground: Arc<Foreground>,
     /// The memory budget of kept extents, all objects.
     kept_budget: Arc<KeptBudget>,
+}
+
+/// Reads waiting for the source, so that background fetches can keep out of their way.
+#[derive(Debug, Default)]
+struct Foreground {
+    waiting: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One read waiting for the source, until dropped.
+struct Waiting<'a>(&'a Foreground);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.0.waiting.fetch_sub(1, Relaxed) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Foreground {
+    fn enter(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Relaxed);
+        Waiting(self)
+    }
+
+    /// Until no read waits for the source.
+    async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a read that ends in between still wakes it.
+            notified.as_mut().enable();
+            if self.waiting.load(Relaxed) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 impl Remote {
@@ -242,6 +292,8 @@ impl Remote {
             stats,
             disk,
             prefetch: Arc::new(tokio::sync::Semaphore::new(PREFETCHES)),
+            background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_FLIGHTS)),
+            foreground: Arc::new(Foreground::default()),
             kept_budget: Arc::new(KeptBudget::new(KEPT_BYTES)),
         }))
     }
@@ -639,6 +691,103 @@ impl Flight {
     }
 }
 
+/// Register fetches of what of `[a, b)` is neither held nor under way: the ranges to
+/// fetch, each with its flight (readers of it wait for it).
+fn register_flights(kept: &Mutex<Kept>, a: u64, b: u64) -> Vec<(u64, u64, Arc<Flight>)> {
+    let mut k = crate::sync::lock(kept);
+    let covered = k
+        .extents
+        .range(a.saturating_sub(LOOK_BACK)..b)
+        .map(|(s, bytes)| (*s, s + bytes.len() as u64))
+        .chain(k.flights.iter().map(|(s, e, _)| (*s, *e)))
+        .collect();
+    uncovered(covered, a, b)
+        .into_iter()
+        .map(|(s, e)| {
+            let f = Arc::new(Flight::default());
+            k.flights.push((s, e, f.clone()));
+            (s, e, f)
+        })
+        .collect()
+}
+
+/// A blob's parts a background fetch works with on the runtime.
+#[derive(Clone)]
+struct Prefetcher {
+    source: Arc<dyn Ranges>,
+    remote: Arc<Remote>,
+    kept: Arc<Mutex<Kept>>,
+    disk_key: String,
+    fetched: Arc<AtomicU64>,
+    name: String,
+    gate: Option<crate::io::blob::KeepGate>,
+}
+
+impl Prefetcher {
+    /// Fetch `[a, b)` (registered as `flight`) into memory and the disk cache; then the
+    /// flight ends, whatever happened.
+    async fn fetch(&self, a: u64, b: u64, flight: Arc<Flight>) {
+        let remote = &self.remote;
+        remote.stats.prefetches.fetch_add(1, Relaxed);
+        let job = RemoteBlob::fetch(self.source.clone(), a, b, self.name.clone());
+        match tokio::time::timeout(remote.config.read_timeout, job).await {
+            Ok(Ok(bytes)) => {
+                remote.stats.fetches.fetch_add(1, Relaxed);
+                remote.stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
+                self.fetched.fetch_add(bytes.len() as u64, Relaxed);
+                // On the runtime: a gate may not wait here.
+                let bytes = keepable(self.gate.as_ref(), a, &bytes, false);
+                if !bytes.is_empty() {
+                    if let Some(d) = &remote.disk {
+                        // Written by the cache's thread, or here past its budget: off
+                        // the runtime's threads then.
+                        let (d, key, b) = (d.clone(), self.disk_key.clone(), bytes.clone());
+                        let _ = tokio::task::spawn_blocking(move || {
+                            d.store_later(&key, a, b);
+                        })
+                        .await;
+                    }
+                    remote.kept_budget.keep(&self.kept, a, bytes);
+                }
+            }
+            // A reader that needs these bytes fetches them itself, and reports.
+            Ok(Err(e)) => log::debug!("read-ahead of {}: {e}", self.name),
+            Err(_) => log::debug!("read-ahead of {}: out of time", self.name),
+        }
+        let mut k = crate::sync::lock(&self.kept);
+        k.flights.retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
+        drop(k);
+        flight.finish();
+    }
+
+    /// Fetch the `holes` in pieces of [`BACKGROUND_PIECE`], each started only while no
+    /// read waits for the source, at most [`BACKGROUND_FLIGHTS`] at once (all blobs).
+    async fn behind_reads(self, holes: Vec<(u64, u64)>) {
+        let remote = self.remote.clone();
+        for (s, e) in holes {
+            let mut a = s;
+            while a < e {
+                let b = (a + BACKGROUND_PIECE).min(e);
+                remote.foreground.idle().await;
+                let Ok(permit) = remote.background.clone().acquire_owned().await else {
+                    return;
+                };
+                // The permit may have taken a while: the link must still be free.
+                remote.foreground.idle().await;
+                let pieces = register_flights(&self.kept, a, b);
+                let p = self.clone();
+                remote.rt.spawn(async move {
+                    for (s, e, f) in pieces {
+                        p.fetch(s, e, f).await;
+                    }
+                    drop(permit);
+                });
+                a = b;
+            }
+        }
+    }
+}
+
 impl RemoteBlob {
     /// The object `path` of `store` as listed: named `name` (its URL) in messages.
     pub fn new(
@@ -826,6 +975,7 @@ impl RemoteBlob {
 
     fn fetch_all(&self, ranges: &[(u64, u64)]) -> Result<Vec<bytes::Bytes>> {
         let what = self.name.display().to_string();
+        let _waiting = self.remote.foreground.enter();
         let got = if ranges.len() == 1 {
             let (s, e) = ranges[0];
             vec![
@@ -866,76 +1016,33 @@ impl RemoteBlob {
     /// range that overlaps a fetch still gets the rest fetched: the walk's advice for a
     /// ZIP's directory often overlaps a reader's fetch of one of its members).
     fn prefetch_range(&self, a: u64, b: u64) {
-        let started = {
-            let mut k = crate::sync::lock(&self.kept);
-            let covered = k
-                .extents
-                .range(a.saturating_sub(LOOK_BACK)..b)
-                .map(|(s, bytes)| (*s, s + bytes.len() as u64))
-                .chain(k.flights.iter().map(|(s, e, _)| (*s, *e)))
-                .collect();
-            uncovered(covered, a, b)
-                .into_iter()
-                .map(|(s, e)| {
-                    let f = Arc::new(Flight::default());
-                    k.flights.push((s, e, f.clone()));
-                    (s, e, f)
-                })
-                .collect::<Vec<_>>()
-        };
-        for (s, e, f) in started {
+        for (s, e, f) in register_flights(&self.kept, a, b) {
             self.spawn_prefetch(s, e, f);
+        }
+    }
+
+    /// What a fetch on the runtime needs of this blob.
+    fn prefetcher(&self) -> Prefetcher {
+        Prefetcher {
+            source: self.source.clone(),
+            remote: self.remote.clone(),
+            kept: self.kept.clone(),
+            disk_key: self.disk_key.clone(),
+            fetched: self.fetched.clone(),
+            name: self.name.display().to_string(),
+            gate: self.gate.0.get().cloned(),
         }
     }
 
     /// Fetch `[a, b)` on the runtime (registered as `flight`), into memory and the disk
     /// cache.
     fn spawn_prefetch(&self, a: u64, b: u64, flight: Arc<Flight>) {
-        self.remote.stats.prefetches.fetch_add(1, Relaxed);
-        let job = Self::fetch(self.source.clone(), a, b, self.name.display().to_string());
-        let (remote, kept, key, fetched) = (
-            self.remote.clone(),
-            self.kept.clone(),
-            self.disk_key.clone(),
-            self.fetched.clone(),
-        );
+        let p = self.prefetcher();
         let sem = self.remote.prefetch.clone();
-        let name = self.name.display().to_string();
-        let limit = self.remote.config.read_timeout;
-        let gate = self.gate.0.get().cloned();
         self.remote.rt.spawn(async move {
-            let got = match sem.acquire_owned().await {
-                Ok(_permit) => tokio::time::timeout(limit, job).await,
-                Err(_) => return,
-            };
-            match got {
-                Ok(Ok(bytes)) => {
-                    remote.stats.fetches.fetch_add(1, Relaxed);
-                    remote.stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
-                    fetched.fetch_add(bytes.len() as u64, Relaxed);
-                    // On the runtime: a gate may not wait here.
-                    let bytes = keepable(gate.as_ref(), a, &bytes, false);
-                    if !bytes.is_empty() {
-                        if let Some(d) = &remote.disk {
-                            // Written by the cache's thread, or here past its budget:
-                            // off the runtime's threads then.
-                            let (d, key, b) = (d.clone(), key.clone(), bytes.clone());
-                            let _ = tokio::task::spawn_blocking(move || {
-                                d.store_later(&key, a, b);
-                            })
-                            .await;
-                        }
-                        remote.kept_budget.keep(&kept, a, bytes);
-                    }
-                }
-                // A reader that needs these bytes fetches them itself, and reports.
-                Ok(Err(e)) => log::debug!("read-ahead of {name} failed: {e}"),
-                Err(_) => log::debug!("read-ahead of {name}: out of time"),
+            if let Ok(_permit) = sem.acquire_owned().await {
+                p.fetch(a, b, flight).await;
             }
-            let mut k = crate::sync::lock(&kept);
-            k.flights.retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
-            drop(k);
-            flight.finish();
         });
     }
 
@@ -1114,6 +1221,24 @@ impl Blob for RemoteBlob {
         self.read_ahead.store(sequential, Relaxed);
     }
 
+    /// Pieces of [`BACKGROUND_PIECE`], started only while no read of any blob waits for
+    /// the source, at most [`BACKGROUND_FLIGHTS`] at once: a program's reads share the
+    /// link with half a megabyte of it at most, where 64 read-aheads of 8 MiB (the
+    /// walk's advice) would queue them behind the whole layer on a slow link. Into the
+    /// disk cache; without one, as the walk's advice (memory bounds what is kept).
+    fn fetch_in_background(&self) {
+        let Some(disk) = &self.remote.disk else {
+            self.will_need(&[(0, self.size)]);
+            return;
+        };
+        let holes = disk.holes(&self.disk_key, 0, self.size);
+        if holes.is_empty() {
+            return;
+        }
+        let p = self.prefetcher();
+        self.remote.rt.spawn(p.behind_reads(holes));
+    }
+
     fn forget(&self) {
         crate::sync::lock(&self.kept).clear();
         if let Some(d) = &self.remote.disk {
@@ -1206,6 +1331,87 @@ mod tests {
         budget.keep(&c, 0, bytes(10_000));
         budget.keep(&c, 10_000, bytes(10));
         assert_eq!(held(), 10, "the first went, once");
+    }
+
+    /// Bytes in memory as ranges; each request noted with how many reads waited for the
+    /// source when it started.
+    struct Noting {
+        data: Arc<Vec<u8>>,
+        remote: Arc<Remote>,
+        asked: Arc<Mutex<Vec<(u64, u64, usize)>>>,
+    }
+
+    impl std::fmt::Debug for Noting {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Noting")
+        }
+    }
+
+    impl Ranges for Noting {
+        fn get(
+            &self,
+            start: u64,
+            end: u64,
+        ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> {
+            let waiting = self.remote.foreground.waiting.load(Relaxed);
+            self.asked.lock().unwrap().push((start, end, waiting));
+            let b = bytes::Bytes::copy_from_slice(&self.data[start as usize..end as usize]);
+            Box::pin(async move { Ok(b) })
+        }
+    }
+
+    #[test]
+    fn a_whole_blob_fetched_in_the_background_keeps_out_of_reads_way() {
+        let d = tempfile::tempdir().unwrap();
+        let remote = Remote::new(RemoteConfig {
+            disk_cache: Some((d.path().join("cache"), 1 << 30)),
+            ..RemoteConfig::default()
+        })
+        .unwrap();
+        let data: Arc<Vec<u8>> = Arc::new((0..3_000_000u32).map(|i| (i * 13) as u8).collect());
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let source = Noting {
+            data: data.clone(),
+            remote: remote.clone(),
+            asked: asked.clone(),
+        };
+        let size = data.len() as u64;
+        let blob = RemoteBlob::of(
+            "layer".into(),
+            Arc::new(source),
+            size,
+            "v".into(),
+            0,
+            remote.clone(),
+        );
+        // A read waits for the source: the background fetch starts nothing meanwhile,
+        // and another read goes straight to the source.
+        let waiting = remote.foreground.enter();
+        blob.fetch_in_background();
+        let mut buf = vec![0u8; 1000];
+        blob.read_exact_at(&mut buf, 2_000_000).unwrap();
+        assert_eq!(buf, data[2_000_000..2_001_000]);
+        let read = asked.lock().unwrap().clone();
+        assert_eq!(read.len(), 1, "only the read went to the source: {read:?}");
+        assert_eq!(read[0].2, 2, "it and the other read were waiting");
+        drop(waiting);
+        // Then all of it, in pieces, each started while no read waited.
+        let disk = remote.disk.clone().unwrap();
+        let start = std::time::Instant::now();
+        while !disk.holes(&blob.disk_key, 0, size).is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "background fetch stuck"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let asked = asked.lock().unwrap().clone();
+        let background = &asked[1..];
+        assert!(background.len() >= 5, "{asked:?}");
+        for &(s, e, waiting) in background {
+            assert_eq!(waiting, 0, "a piece started while a read waited: {asked:?}");
+            assert!(e - s <= BACKGROUND_PIECE, "{asked:?}");
+        }
     }
 
     #[test]

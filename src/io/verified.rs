@@ -466,6 +466,10 @@ impl Blob for VerifiedBlob {
         self.inner.fetch_sparingly(sequential);
     }
 
+    fn fetch_in_background(&self) {
+        self.inner.fetch_in_background();
+    }
+
     fn forget(&self) {
         // The blocks kept were checked: only the copies below are in doubt.
         self.inner.forget();

@@ -74,7 +74,7 @@ impl Candidate {
                     )
                 {
                     if l.background_fetch {
-                        l.blob.will_need(&[(0, l.blob.size())]);
+                        l.blob.fetch_in_background();
                     } else if ix.archive.checked == format::Checked::Toc {
                         // Its chunks read ahead within each file (`format::toc`).
                         l.blob.fetch_sparingly(0);
