@@ -111,6 +111,13 @@ def ensure_estargz(ctrd, direct):
              f"{direct}/bench/estargz:1", tool="ctr-remote", ns="convert")
     ctrd.run("images", "push", "--plain-http", f"{direct}/bench/estargz:1", ns="convert")
     os.remove(tar)
+    # containerd shares content between namespaces: what the conversion left would spare
+    # the overlayfs pull its download.
+    for image in ctrd.run("images", "ls", "-q", ns="convert").stdout.split():
+        ctrd.run("images", "rm", "--sync", image, ns="convert")
+    left = ctrd.run("content", "ls", "-q", ns="convert").stdout.split()
+    if left:
+        ctrd.run("content", "rm", *left, ns="convert")
 
 
 def main():

@@ -142,15 +142,23 @@ def verify(blob, fmt, toc):
             return gunzip_member(blob.read(start, (end or blob.size) - start))[:want]
         return zstd_decompress(blob.read(start, (end or blob.size) - start))[:want]
 
+    size = 0  # of the file the next chunks belong to
     for e in entries:
         if e.get("type") == "reg" and e.get("size"):
+            size = e["size"]
             if e.get("chunkSize") is not None:   # the file's first chunk
                 length, want, end = e["chunkSize"], e.get("chunkDigest"), nxt[e["offset"]]
             else:                                # the whole file in one frame (or member)
                 length, want, end = e["size"], e.get("digest"), e.get("endOffset") or nxt[e["offset"]]
             checks = [(e["name"], payload(e["offset"], end, length), want)]
         elif e.get("type") == "chunk":
-            data = payload(e["offset"], nxt[e["offset"]], e["chunkSize"])
+            # eStargz writers leave the last chunk's size out: it runs to the file's end.
+            length = e.get("chunkSize") or size - e["chunkOffset"]
+            data = payload(e["offset"], nxt[e["offset"]], length)
+            if len(data) != length:
+                bad += 1
+                problems.append(f"{e['name']}@{e.get('chunkOffset')}: {len(data)} of {length} bytes")
+                continue
             checks = [(f"{e['name']}@{e.get('chunkOffset')}", data, e.get("chunkDigest"))]
         else:
             continue
