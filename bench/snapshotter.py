@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """containerd pulling through `pkgfs snapshotter` (issue 40), on a node's network:
 
-    snapshotter.py WORKDIR OUT.json [--rounds N] [--delay-ms MS] [--mbit RATE]
+    snapshotter.py WORKDIR OUT.json [--rounds N] [--delay-ms MS] [--mbit RATE] [--only A,B]
 
 The Debian+python3 image of bench/images.sh (two gzip layers, 200 MB unpacked) in a
 registry on loopback (Debian's docker-registry) as gzip, zstd:chunked, a SOCI-enabled
@@ -21,12 +21,18 @@ the registry sent through the proxy:
                          as it does by default), then `ctr run`
   pkgfs-FORMAT-lazy      the same, the store with --no-background-fetch (only what is read
                          is fetched)
+  stargz                 stargz-snapshotter v0.19.1 (its defaults: prefetch of the
+                         prioritized files, background fetch) on the eStargz image,
+                         `ctr-remote images rpull --snapshotter stargz`
+  soci                   the SOCI snapshotter v0.16.1 (its defaults: background fetch) on
+                         the SOCI-enabled image, pulled by soci-rpull (the CRI labels it
+                         needs, as nerdctl sends them)
 
 FORMAT: gzip (the store's index pass reads each layer whole), zstd-chunked, soci, estargz.
-stargz-snapshotter and the SOCI snapshotter, the peers the issue names, are not run yet
-(docs/BENCHMARKS.md says why). Results to OUT.json, a summary to standard output. Needs
-root, containerd, ctr-remote, docker-registry, skopeo; builds what bench/registry.py
-builds.
+The peers are built from the Go module proxy by bench/peers/build_snapshotters.sh (its
+header says how, and what was patched for Debian's containerd); each run starts them on an
+empty root. Results to OUT.json, a summary to standard output. Needs root, containerd,
+ctr-remote, docker-registry, skopeo, Go; builds what bench/registry.py builds.
 """
 
 import json
@@ -75,10 +81,28 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt"
 [proxy_plugins.pkgfs]
   type = "snapshot"
   address = "{d}/s.sock"
+[proxy_plugins.stargz]
+  type = "snapshot"
+  address = "{d}/stargz.sock"
+[proxy_plugins.soci]
+  type = "snapshot"
+  address = "{d}/soci.sock"
 """)
-        reg.spawn(["containerd", "--config", os.path.join(d, "config.toml")],
-                  env=dict(os.environ, TMPDIR=os.path.join(d, "tmp")))
+        self.proc = None
+        self.start()
+
+    def start(self):
+        d = self.d
+        self.proc = reg.spawn(["containerd", "--config", os.path.join(d, "config.toml")],
+                              env=dict(os.environ, TMPDIR=os.path.join(d, "tmp")))
         self.wait_socket(os.path.join(d, "c.sock"), "containerd")
+
+    def restart(self):
+        """Stopped and started again: it dials its proxy plugins afresh (a plugin that
+        was down when last dialled is otherwise retried only after a back-off)."""
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.start()
 
     @staticmethod
     def wait_socket(path, what):
@@ -98,6 +122,62 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt"
 
     def run(self, *args, **kw):
         return subprocess.run(self.ctr(*args, **kw), check=True, capture_output=True, text=True)
+
+
+PEERS = []
+
+
+class Peer:
+    """A peer snapshotter daemon, started on an empty root for each run."""
+
+    def __init__(self, name, ctrd, argv, config):
+        self.name, self.ctrd, self.argv, self.config = name, ctrd, argv, config
+        PEERS.append(self)
+        self.proc = None
+        self.sock = os.path.join(ctrd.d, f"{name}.sock")
+        self.root = os.path.join(SCRATCH, f"{name}-root")
+
+    def start(self):
+        self.stop()
+        common.retire(self.root)
+        os.makedirs(self.root)
+        conf = os.path.join(SCRATCH, f"{self.name}.toml")
+        with open(conf, "w") as f:
+            f.write(self.config)
+        log_file = open(os.path.join(SCRATCH, f"{self.name}.log"), "a")
+        self.proc = subprocess.Popen(
+            [self.argv[0], *self.argv[1:], "--address", self.sock, "--root", self.root,
+             "--config", conf], stdout=log_file, stderr=log_file)
+        Containerd.wait_socket(self.sock, self.name)
+        self.ctrd.restart()
+
+    def stop(self):
+        if self.proc is None:
+            return
+        # SIGINT: the SOCI snapshotter unmounts its layers only then.
+        self.proc.send_signal(2)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        with open("/proc/self/mounts") as f:
+            left = [l.split(" ")[1] for l in f if f" {self.root}/" in l]
+        for m in sorted(left, key=len, reverse=True):
+            subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
+
+
+def push_soci(direct):
+    """The SOCI-enabled image, its index byte for byte: skopeo 1.9 drops the index
+    entries' artifactType, which the SOCI snapshotter looks for (the manifests and blobs
+    keep their digests; the original index is put over the tag after)."""
+    common.sh(f"skopeo copy --quiet --all --dest-tls-verify=false oci:{reg.SOCI} "
+              f"docker://{direct}/bench/soci:1")
+    idx = json.load(open(os.path.join(reg.SOCI, "index.json")))["manifests"][0]
+    blob = os.path.join(reg.SOCI, "blobs/sha256", idx["digest"][7:])
+    common.sh(f"curl -sf -X PUT -H 'Content-Type: application/vnd.oci.image.index.v1+json' "
+              f"--data-binary @{blob} http://{direct}/v2/bench/soci/manifests/1")
 
 
 def ensure_estargz(ctrd, direct):
@@ -130,11 +210,18 @@ def main():
     os.makedirs(SCRATCH)
     port = reg.start_registry(SCRATCH)
     direct = f"127.0.0.1:{port}"
-    for name, layout, all_ in [("gzip", reg.GZ, False), ("zstd-chunked", reg.ZC, False),
-                               ("soci", reg.SOCI, True)]:
-        common.sh(f"skopeo copy --quiet {'--all' if all_ else ''} --dest-tls-verify=false "
+    for name, layout in [("gzip", reg.GZ), ("zstd-chunked", reg.ZC)]:
+        common.sh(f"skopeo copy --quiet --dest-tls-verify=false "
                   f"oci:{layout} docker://{direct}/bench/{name}:1")
+    push_soci(direct)
+    peers_dir = os.path.join(WORK, "peers")
+    common.sh(f"bash '{HERE}/bench/peers/build_snapshotters.sh' '{peers_dir}'")
     ctrd = Containerd(os.path.join(SCRATCH, "c"))
+    stargz = Peer("stargz", ctrd, [os.path.join(peers_dir, "containerd-stargz-grpc"),
+                                   "--log-level", "info"], "")
+    soci = Peer("soci", ctrd, [os.path.join(peers_dir, "soci-snapshotter-grpc"),
+                               "--log-level", "info"],
+                f'[content_store]\ntype = "soci"\ncontainerd_address = "{ctrd.d}/c.sock"\n')
     ensure_estargz(ctrd, direct)
     proxy = reg.Proxy(port, scratch=SCRATCH, delay=DELAY, extra=("--mbit", str(MBIT)))
     via = f"127.0.0.1:{proxy.port}"
@@ -154,12 +241,14 @@ def main():
                   f"'{store}'")
 
     runs = [0]
+    pulled = {}  # the last pull's seconds, by snapshotter
 
     def pull_and_run(snapshotter, image, pull):
         """`pull` (a whole command), then the program in a container; the seconds."""
         runs[0] += 1
         t0 = time.monotonic()
         subprocess.run(pull, check=True, capture_output=True)
+        pulled[snapshotter] = time.monotonic() - t0
         out = ctrd.run("run", "--rm", "--snapshotter", snapshotter, image,
                        f"bench-{runs[0]}", *CMD)
         t = time.monotonic() - t0
@@ -189,19 +278,42 @@ def main():
         cleanup(image)
         return t
 
-    systems = {"overlayfs": overlayfs}
+    def peer(p, fmt, pull):
+        image = f"{via}/bench/{fmt}:1"
+        p.start()
+        common.drop_caches()
+        t = pull_and_run(p.name, image, pull(image))
+        cleanup(image)
+        p.stop()
+        return t
+
+    def stargz_run():
+        return peer(stargz, "estargz", lambda image: ctrd.ctr(
+            "images", "rpull", "--plain-http", "--snapshotter", "stargz", image,
+            tool="ctr-remote"))
+
+    def soci_run():
+        return peer(soci, "soci", lambda image: [
+            os.path.join(peers_dir, "soci-rpull"), "-address", f"{ctrd.d}/c.sock",
+            "-namespace", "bench", "-plain-http", image])
+
+    systems = {"overlayfs": overlayfs, "stargz": stargz_run, "soci": soci_run}
     for f in ("gzip", "zstd-chunked", "soci", "estargz"):
         systems[f"pkgfs-{f}"] = (lambda f=f: pkgfs(f, False))
         if f != "gzip":
             systems[f"pkgfs-{f}-lazy"] = (lambda f=f: pkgfs(f, True))
     layouts = {"gzip": reg.GZ, "zstd-chunked": reg.ZC, "soci": reg.SOCI}
     layer_bytes = {f: reg.layer_bytes(l) for f, l in layouts.items()}
+    only = ARGS[ARGS.index("--only") + 1].split(",") if "--only" in ARGS else None
+    if only:
+        systems = {k: v for k, v in systems.items() if k in only}
     r = {"rounds": ROUNDS, "delay_ms": DELAY, "mbit": MBIT,
          "measured": time.strftime("%Y-%m-%d %H:%M"),
          "build": subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
                                  capture_output=True, text=True).stdout.strip(),
          "layer_bytes": layer_bytes,
-         "first_output_s": {k: [] for k in systems}, "sent_bytes": {k: [] for k in systems}}
+         "first_output_s": {k: [] for k in systems}, "pull_s": {k: [] for k in systems},
+         "sent_bytes": {k: [] for k in systems}}
     for i in range(ROUNDS):
         for name, fn in systems.items():
             common.drop_caches()
@@ -212,6 +324,7 @@ def main():
                 log(f"{name}: failed ({e}: {e.stderr}); left out of this round")
                 continue
             r["first_output_s"][name].append(t)
+            r["pull_s"][name].append(pulled[name.split("-")[0]])
             r["sent_bytes"][name].append(proxy.sent_since(mark))
         log(f"round {i + 1}:", {k: round(v[-1], 3) for k, v in r["first_output_s"].items() if v})
     r["median_s"] = {k: statistics.median(v) for k, v in r["first_output_s"].items() if v}
@@ -224,14 +337,17 @@ def main():
     for k, v in m.items():
         sent = statistics.median(r["sent_bytes"][k])
         vs = f", {base / v:.1f}x sooner than overlayfs" if base and k != "overlayfs" else ""
-        print(f"  {k:24} {v:.3f} s ({', '.join(f'{x:.3f}' for x in r['first_output_s'][k])}); "
-              f"sent {sent / 1e6:.2f} MB{vs}")
+        pull = statistics.median(r["pull_s"][k])
+        print(f"  {k:24} {v:.3f} s ({', '.join(f'{x:.3f}' for x in r['first_output_s'][k])}; "
+              f"pull {pull:.3f}); sent {sent / 1e6:.2f} MB{vs}")
 
 
 if __name__ == "__main__":
     try:
         main()
     finally:
+        for peer in PEERS:
+            peer.stop()
         common.unmount(os.path.join(SCRATCH, "store"))
         for p in reg.PROCS:
             p.terminate()
