@@ -50,7 +50,7 @@ demo-stop MNT="/mnt":
 # and plots go to docs/bench/ and docs/img/.
 # All benchmarks on the Linux source: packing, the peer comparison, the scaling run,
 # gzip tarballs; and container images.
-bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates bench-restart bench-walks bench-python
+bench: bench-pack bench-peers bench-targz bench-images bench-remote bench-layouts bench-registry bench-verify bench-crates bench-restart bench-walks bench-python bench-snapshotter
 
 # Only the benchmark corpus (the tree, its zips, packages, squashfs image), to profile on.
 bench-corpus WORKDIR="/var/tmp/pkgfs-bench":
@@ -115,6 +115,14 @@ fuzz TARGET SECONDS="300":
 bench-registry WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release --bin pkgfs --example delayproxy
     python3 bench/registry.py {{WORKDIR}} docs/bench/registry.json
+
+# containerd pulling through `pkgfs snapshotter` at 40 ms and 100 Mbit/s (delayproxy):
+# time to python3's first output in `ctr run`, pkgfs (gzip, zstd:chunked, SOCI, eStargz;
+# background fetch or lazy) against containerd's overlayfs, stargz-snapshotter and the
+# SOCI snapshotter (built from the Go module proxy by bench/peers/build_snapshotters.sh).
+bench-snapshotter WORKDIR="/var/tmp/pkgfs-bench":
+    cargo build --release --bin pkgfs --example delayproxy
+    python3 bench/snapshotter.py {{WORKDIR}} docs/bench/snapshotter.json
 
 # Verified reads: pkgfs seal of the 609 packages against sha256sum, read-all with --verify
 # against without, locally and over HTTP 40 ms away, for 16K, 64K and 256K blocks (needs
