@@ -242,6 +242,7 @@ def main():
 
     runs = [0]
     pulled = {}  # the last pull's seconds, by snapshotter
+    requests = {}  # the store's (requests, fetches, prefetches) after the last run, by system
 
     def pull_and_run(snapshotter, image, pull):
         """`pull` (a whole command), then the program in a container; the seconds."""
@@ -275,6 +276,11 @@ def main():
         common.drop_caches()
         t = pull_and_run("pkgfs", image, ctrd.ctr(
             "images", "rpull", "--plain-http", "--snapshotter", "pkgfs", image, tool="ctr-remote"))
+        # The store's requests by then (and after): round trips are what a start waits on.
+        st = json.loads(subprocess.run([PKGFS, "status", "--json", store], check=True,
+                                       capture_output=True, text=True).stdout)["remote"]
+        requests[f"pkgfs-{fmt}" + ("-lazy" if lazy else "")] = (st["requests"], st["fetches"],
+                                                                 st["prefetches"])
         cleanup(image)
         return t
 
@@ -326,6 +332,8 @@ def main():
             r["first_output_s"][name].append(t)
             r["pull_s"][name].append(pulled[name.split("-")[0]])
             r["sent_bytes"][name].append(proxy.sent_since(mark))
+            if name in requests:
+                r.setdefault("store_requests", {}).setdefault(name, []).append(requests[name])
         log(f"round {i + 1}:", {k: round(v[-1], 3) for k, v in r["first_output_s"].items() if v})
     r["median_s"] = {k: statistics.median(v) for k, v in r["first_output_s"].items() if v}
     with open(OUT, "w") as f:
