@@ -665,7 +665,12 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
             Duration::from_secs(60),
         );
         let du: i64 = du.split_whitespace().next().unwrap().parse().unwrap();
-        assert_eq!(ours.0 as i64, du, "usage of {key} against du of {}", dir.display());
+        assert_eq!(
+            ours.0 as i64,
+            du,
+            "usage of {key} against du of {}",
+            dir.display()
+        );
         let theirs = usage_of(&rig, "overlayfs", key);
         assert_eq!(ours.1, theirs.1, "inodes of {key}");
         assert!(
