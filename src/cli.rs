@@ -117,11 +117,14 @@ enum CliCommand {
     /// containerd's config.toml names it in a table `[proxy_plugins.pkgfs]` with
     /// `type = "snapshot"` and `address = "SOCKET"` (docs/design/snapshotter.md).
     ///
-    /// Snapshots behave as those of containerd's own overlayfs snapshotter: each layer is
-    /// unpacked by containerd into ROOT/snapshots/ID/fs, and containers get overlay mounts
-    /// of them. Their records are in ROOT/metadata.redb. Runs in the foreground until
-    /// SIGINT or SIGTERM and removes its socket on the way out; refuses to start if
-    /// another server answers on the socket, replaces a stale one.
+    /// With --store, a layer whose pull names its image (CRI, `ctr-remote images rpull`)
+    /// is bind-mounted from that `pkgfs store` and read lazily: containerd downloads
+    /// none of it. Other layers are unpacked by containerd into ROOT/snapshots/ID/fs, as
+    /// by its own overlayfs snapshotter; containers get overlay mounts either way. The
+    /// records are in ROOT/metadata.redb; `pkgfs status SOCKET` says, per layer, lazy or
+    /// unpacked and why. Runs in the foreground until SIGINT or SIGTERM (layers stay
+    /// mounted: containers read on) and removes its socket on the way out; refuses to
+    /// start if another server answers on the socket, replaces a stale one.
     Snapshotter(SnapshotterArgs),
     /// Print a shell completion script: `pkgfs completions bash > /etc/bash_completion.d/pkgfs`.
     Completions(CompletionsArgs),
