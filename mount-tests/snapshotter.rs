@@ -336,6 +336,14 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt"
         c
     }
 
+    /// `ctr snapshots mounts` of `key` in `snapshotter` (namespace `ns`) at `mp`: the
+    /// mount command containerd would run.
+    fn snapshot_mounts(&self, ns: &str, snapshotter: &str, mp: &Path, key: &str) -> String {
+        let mp = mp.to_str().expect("UTF-8 path");
+        let args = ["snapshots", "--snapshotter", snapshotter, "mounts", mp, key];
+        ok(self.path(), &mut self.ctr_in(ns, &args), CTR_LIMIT)
+    }
+
     /// [`Rig::ctr`], bounded, must succeed; its standard output.
     fn ctr_ok(&self, args: &[&str]) -> String {
         ok(self.path(), &mut self.ctr(args), CTR_LIMIT)
@@ -546,14 +554,7 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
             IMAGE,
             &container,
         ]);
-        let m = rig.ctr_ok(&[
-            "snapshots",
-            "--snapshotter",
-            snapshotter,
-            "mounts",
-            mp.to_str().unwrap(),
-            &container,
-        ]);
+        let m = rig.snapshot_mounts(NS, snapshotter, &mp, &container);
         // One overlay mount: index=off where the kernel has the option (as overlayfs
         // says it), workdir, upperdir, lowerdir.
         let line = m.trim();
@@ -1079,21 +1080,7 @@ fn containerd_pulls_lazily_through_the_layer_store() {
             );
             let mp = rig.path().join(format!("m-{tag}-{snapshotter}"));
             std::fs::create_dir(&mp).unwrap();
-            let line = ok(
-                rig.path(),
-                &mut rig.ctr_in(
-                    &ns,
-                    &[
-                        "snapshots",
-                        "--snapshotter",
-                        snapshotter,
-                        "mounts",
-                        mp.to_str().unwrap(),
-                        &container,
-                    ],
-                ),
-                CTR_LIMIT,
-            );
+            let line = rig.snapshot_mounts(&ns, snapshotter, &mp, &container);
             ok(
                 rig.path(),
                 Command::new("mount").args(line.split_whitespace().skip(1)),
