@@ -180,18 +180,33 @@ fn zstd_chunked_layers_read_from_their_table_and_check_every_chunk() {
 /// An eStargz layer: each chunk starts a gzip member, the table is
 /// `stargz.index.json` in a tar in a gzip member, then the 51-byte footer.
 fn estargz(files: &[(&str, &[u8], usize)]) -> (Vec<u8>, Vec<u8>) {
+    estargz_with(files, None)
+}
+
+/// [`estargz`], with the first `prioritized` files before a `.prefetch.landmark` (as
+/// `ctr-remote image optimize` writes them) instead of a `.no.prefetch.landmark` first.
+fn estargz_with(files: &[(&str, &[u8], usize)], prioritized: Option<usize>) -> (Vec<u8>, Vec<u8>) {
     let gz = |b: &[u8]| {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
         e.write_all(b).unwrap();
         e.finish().unwrap()
     };
     let mut out = Vec::new();
-    let mut entries = vec![
-        json!({"type": "reg", "name": ".no.prefetch.landmark", "size": 1,
-                                  "offset": 0, "chunkDigest": sha(b"\xf0").to_string()}),
-    ];
-    out.extend_from_slice(&gz(b"\xf0"));
-    for (name, data, chunk) in files {
+    let mut entries = Vec::new();
+    let landmark = |name: &str, out: &mut Vec<u8>, entries: &mut Vec<serde_json::Value>| {
+        entries.push(
+            json!({"type": "reg", "name": name, "size": 1, "offset": out.len(),
+                            "chunkDigest": sha(b"\xf0").to_string()}),
+        );
+        out.extend_from_slice(&gz(b"\xf0"));
+    };
+    if prioritized.is_none() {
+        landmark(".no.prefetch.landmark", &mut out, &mut entries);
+    }
+    for (fi, (name, data, chunk)) in files.iter().enumerate() {
+        if prioritized == Some(fi) {
+            landmark(".prefetch.landmark", &mut out, &mut entries);
+        }
         let pieces = data.len().div_ceil(*chunk);
         for (i, piece) in data.chunks(*chunk).enumerate() {
             let off = out.len();
@@ -263,6 +278,46 @@ fn estargz_layers_read_from_their_table_without_the_format_s_own_files() {
         ..OpenContext::default()
     };
     assert!(mount(layer, &cx).is_err());
+}
+
+#[test]
+fn estargz_prioritized_files_are_the_bytes_to_fetch_first() {
+    let big = text(200_000, 7);
+    let files: [(&str, &[u8], usize); 3] = [
+        ("usr/bin/python3", b"started first", 4096),
+        ("usr/lib/json.py", b"imported second", 4096),
+        ("big", &big, 60_000),
+    ];
+    let read_first = |layer: Vec<u8>| {
+        let blob: Arc<dyn Blob> = Arc::new(Bytes::new("layer", layer));
+        let idx = format::open(blob, &OpenContext::default()).unwrap_or_else(|_| panic!("opens"));
+        idx.archive.package.read_first()
+    };
+    // The landmark after the first two files: the layer's bytes up to it come first.
+    let (layer, json) = estargz_with(&files, Some(2));
+    let toc: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let offset = |name: &str| {
+        toc["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap()["offset"]
+            .as_u64()
+            .unwrap()
+    };
+    let end = offset(".prefetch.landmark");
+    assert_eq!(read_first(layer.clone()), Some((0, end)));
+    assert!(offset("usr/bin/python3") < end && offset("usr/lib/json.py") < end);
+    assert!(offset("big") > end, "the rest is not prioritized");
+    // The layer reads as ever, the landmark not shown.
+    let (fs, ..) = mount(layer, &OpenContext::default()).unwrap();
+    assert_eq!(read(&fs, "usr/lib/json.py").unwrap(), b"imported second");
+    assert_eq!(read(&fs, "big").unwrap(), big);
+    assert!(fs.resolve(b".prefetch.landmark").is_none());
+    // A landmark first prioritizes nothing; `.no.prefetch.landmark` says so outright.
+    assert_eq!(read_first(estargz_with(&files, Some(0)).0), None);
+    assert_eq!(read_first(estargz(&files).0), None);
 }
 
 /// A tar stream of `files`.

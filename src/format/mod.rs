@@ -136,6 +136,11 @@ pub trait Package: Send + Sync + std::fmt::Debug {
     /// The kernel has been given bytes `[start, end)` of the member and keeps them:
     /// blocks it now holds whole may leave the cache ([`crate::io::cache::BlockCache::delivered`]).
     fn delivered(&self, r: &Reading<'_>, start: u64, end: u64);
+    /// The bytes of the blob its format says a start reads first and should be fetched
+    /// at once (eStargz's prioritized files), if any.
+    fn read_first(&self) -> Option<(u64, u64)> {
+        None
+    }
     /// The CRC-32 the index records for the member's bytes, if the format has one
     /// (`pkgfs check` compares it with what it reads).
     fn crc32(&self, _loc: &Loc) -> Option<u32> {

@@ -61,9 +61,11 @@ const READ_CHUNK: usize = 256 * 1024;
 const FILE_AHEAD: u64 = 1 << 20;
 /// Skippable frame magic of zstd:chunked's footer.
 const SKIPPABLE_FOOTER: u32 = 0x184D_2A50;
+/// The eStargz entry that ends the prioritized files.
+const PREFETCH_LANDMARK: &str = ".prefetch.landmark";
 /// Names at the root of an eStargz layer that are the format's, not the image's.
 const FORMAT_FILES: &[&str] = &[
-    ".prefetch.landmark",
+    PREFETCH_LANDMARK,
     ".no.prefetch.landmark",
     "stargz.index.json",
 ];
@@ -229,6 +231,8 @@ pub struct TocPackage {
     flavour: Flavour,
     files: Vec<File>,
     chunks: Vec<Chunk>,
+    /// eStargz's prioritized files: the layer's bytes before `.prefetch.landmark`.
+    prioritized: Option<u64>,
 }
 
 /// The table-of-contents formats.
@@ -526,6 +530,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
     let mut chunks: Vec<Chunk> = Vec::new();
     // The file the next `chunk` entries belong to: its entry, file index and size.
     let mut open: Option<(usize, usize, u64)> = None;
+    let mut prioritized = None;
     let close = close_file;
     for e in &toc.entries {
         if e.kind == "chunk" {
@@ -562,6 +567,11 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
         close(&mut open, &mut files, &chunks);
         let name = e.name.trim_start_matches("./");
         if FORMAT_FILES.contains(&name) {
+            // The files an image's build found its start reading come first, up to the
+            // landmark (eStargz's "prioritized files"; `ctr-remote image optimize`).
+            if name == PREFETCH_LANDMARK && e.offset > 0 {
+                prioritized = Some(e.offset.min(data_end));
+            }
             continue;
         }
         let kind = entry_kind(&e.kind);
@@ -589,6 +599,7 @@ fn parse(json: &[u8], f: &Footer, blob_size: u64) -> Result<(Vec<Entry>, TocPack
             flavour: f.flavour,
             files,
             chunks,
+            prioritized,
         },
     ))
 }
@@ -857,6 +868,10 @@ fn ungzip(blob: &dyn Blob, c: &Chunk) -> Result<Vec<u8>> {
 impl Package for TocPackage {
     fn format(&self) -> &'static str {
         self.flavour.name()
+    }
+
+    fn read_first(&self) -> Option<(u64, u64)> {
+        self.prioritized.map(|end| (0, end))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

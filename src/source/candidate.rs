@@ -73,6 +73,16 @@ impl Candidate {
                         format::Checked::Toc | format::Checked::Ztoc
                     )
                 {
+                    // What the image's build found its start reading (eStargz's
+                    // prioritized files): at once and in parallel, whatever follows, in
+                    // pieces of 1 MiB so that a read waits for its piece, not for all.
+                    if let Some((start, end)) = ix.archive.package.read_first() {
+                        let pieces: Vec<(u64, u64)> = (start..end)
+                            .step_by(1 << 20)
+                            .map(|a| (a, (a + (1 << 20)).min(end)))
+                            .collect();
+                        l.blob.will_need(&pieces);
+                    }
                     if l.background_fetch {
                         l.blob.fetch_in_background();
                     } else if ix.archive.checked == format::Checked::Toc {
