@@ -179,12 +179,17 @@ impl Snapshotter {
             match provided {
                 Provided::No(why) => {
                     log::info!("{what}: unpacked by containerd: {why}");
-                    // Kept with the layer for `pkgfs status` (carried over at Commit).
-                    let mut info = self.store.stat(key)?;
-                    info.labels
-                        .insert(remote::UNPACKED.into(), remote::label_value(&why));
-                    self.store
-                        .update(&info, &[format!("labels.{}", remote::UNPACKED)])?;
+                    // Kept with the layer for `pkgfs status` (carried over at Commit);
+                    // a record that cannot take it must not fail the pull.
+                    let noted = self.store.stat(key).and_then(|mut info| {
+                        info.labels
+                            .insert(remote::UNPACKED.into(), remote::label_value(&why));
+                        self.store
+                            .update(&info, &[format!("labels.{}", remote::UNPACKED)])
+                    });
+                    if let Err(e) = noted {
+                        log::warn!("{what}: why it was unpacked is not kept: {e}");
+                    }
                 }
                 Provided::Yes(extra) => {
                     log::info!("{what}: read lazily (committed as {target})");
