@@ -344,6 +344,32 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt"
         ok(self.path(), &mut self.ctr_in(ns, &args), CTR_LIMIT)
     }
 
+    /// Wait (30 s at most) until containerd, after a restart of the snapshotter, lists
+    /// pkgfs's snapshots in namespace `ns` again (`count` of them, if given); the rows.
+    fn listed_again(&self, ns: &str, count: Option<usize>) -> BTreeMap<String, (String, String)> {
+        let mut rows = BTreeMap::new();
+        wait_for(
+            Duration::from_secs(30),
+            "containerd lists pkgfs's snapshots again after a restart",
+            || {
+                let out = bounded(
+                    self.path(),
+                    &mut self.ctr_in(ns, &["snapshots", "--snapshotter", "pkgfs", "ls"]),
+                    CTR_LIMIT,
+                );
+                rows = snapshot_rows(&String::from_utf8_lossy(&out.stdout));
+                match out.status.success() && count.is_none_or(|n| rows.len() == n) {
+                    true => Ok(()),
+                    false => Err(format!(
+                        "{rows:?}\n{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    )),
+                }
+            },
+        );
+        rows
+    }
+
     /// [`Rig::ctr`], bounded, must succeed; its standard output.
     fn ctr_ok(&self, args: &[&str]) -> String {
         ok(self.path(), &mut self.ctr(args), CTR_LIMIT)
@@ -769,26 +795,7 @@ fn containerd_imports_and_mounts_images_through_pkgfs_as_through_overlayfs() {
     drop(std::os::unix::net::UnixListener::bind(rig.snap_sock()).unwrap());
     assert!(rig.snap_sock().exists());
     rig.start_snapshotter("snap2.log");
-    let mut after = BTreeMap::new();
-    wait_for(
-        Duration::from_secs(30),
-        "containerd lists pkgfs's snapshots again after a restart",
-        || {
-            let out = bounded(
-                rig.path(),
-                &mut rig.ctr(&["snapshots", "--snapshotter", "pkgfs", "ls"]),
-                CTR_LIMIT,
-            );
-            after = snapshot_rows(&String::from_utf8_lossy(&out.stdout));
-            match out.status.success() && after.len() == 3 {
-                true => Ok(()),
-                false => Err(format!(
-                    "{after:?}\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                )),
-            }
-        },
-    );
+    let after = rig.listed_again(NS, Some(3));
     for key in &chain {
         assert_eq!(after[key].1, "Committed");
     }
@@ -1202,21 +1209,7 @@ fn restarts_keep_lazy_layers(rig: &mut Rig, ns: &str, root: &Path, layers: &[Str
     assert_eq!(std::fs::read(root.join("usr/bin/bash")).unwrap(), bash);
     // containerd dials again after a back-off: until it has, its garbage collector
     // cannot reach the snapshotter.
-    wait_for(
-        Duration::from_secs(30),
-        "containerd lists pkgfs's snapshots again after a restart",
-        || {
-            let out = bounded(
-                rig.path(),
-                &mut rig.ctr_in(ns, &["snapshots", "--snapshotter", "pkgfs", "ls"]),
-                CTR_LIMIT,
-            );
-            match out.status.success() {
-                true => Ok(()),
-                false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
-            }
-        },
-    );
+    rig.listed_again(ns, None);
 }
 
 /// Wait until pkgfs's snapshots directory is empty and nothing is mounted in the rig

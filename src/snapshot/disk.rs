@@ -114,13 +114,15 @@ pub fn is_mount_point(path: &Path) -> bool {
     }
 }
 
+/// `path` as the system calls take it.
+fn c_path(path: &Path) -> Result<std::ffi::CString> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::InvalidArgument(format!("{}: a NUL in the path", path.display())))
+}
+
 /// Bind-mount the directory `from` on `to`, read-only.
 pub fn bind_read_only(from: &Path, to: &Path) -> Result<()> {
-    let c = |p: &Path| {
-        std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
-            .map_err(|_| Error::InvalidArgument(format!("{}: a NUL in the path", p.display())))
-    };
-    let (src, dst) = (c(from)?, c(to)?);
+    let (src, dst) = (c_path(from)?, c_path(to)?);
     // SAFETY: NUL-terminated paths that live across the calls; no data argument.
     let r = unsafe {
         libc::mount(
@@ -155,8 +157,7 @@ pub fn bind_read_only(from: &Path, to: &Path) -> Result<()> {
 
 /// Detach whatever is mounted at `path` (lazily: readers of it keep what they hold).
 pub fn unmount(path: &Path) -> Result<()> {
-    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::InvalidArgument(format!("{}: a NUL in the path", path.display())))?;
+    let p = c_path(path)?;
     // SAFETY: a NUL-terminated path that lives across the call.
     if unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) } != 0 {
         return Err(Error::io(path, std::io::Error::last_os_error()));
