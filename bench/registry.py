@@ -85,7 +85,8 @@ wait_listening = common.wait_listening
 
 
 def spawn(cmd, **kw):
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+    kw.setdefault("stderr", subprocess.DEVNULL)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, **kw)
     PROCS.append(p)
     return p
 

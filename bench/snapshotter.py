@@ -271,14 +271,18 @@ def main():
     os.makedirs(store)
     snap_sock = os.path.join(ctrd.d, "s.sock")
     reg.spawn([PKGFS, "snapshotter", "--root", os.path.join(SCRATCH, "snap"),
-               "--address", snap_sock, "--store", store])
+               "--address", snap_sock, "--store", store],
+              stderr=open(os.path.join(SCRATCH, "snapshotter.log"), "w"))
     Containerd.wait_socket(snap_sock, "pkgfs snapshotter")
 
     def start_store(lazy):
         common.unmount(store)
         c = os.path.join(SCRATCH, "store-cache")
         common.retire(c)
-        common.sh(f"'{PKGFS}' store -q --tls-verify=false --io-uring off --disk-cache '{c}/disk' "
+        # PKGFS_BENCH_STORE_LOG=FILE: the store's log (every request, timed) to FILE.
+        trace = os.environ.get("PKGFS_BENCH_STORE_LOG")
+        trace = f"--log-level trace --log-file '{trace}' " if trace else ""
+        common.sh(f"'{PKGFS}' store -q {trace}--tls-verify=false --io-uring off --disk-cache '{c}/disk' "
                   f"--index-cache '{c}/index' {'--no-background-fetch' if lazy else ''} "
                   f"'{store}'")
 

@@ -320,6 +320,94 @@ fn estargz_prioritized_files_are_the_bytes_to_fetch_first() {
     assert_eq!(read_first(estargz(&files).0), None);
 }
 
+/// Bytes behind a round trip each: the reads and the read-ahead advice it was given.
+#[derive(Debug)]
+struct Trips {
+    inner: Bytes,
+    reads: std::sync::Mutex<Vec<(u64, u64)>>,
+    advice: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl Blob for Trips {
+    fn name(&self) -> &std::path::Path {
+        self.inner.name()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> crate::error::Result<()> {
+        self.reads
+            .lock()
+            .unwrap()
+            .push((offset, offset + buf.len() as u64));
+        self.inner.read_exact_at(buf, offset)
+    }
+    fn round_trips(&self) -> bool {
+        true
+    }
+    fn will_need(&self, ranges: &[(u64, u64)]) {
+        self.advice.lock().unwrap().extend_from_slice(ranges);
+    }
+    fn version(&self) -> &str {
+        self.inner.version()
+    }
+    fn mtime(&self) -> i64 {
+        0
+    }
+}
+
+#[test]
+fn a_chunk_of_many_pieces_from_a_server_is_asked_for_whole_before_its_first_piece() {
+    // Incompressible, in one chunk: its gzip member is several of the decoder's pieces.
+    let mut x = 0x9e37_79b9_u32;
+    let big: Vec<u8> = (0..700_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    let files: [(&str, &[u8], usize); 2] = [("bin/sh", b"#!\n", 4096), ("big", &big, 1 << 20)];
+    let (layer, json) = estargz(&files);
+    let toc: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let offsets: Vec<u64> = toc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["offset"].as_u64())
+        .collect();
+    let at = toc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "big")
+        .unwrap()["offset"]
+        .as_u64()
+        .unwrap();
+    let blob = Arc::new(Trips {
+        inner: Bytes::new("layer", layer),
+        reads: Default::default(),
+        advice: Default::default(),
+    });
+    let idx = format::open(blob.clone(), &OpenContext::default()).unwrap_or_else(|_| panic!());
+    let mut b = TreeBuilder::new(Ownership::defaults(0, 0));
+    b.add_layer(0, 0, &idx.entries);
+    let fs = PkgFs::new(b.finish(), vec![idx.archive], 1 << 20);
+    blob.reads.lock().unwrap().clear();
+    assert_eq!(read(&fs, "big").unwrap(), big);
+    let reads = blob.reads.lock().unwrap().clone();
+    assert!(reads.len() > 1, "the chunk is read in pieces: {reads:?}");
+    let end = reads.iter().map(|r| r.1).max().unwrap();
+    assert!(end - at > 256 * 1024 && offsets.iter().all(|&o| o <= at || o >= end));
+    // All of it asked for at once, so the pieces wait for one round trip, not one each.
+    let advice = blob.advice.lock().unwrap().clone();
+    assert!(
+        advice.iter().any(|&(s, e)| s <= at && end <= e),
+        "advice {advice:?}, chunk {at}-{end}"
+    );
+}
+
 /// A tar stream of `files`.
 fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut t = TarWriter::new(Vec::new());

@@ -60,6 +60,9 @@ pub const WHOLE_SEGMENT: u64 = 8 << 20;
 const PASS_CHUNK: usize = 1 << 20;
 /// ... and by reads.
 const READ_CHUNK: usize = 128 * 1024;
+/// How far into a file read from a server through a zTOC its spans are fetched ahead of
+/// the read ([`TarGzPackage::fetch_ahead`]).
+const FILE_AHEAD: u64 = 8 << 20;
 /// Decompressed bytes handed to the tar scanner at a time.
 const PASS_OUTPUT: usize = 256 * 1024;
 /// How often the index pass reports its progress, in compressed bytes.
@@ -1077,6 +1080,10 @@ impl TarGzPackage {
         if done.load(Acquire) {
             return Ok(());
         }
+        if blob.round_trips() && b - a > READ_CHUNK as u64 {
+            // All of it at once, not a round trip per piece.
+            blob.will_need(&[(*a, *b)]);
+        }
         let mut h = digest.hasher();
         let mut buf = vec![0u8; READ_CHUNK.min((b - a) as usize)];
         let mut at = *a;
@@ -1097,6 +1104,26 @@ impl TarGzPackage {
         }
         done.store(true, Release);
         Ok(())
+    }
+
+    /// A read of stream bytes `[from, to)` from a server, through a zTOC: the compressed
+    /// spans it needs and those of the next [`FILE_AHEAD`] bytes of its file, asked for
+    /// at once. Each span's check then reads what is on its way instead of going to the
+    /// server a piece at a time (python3.11 crossed five spans of about 1.1 MB in ten
+    /// round trips, one after the other).
+    fn fetch_ahead(&self, r: &Reading<'_>, from: u64, to: u64) {
+        if self.idx.spans.is_empty() || !r.blob.round_trips() {
+            return;
+        }
+        let Loc::Stream(start) = r.loc else { return };
+        let file_end = start + r.size;
+        let to = file_end.min(to.max(from + FILE_AHEAD)).max(to);
+        let (Some(first), Some(last)) = (self.segment_at(from), self.segment_at(to - 1)) else {
+            return;
+        };
+        if let (Some(a), Some(b)) = (self.idx.spans.get(first), self.idx.spans.get(last)) {
+            r.blob.will_need(&[(a.0, b.1)]);
+        }
     }
 
     /// Whether a decoded segment's CRC-32 is right (a zTOC index has none: its spans
@@ -1392,6 +1419,7 @@ impl Package for TarGzPackage {
                 r.loc
             )));
         };
+        self.fetch_ahead(r, start + offset, start + end);
         gather(start + offset, start + end, span, |pos| {
             let si = self.segment_at(pos).ok_or_else(|| {
                 Error::Corrupt(format!(

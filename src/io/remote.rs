@@ -180,7 +180,25 @@ impl HttpService for Counted {
                 ));
             }
         };
+        let what = log::log_enabled!(log::Level::Trace).then(|| {
+            let range = req
+                .headers()
+                .get("range")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            (
+                req.method().clone(),
+                req.uri().clone(),
+                range,
+                std::time::Instant::now(),
+            )
+        });
         let r = client.call(req).await;
+        if let Some((method, uri, range, t0)) = what {
+            let status = r.as_ref().map(|r| r.status().as_u16()).unwrap_or(0);
+            log::trace!("{method} {uri} {range}: {status} in {:?}", t0.elapsed());
+        }
         if r.as_ref().map_or(true, |r| r.status().is_server_error()) {
             self.stats.failed_requests.fetch_add(1, Relaxed);
         }
@@ -691,6 +709,39 @@ impl Flight {
     }
 }
 
+/// The fetches under way that a read of `[a, b)` can wait for instead of fetching: those
+/// it overlaps, when they and the extents held cover all of it (a read that straddles
+/// the end of one background fetch and the start of the next, as a zTOC span's check
+/// does, waits for both); none when some of it is neither held nor under way.
+fn flights_covering(k: &Kept, a: u64, b: u64) -> Vec<Arc<Flight>> {
+    let flying: Vec<&(u64, u64, Arc<Flight>)> = k
+        .flights
+        .iter()
+        .filter(|(s, e, _)| *s < b && a < *e)
+        .collect();
+    if flying.is_empty() {
+        return Vec::new();
+    }
+    let mut covered: Vec<(u64, u64)> = k
+        .extents
+        .range(a.saturating_sub(LOOK_BACK)..b)
+        .map(|(s, bytes)| (*s, s + bytes.len() as u64))
+        .chain(flying.iter().map(|(s, e, _)| (*s, *e)))
+        .collect();
+    covered.sort_unstable();
+    let mut pos = a;
+    for (s, e) in covered {
+        if s > pos {
+            break;
+        }
+        pos = pos.max(e);
+    }
+    if pos < b {
+        return Vec::new();
+    }
+    flying.into_iter().map(|(_, _, f)| f.clone()).collect()
+}
+
 /// Register fetches of what of `[a, b)` is neither held nor under way: the ranges to
 /// fetch, each with its flight (readers of it wait for it).
 fn register_flights(kept: &Mutex<Kept>, a: u64, b: u64) -> Vec<(u64, u64, Arc<Flight>)> {
@@ -1079,18 +1130,24 @@ impl Blob for RemoteBlob {
             return Ok(());
         }
         // Being fetched in the background: wait for it rather than fetch it twice.
-        let flight = {
-            let k = crate::sync::lock(&self.kept);
-            k.flights
-                .iter()
-                .find(|(s, e, _)| *s <= offset && end <= *e)
-                .map(|(_, _, f)| f.clone())
-        };
-        if let Some(f) = flight {
-            f.wait(self.remote.config.read_timeout);
+        let flights = flights_covering(&crate::sync::lock(&self.kept), offset, end);
+        if !flights.is_empty() {
+            for f in flights {
+                f.wait(self.remote.config.read_timeout);
+            }
             if self.cached(buf, offset) {
                 return Ok(());
             }
+        }
+        if log::log_enabled!(log::Level::Trace) {
+            let k = crate::sync::lock(&self.kept);
+            let fl: Vec<_> = k.flights.iter().map(|(s, e, _)| (*s, *e)).collect();
+            let ex: Vec<_> = k
+                .extents
+                .range(offset.saturating_sub(LOOK_BACK)..end)
+                .map(|(s, b)| (*s, s + b.len() as u64))
+                .collect();
+            log::trace!("read {offset}-{end}: fetch; flights {fl:?}, kept {ex:?}");
         }
         let (start, fetch_end, suffix, flight) = self.plan(offset, end);
         let got = self.fetch_all(&[(start, fetch_end)]);
@@ -1145,6 +1202,10 @@ impl Blob for RemoteBlob {
                 }
                 None => vec![(s, e)],
             };
+            log::trace!(
+                "{}: will need {s}-{e}, holes {holes:?}",
+                self.name.display()
+            );
             for (s, e) in holes {
                 let mut a = s;
                 while a < e {
@@ -1295,6 +1356,34 @@ mod tests {
             asked.load(Relaxed),
             2,
             "a read across the two went to the server"
+        );
+    }
+
+    #[test]
+    fn a_read_waits_for_the_fetches_under_way_only_when_they_and_what_is_held_cover_it() {
+        let budget = Arc::new(KeptBudget::new(1 << 20));
+        let kept = Arc::new(Mutex::new(Kept::new(budget.clone())));
+        budget.keep(&kept, 0, bytes::Bytes::from(vec![1u8; 10_000]));
+        let mut k = kept.lock().unwrap();
+        let (f1, f2) = (Arc::new(Flight::default()), Arc::new(Flight::default()));
+        k.flights.push((10_000, 20_000, f1.clone()));
+        k.flights.push((20_000, 30_000, f2.clone()));
+        let ids = |v: Vec<Arc<Flight>>| -> Vec<bool> {
+            v.iter()
+                .map(|f| Arc::ptr_eq(f, &f1) || Arc::ptr_eq(f, &f2))
+                .collect()
+        };
+        // Within one fetch; across held bytes and a fetch; across two fetches.
+        assert_eq!(flights_covering(&k, 12_000, 13_000).len(), 1);
+        assert_eq!(ids(flights_covering(&k, 9_000, 11_000)), [true]);
+        assert_eq!(flights_covering(&k, 9_000, 25_000).len(), 2);
+        // Past what is under way, or nothing under way: the read fetches.
+        assert!(flights_covering(&k, 25_000, 31_000).is_empty());
+        assert!(flights_covering(&k, 1_000, 2_000).is_empty());
+        k.flights.remove(0);
+        assert!(
+            flights_covering(&k, 9_000, 25_000).is_empty(),
+            "a hole at 10,000-20,000"
         );
     }
 

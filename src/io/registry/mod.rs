@@ -569,7 +569,15 @@ impl Registry {
                 req = req.header(header::AUTHORIZATION, a);
             }
             self.count();
+            let t0 = std::time::Instant::now();
             let sent = req.send().await;
+            log::trace!(
+                "{} {url} {:?}: {} in {:?}",
+                if head { "HEAD" } else { "GET" },
+                headers.get(header::RANGE),
+                sent.as_ref().map_or(0, |r| r.status().as_u16()),
+                t0.elapsed()
+            );
             if probing {
                 match &sent {
                     Ok(_) => {
@@ -1078,14 +1086,16 @@ impl Registry {
         let mut hops = 0;
         loop {
             self.count();
-            let r = match self
+            let t0 = std::time::Instant::now();
+            let sent = self
                 .http()
                 .map_err(Refused::Error)?
                 .get(url.clone())
                 .header(header::RANGE, range_header(start, end))
                 .send()
-                .await
-            {
+                .await;
+            log::trace!("GET {url} {start}-{end}: in {:?}", t0.elapsed());
+            let r = match sent {
                 Ok(r) => r,
                 Err(e) if attempt < self.remote.config.retries && transient(&e) => {
                     self.count_failure();
