@@ -19,8 +19,11 @@ the registry sent through the proxy:
   pkgfs-FORMAT           `ctr-remote images rpull --snapshotter pkgfs` (layers from a
                          `pkgfs store` with empty caches, fetched whole in the background
                          as it does by default), then `ctr run`
-  pkgfs-FORMAT-lazy      the same, the store with --no-background-fetch (only what is read
-                         is fetched)
+  pkgfs-FORMAT-again     the same, right after pkgfs-FORMAT, with the record of that start
+                         kept (`--start-window 5s`; every other cache emptied): what the
+                         image's earlier start on this node read is fetched ahead
+  pkgfs-FORMAT-lazy      the same as pkgfs-FORMAT, the store with --no-background-fetch
+                         (only what is read is fetched)
   stargz                 stargz-snapshotter v0.19.1 (its defaults: prefetch of the
                          prioritized files, background fetch) on the eStargz image,
                          `ctr-remote images rpull --snapshotter stargz`
@@ -59,6 +62,9 @@ HERE = reg.HERE
 PKGFS = reg.PKGFS
 SCRATCH = os.path.join(WORK, "snapshotter-run")
 CMD = ["python3", "-c", "import json; print('ok')"]
+# How long the store records a start (`--start-window`): python's is over in a second.
+START_WINDOW_S = 5
+START_WINDOW = f"{START_WINDOW_S}s"
 log = common.log
 
 
@@ -275,18 +281,43 @@ def main():
               stderr=open(os.path.join(SCRATCH, "snapshotter.log"), "w"))
     Containerd.wait_socket(snap_sock, "pkgfs snapshotter")
 
-    def start_store(lazy):
+    cache = os.path.join(SCRATCH, "store-cache")
+    starts = os.path.join(SCRATCH, "starts")  # records of starts, kept for -again
+
+    def start_records():
+        d = os.path.join(cache, "index")
+        return sorted(f for f in os.listdir(d) if f.startswith("start-")) if os.path.isdir(d) else []
+
+    def start_store(lazy, again=False):
         common.unmount(store)
-        c = os.path.join(SCRATCH, "store-cache")
+        c = cache
+        if again:
+            # The records the run before left (and nothing else of its caches).
+            shutil.rmtree(starts, ignore_errors=True)
+            os.makedirs(starts)
+            # The store writes what it is still recording as it stops.
+            deadline = time.monotonic() + 10
+            while len(start_records()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            kept = start_records()
+            if not kept:
+                raise RuntimeError("no start recorded by the run before")
+            for f in kept:
+                shutil.move(os.path.join(c, "index", f), starts)
         common.retire(c)
+        if again:
+            shutil.copytree(starts, os.path.join(c, "index"))
         # PKGFS_BENCH_STORE_LOG=FILE: the store's log (every request, timed) to FILE.
         trace = os.environ.get("PKGFS_BENCH_STORE_LOG")
         trace = f"--log-level trace --log-file '{trace}' " if trace else ""
         common.sh(f"'{PKGFS}' store -q {trace}--tls-verify=false --io-uring off --disk-cache '{c}/disk' "
                   f"--index-cache '{c}/index' {'--no-background-fetch' if lazy else ''} "
+                  f"--start-window {START_WINDOW} "
                   f"'{store}'")
 
     runs = [0]
+    mark = [None]  # the proxy's counters before this run
+    sent = [0]  # bytes the registry sent until the last run's first output
     pulled = {}  # the last pull's seconds, by snapshotter
     requests = {}  # the store's (requests, fetches, prefetches) after the last run, by system
 
@@ -300,6 +331,7 @@ def main():
                        f"bench-{runs[0]}", *CMD)
         t = time.monotonic() - t0
         assert out.stdout == "ok\n", out
+        sent[0] = proxy.sent_since(mark[0])  # by the first output
         return t
 
     def cleanup(image):
@@ -316,17 +348,22 @@ def main():
         cleanup(image)
         return t
 
-    def pkgfs(fmt, lazy):
+    def pkgfs(fmt, lazy, again=False):
         image = f"{via}/bench/{fmt}:1"
-        start_store(lazy)
+        start_store(lazy, again)
         common.drop_caches()
         t = pull_and_run("pkgfs", image, ctrd.ctr(
             "images", "rpull", "--plain-http", "--snapshotter", "pkgfs", image, tool="ctr-remote"))
         # The store's requests by then (and after): round trips are what a start waits on.
         st = json.loads(subprocess.run([PKGFS, "status", "--json", store], check=True,
                                        capture_output=True, text=True).stdout)["remote"]
-        requests[f"pkgfs-{fmt}" + ("-lazy" if lazy else "")] = (st["requests"], st["fetches"],
-                                                                 st["prefetches"])
+        name = f"pkgfs-{fmt}" + ("-lazy" if lazy else "") + ("-again" if again else "")
+        requests[name] = (st["requests"], st["fetches"], st["prefetches"])
+        if not again and fmt != "gzip":
+            # This start's record, written when its window is over: for the -again run.
+            deadline = time.monotonic() + 3 * START_WINDOW_S
+            while len(start_records()) < 2 and time.monotonic() < deadline:  # two layers
+                time.sleep(0.2)
         cleanup(image)
         return t
 
@@ -354,6 +391,7 @@ def main():
     for f in ("gzip", "zstd-chunked", "soci", "estargz", "estargz-opt"):
         systems[f"pkgfs-{f}"] = (lambda f=f: pkgfs(f, False))
         if f != "gzip":
+            systems[f"pkgfs-{f}-again"] = (lambda f=f: pkgfs(f, False, True))
             systems[f"pkgfs-{f}-lazy"] = (lambda f=f: pkgfs(f, True))
     layouts = {"gzip": reg.GZ, "zstd-chunked": reg.ZC, "soci": reg.SOCI}
     layer_bytes = {f: reg.layer_bytes(l) for f, l in layouts.items()}
@@ -370,7 +408,7 @@ def main():
     for i in range(ROUNDS):
         for name, fn in systems.items():
             common.drop_caches()
-            mark = proxy.counters()
+            mark[0] = proxy.counters()
             try:
                 t = fn()
             except subprocess.CalledProcessError as e:
@@ -378,7 +416,7 @@ def main():
                 continue
             r["first_output_s"][name].append(t)
             r["pull_s"][name].append(pulled[name.split("-")[0]])  # by snapshotter
-            r["sent_bytes"][name].append(proxy.sent_since(mark))
+            r["sent_bytes"][name].append(sent[0])
             if name in requests:
                 r.setdefault("store_requests", {}).setdefault(name, []).append(requests[name])
         log(f"round {i + 1}:", {k: round(v[-1], 3) for k, v in r["first_output_s"].items() if v})

@@ -2210,3 +2210,226 @@ fn a_layer_store_keeps_what_it_grew_across_server_kills() {
     let st = status_json(&store.path());
     assert_eq!(st["keeper"]["restarts"], 2, "{st}");
 }
+
+/// A start recorded and fetched ahead of the next (`--start-window`): a mount of an
+/// eStargz image reads some files and stops, which keeps the record of what it read in
+/// the index cache; with the disk cache emptied, the next mount of the image fetches
+/// those ranges before anything is read, in as many requests as the record's pieces,
+/// and the same files then read without a request. A file the record does not hold
+/// still goes to the registry. `--start-window 0` records nothing.
+#[test]
+fn a_start_is_recorded_and_fetched_ahead_of_the_next() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    let reference = images().join("reference/rootfs");
+    reg.push("oci-estargz:latest", "pkgfs/estargz:start", None);
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, index) = (dir.path().join("disk-cache"), dir.path().join("index"));
+    let mount = |index: &Path, window: &str| {
+        Mount::new(
+            &[Path::new(&reg.reference("pkgfs/estargz:start"))],
+            &[
+                "--tls-verify=false",
+                "--prefetch",
+                "0",
+                "--no-background-fetch",
+                "--start-window",
+                window,
+                "--index-cache",
+                index.to_str().unwrap(),
+                "--disk-cache",
+                cache.to_str().unwrap(),
+            ],
+        )
+    };
+    let started = [
+        "usr/bin/bash",
+        "usr/share/debconf/confmodule",
+        "etc/debian_version",
+    ];
+    let records = |index: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = fs::read_dir(index)
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        v.retain(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("start-")
+        });
+        v
+    };
+    let mut m = mount(&index, "30s");
+    for f in started {
+        assert_eq!(
+            fs::read(m.path().join(f)).unwrap(),
+            fs::read(reference.join(f)).unwrap()
+        );
+    }
+    assert!(records(&index).is_empty(), "kept once the window ends");
+    m.unmount();
+    // Stopped within its window: the start so far is kept, by the daemon as it exits.
+    let start = Instant::now();
+    while records(&index).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no record in {}: {}",
+            index.display(),
+            m.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let kept = records(&index);
+    // The pieces the next mount fetches (a record is `START END` lines after its key).
+    let pieces: u64 = kept
+        .iter()
+        .flat_map(|p| {
+            let text = fs::read_to_string(p).unwrap();
+            let body = text.split_once("pkgfs-start 1\n").unwrap().1.to_string();
+            body.lines()
+                .map(|l| {
+                    let (s, e) = l.split_once(' ').unwrap();
+                    let (s, e): (u64, u64) = (s.parse().unwrap(), e.parse().unwrap());
+                    (e - s).div_ceil(256 << 10)
+                })
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    assert!(pieces >= started.len() as u64, "{pieces} pieces");
+
+    fs::remove_dir_all(&cache).unwrap();
+    let before = reg.requests().len();
+    let m = mount(&index, "30s");
+    // Fetched ahead, nothing read yet: the record's pieces, each a prefetch.
+    let start = Instant::now();
+    while status_json(&m.path())["remote"]["prefetches"]
+        .as_u64()
+        .unwrap()
+        < pieces
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{}",
+            status_json(&m.path())["remote"]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    reg.answered_all(before, &m.path());
+    let (gets, _) = reg.blob_gets();
+    for f in started {
+        assert_eq!(
+            fs::read(m.path().join(f)).unwrap(),
+            fs::read(reference.join(f)).unwrap()
+        );
+    }
+    assert_eq!(
+        reg.blob_gets().0,
+        gets,
+        "a read of the start went to the registry"
+    );
+    // Not in the record: fetched when read.
+    let other = "usr/share/perl5/Debconf/Element/Dialog/Boolean.pm";
+    assert_eq!(
+        fs::read(m.path().join(other)).unwrap(),
+        fs::read(reference.join(other)).unwrap()
+    );
+    assert!(reg.blob_gets().0 > gets);
+    drop(m);
+
+    // No window, no record (looked for once the daemon has exited).
+    let none = dir.path().join("index-none");
+    let mut m = mount(&none, "0");
+    fs::read(m.path().join("usr/bin/bash")).unwrap();
+    let mp = m.path().to_path_buf();
+    m.unmount();
+    let start = Instant::now();
+    while serving(&mp) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the daemon stays"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(records(&none).is_empty());
+    assert!(
+        !records(&index).is_empty(),
+        "the first mount's records are there"
+    );
+}
+
+/// Whether a process runs with `mp` on its command line (a daemon of that mount).
+fn serving(mp: &Path) -> bool {
+    let want = mp.as_os_str().as_encoded_bytes();
+    fs::read_dir("/proc").unwrap().any(|e| {
+        let p = e.unwrap().path();
+        fs::read(p.join("cmdline")).is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == want))
+    })
+}
+
+/// `pkgfs store` opens every layer of an image as soon as the image resolves (its
+/// table of contents fetched), in parallel, before anyone looks into a `diff`: a pull
+/// that prepares the layers one after another finds each open already. Looking in then
+/// indexes from what was opened, and reads the layer's files.
+#[test]
+fn a_store_opens_every_layer_of_an_image_when_it_resolves() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    reg.push("oci-estargz:latest", "pkgfs/ahead:1", None);
+    let store = Store::start(&["--tls-verify=false", "--no-disk-cache", "--no-index-cache"]);
+    let pulled = format!("{}/pkgfs/ahead:1", reg.host());
+    let (manifest, _) = manifest_and_config(&reg, "pkgfs/ahead:1");
+    let digests: Vec<String> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    assert!(digests.len() >= 2);
+    // Only the image's directory is looked up.
+    assert!(
+        store
+            .layer_dir(&pulled, &digests[0])
+            .parent()
+            .unwrap()
+            .is_dir()
+    );
+    let rows = || -> Vec<serde_json::Value> {
+        status_json(&store.path())["store"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let start = Instant::now();
+    loop {
+        let r = rows();
+        let opened = digests.iter().all(|d| {
+            r.iter()
+                .any(|l| l["digest"] == d.as_str() && l["fetched_bytes"].as_u64() > Some(0))
+        });
+        if opened {
+            assert!(
+                r.iter().all(|l| l["indexed"] == false),
+                "nothing looked into: {r:?}"
+            );
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{r:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let reference = images().join("reference/rootfs");
+    let top = store
+        .layer_dir(&pulled, digests.last().unwrap())
+        .join("diff");
+    let base = store.layer_dir(&pulled, &digests[0]).join("diff");
+    assert!(fs::read_dir(&top).unwrap().count() > 0);
+    assert_eq!(
+        fs::read(base.join("usr/bin/bash")).unwrap(),
+        fs::read(reference.join("usr/bin/bash")).unwrap()
+    );
+    assert!(rows().iter().filter(|l| l["indexed"] == true).count() >= 2);
+}

@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{
     Access, Command, DEFAULT_CACHE, DEFAULT_DISK_CACHE, DEFAULT_PREFETCH, DEFAULT_REMOTE_TIMEOUT,
     DEFAULT_SNAPSHOTTER_ADDRESS, DEFAULT_SNAPSHOTTER_ROOT, Merge, MountConfig, SnapshotterConfig,
-    UsageError, default_threads, parse_duration, parse_size,
+    UsageError, default_threads, parse_duration, parse_duration_or_zero, parse_size,
 };
 use crate::io::registry::RegistryConfig;
 use crate::io::remote::RemoteConfig;
@@ -338,7 +338,7 @@ struct ServeArgs {
     /// restart_limit=COUNT/DURATION, disk_cache=DIR,
     /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
     /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, python=PATH, no_compile, authfile=FILE,
-    /// cert_dir=DIR, tls_verify=BOOL, no_background_fetch; options
+    /// cert_dir=DIR, tls_verify=BOOL, no_background_fetch, start_window=DURATION; options
     /// mount(8) passes (ro, defaults, nofail, _netdev, x-*) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -531,6 +531,11 @@ struct RegistryArgs {
     /// the image is mounted.
     #[arg(long)]
     no_background_fetch: bool,
+    /// docker:// sources: how long after a layer read lazily opens its reads are
+    /// recorded, per image digest in the index cache, and fetched ahead of the reads at
+    /// the image's next start, all at once (a duration; 0: never record or replay).
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    start_window: String,
 }
 
 impl RegistryArgs {
@@ -546,6 +551,7 @@ impl RegistryArgs {
             tls_verify: self.tls_verify,
             cert_dir: self.cert_dir,
             background_fetch: !self.no_background_fetch,
+            start_window: parse_duration_or_zero(&self.start_window)?,
         })
     }
 }

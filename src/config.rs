@@ -209,6 +209,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, UsageError> {
     Ok(d)
 }
 
+/// [`parse_duration`], or `0` for none (a setting that zero turns off).
+pub fn parse_duration_or_zero(s: &str) -> Result<Duration, UsageError> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
+}
+
 /// Parse a byte size such as `512`, `64K`, `256M`, `2G` (binary multiples).
 pub fn parse_size(s: &str) -> Result<u64, UsageError> {
     let t = s.trim();

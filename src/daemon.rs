@@ -1077,6 +1077,7 @@ fn wait_for_end(
         let _ = done_rx.recv_timeout(Duration::from_secs(10));
         break;
     }
+    crate::source::keep_starts();
     Ok(())
 }
 

@@ -10,7 +10,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use crate::config::{
-    Access, DEFAULT_DISK_CACHE, MountConfig, UsageError, parse_duration, parse_size,
+    Access, DEFAULT_DISK_CACHE, MountConfig, UsageError, parse_duration, parse_duration_or_zero,
+    parse_size,
 };
 use crate::layout::Kind as LayoutKind;
 use crate::source::image::Transport;
@@ -210,6 +211,7 @@ pub fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> 
         "authfile" => cfg.merge.registry.auth_file = Some(PathBuf::from(need()?)),
         "cert_dir" => cfg.merge.registry.cert_dir = Some(PathBuf::from(need()?)),
         "no_background_fetch" => cfg.merge.registry.background_fetch = false,
+        "start_window" => cfg.merge.registry.start_window = parse_duration_or_zero(need()?)?,
         "tls_verify" => {
             cfg.merge.registry.tls_verify = match value.unwrap_or("true") {
                 "true" | "1" | "yes" => true,

@@ -60,6 +60,12 @@ pub trait Blob: Send + Sync + std::fmt::Debug {
     /// The ranges (start, end) will be read soon: start fetching them (read-ahead advice,
     /// never an error).
     fn will_need(&self, _ranges: &[(u64, u64)]) {}
+    /// The ranges will be read in this order, soon (a start's record, `io::starts`):
+    /// fetch them in that order, a few at a time, ahead of the reads. Advice, never an
+    /// error; by default [`Blob::will_need`].
+    fn fetch_in_order(&self, ranges: &[(u64, u64)]) {
+        self.will_need(ranges);
+    }
     /// Fetch the whole blob in the background, behind reads: nothing of it is fetched
     /// while a read waits for the source (a layer read lazily, fetched whole so that a
     /// program's later reads wait for no round trip, without slowing the ones it makes
@@ -491,6 +497,14 @@ impl Blob for Slice {
             .map(|&(s, e)| (self.offset + s.min(self.len), self.offset + e.min(self.len)))
             .collect();
         self.inner.will_need(&shifted);
+    }
+
+    fn fetch_in_order(&self, ranges: &[(u64, u64)]) {
+        let shifted: Vec<(u64, u64)> = ranges
+            .iter()
+            .map(|&(s, e)| (self.offset + s.min(self.len), self.offset + e.min(self.len)))
+            .collect();
+        self.inner.fetch_in_order(&shifted);
     }
 
     fn version(&self) -> &str {

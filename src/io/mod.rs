@@ -26,6 +26,7 @@ pub mod diskcache;
 pub mod inflate;
 pub mod registry;
 pub mod remote;
+pub mod starts;
 pub mod verified;
 
 use std::any::Any;

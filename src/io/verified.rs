@@ -184,6 +184,15 @@ impl std::fmt::Debug for VerifiedBlob {
 }
 
 impl VerifiedBlob {
+    /// `ranges` widened to whole blocks (a block is checked whole).
+    fn whole_blocks(&self, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let b = self.block;
+        ranges
+            .iter()
+            .map(|&(s, e)| (s / b * b, e.div_ceil(b).saturating_mul(b).min(self.size())))
+            .collect()
+    }
+
     /// `inner` checked in blocks of `block` bytes against the hashes `load` gives;
     /// `tree` (the tree root, hex) is part of its version, so that indexes cached from
     /// checked bytes are never taken for unchecked ones or the reverse.
@@ -442,12 +451,11 @@ impl Blob for VerifiedBlob {
     }
 
     fn will_need(&self, ranges: &[(u64, u64)]) {
-        let b = self.block;
-        let aligned: Vec<(u64, u64)> = ranges
-            .iter()
-            .map(|&(s, e)| (s / b * b, e.div_ceil(b).saturating_mul(b).min(self.size())))
-            .collect();
-        self.inner.will_need(&aligned);
+        self.inner.will_need(&self.whole_blocks(ranges));
+    }
+
+    fn fetch_in_order(&self, ranges: &[(u64, u64)]) {
+        self.inner.fetch_in_order(&self.whole_blocks(ranges));
     }
 
     fn version(&self) -> &str {

@@ -263,6 +263,19 @@ pub struct ImageLayer {
     /// The size of its uncompressed tar stream, where an annotation gives it (eStargz's
     /// `io.containers.estargz.uncompressed-size`).
     pub diff_size: Option<u64>,
+    /// Its image's start is recorded and replayed (`io::starts`), if it is read lazily
+    /// from a registry and the image's digest is known.
+    pub start: Option<StartSpec>,
+}
+
+/// Where a layer's start is recorded: under its image's manifest digest (a layer shared
+/// by two images has a record for each), for how long after the layer opens.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    /// The image's manifest digest.
+    pub image: String,
+    /// How long its reads are recorded.
+    pub window: std::time::Duration,
 }
 
 /// The annotation eStargz writers put on a layer with its uncompressed size.
@@ -1068,6 +1081,17 @@ fn image_of(
                 .annotations
                 .get(UNCOMPRESSED_SIZE_ANNOTATION)
                 .and_then(|v| v.parse().ok()),
+            start: match (store, &manifest_digest) {
+                (Store::Registry { registry, .. }, Some(m))
+                    if !registry.start_window().is_zero() =>
+                {
+                    Some(StartSpec {
+                        image: m.to_string(),
+                        window: registry.start_window(),
+                    })
+                }
+                _ => None,
+            },
         });
     }
     Ok(Image {
@@ -1198,6 +1222,7 @@ fn resolve_docker(r: &ImageRef, store: &Store) -> Result<Image> {
             },
             media_type: String::new(),
             background_fetch: false,
+            start: None,
             diff_id,
             diff_size: None,
         });

@@ -43,7 +43,7 @@ use crate::layout::{Layout, Placement};
 use crate::tree::view::{Graft, Layer};
 use crate::tree::{Ownership, Tree};
 
-pub use candidate::{Candidate, Stamp};
+pub use candidate::{Candidate, Stamp, keep_starts};
 pub use discover::{Listing, Verifying, discover};
 pub use index::BACKGROUND_OVER;
 pub use report::{LoadReport, display_archive};

@@ -156,21 +156,33 @@ impl LayerStore {
             let layer = Arc::new(l.clone());
             let (blob, blob_entry) = format::raw::archive(l.blob.clone(), b"blob", 0o444);
             let blob = Arc::new(blob);
+            let cand = Candidate {
+                path: l.name.clone(),
+                explicit: true,
+                layer: Some(layer.clone()),
+                blob: None,
+                refused: None,
+                sealed: None,
+            };
+            let ahead = Arc::new(Ahead::default());
+            if l.blob.round_trips() {
+                let (ahead, cx, cand) = (ahead.clone(), self.cx.clone(), cand.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("pkgfs-open-ahead".into())
+                    .spawn(move || ahead.open(&cx, &cand));
+                if let Err(e) = spawned {
+                    warn!("{}: not opened ahead: {e}", l.name.display());
+                }
+            }
             let made = |info: Vec<u8>| {
                 Arc::new(StoreLayer {
                     info,
                     // Each directory its own graft: a graft's inodes hang off one place.
                     diff: Arc::new(Graft::new(Box::new(LayerDiff {
-                        cand: Candidate {
-                            path: l.name.clone(),
-                            explicit: true,
-                            layer: Some(layer.clone()),
-                            blob: None,
-                            refused: None,
-                            sealed: None,
-                        },
+                        cand: cand.clone(),
                         version: l.check.digest.to_string(),
                         cx: self.cx.clone(),
+                        ahead: ahead.clone(),
                     }))),
                     layer: layer.clone(),
                     blob: blob.clone(),
@@ -465,6 +477,30 @@ struct LayerDiff {
     cand: Candidate,
     version: String,
     cx: Arc<LazyContext>,
+    /// The layer opened ahead (shared by the names it has in the store).
+    ahead: Arc<Ahead>,
+}
+
+/// A layer opened ahead of overlayfs's first look into its `diff`: every layer of an
+/// image, in parallel, once the image resolves. A pull prepares layers one after
+/// another, and each open waits for round trips (the footer, the table of contents)
+/// that need not wait for the layer before (the second layer of python's image opened
+/// 0.13 s after the first).
+#[derive(Default, Debug)]
+struct Ahead(std::sync::OnceLock<Mutex<Option<Result<Indexed>>>>);
+
+impl Ahead {
+    /// Open it now (or wait for the open under way).
+    fn open(&self, cx: &LazyContext, cand: &Candidate) {
+        self.0.get_or_init(|| Mutex::new(Some(cx.open(cand))));
+    }
+
+    /// The open's result: the one made ahead, once; after that, opened again.
+    fn take(&self, cx: &LazyContext, cand: &Candidate) -> Result<Indexed> {
+        let slot = self.0.get_or_init(|| Mutex::new(Some(cx.open(cand))));
+        let taken = crate::sync::lock(slot).take();
+        taken.unwrap_or_else(|| cx.open(cand))
+    }
 }
 
 impl GraftSource for LayerDiff {
@@ -478,7 +514,7 @@ impl GraftSource for LayerDiff {
 
     fn index(&self) -> Result<(Tree, Vec<Layer>)> {
         let started = Instant::now();
-        let Indexed { archive, entries } = self.cx.open(&self.cand)?;
+        let Indexed { archive, entries } = self.ahead.take(&self.cx, &self.cand)?;
         let entries = overlay_native(entries);
         let mtime = archive.mtime();
         let mut b = TreeBuilder::new(self.cx.owner);
@@ -693,6 +729,7 @@ mod tests {
             background_fetch: false,
             diff_id: Some(diff.clone()),
             diff_size: Some(1000),
+            start: None,
         };
         let v: serde_json::Value = serde_json::from_slice(&info_json(&l)).unwrap();
         assert_eq!(v["compressed-diff-digest"], digest.to_string());

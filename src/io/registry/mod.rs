@@ -59,6 +59,10 @@ application/vnd.oci.image.manifest.v1+json, \
 application/vnd.docker.distribution.manifest.list.v2+json, \
 application/vnd.docker.distribution.manifest.v2+json";
 
+/// How long a start is recorded by default: python's takes under a second, a JVM's
+/// service some seconds; what is read later is fetched by the background fetch.
+pub const DEFAULT_START_WINDOW: Duration = Duration::from_secs(30);
+
 /// Registry settings, from the command line (skopeo's and podman's flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegistryConfig {
@@ -75,6 +79,10 @@ pub struct RegistryConfig {
     /// Fetch the rest of a lazily read layer (a table of contents, a zTOC) in the
     /// background once it is mounted (`--no-background-fetch`: only what is read).
     pub background_fetch: bool,
+    /// How long after a lazily read layer opens its reads are recorded as its image's
+    /// start, to be fetched ahead of the next start (`io::starts`; `--start-window`,
+    /// zero: never).
+    pub start_window: Duration,
 }
 
 impl Default for RegistryConfig {
@@ -85,6 +93,7 @@ impl Default for RegistryConfig {
             tls_verify: true,
             cert_dir: None,
             background_fetch: true,
+            start_window: DEFAULT_START_WINDOW,
         }
     }
 }
@@ -277,6 +286,7 @@ pub struct Registry {
     creds: Option<Credentials>,
     insecure: bool,
     background_fetch: bool,
+    start_window: Duration,
     state: Mutex<State>,
     /// Whether several ranges go in one request: 0 not known yet, 1 yes, 2 no (the
     /// server answered such a request otherwise than with a 206).
@@ -372,6 +382,7 @@ impl Registry {
             creds,
             insecure: !config.tls_verify,
             background_fetch: config.background_fetch,
+            start_window: config.start_window,
             state: Mutex::default(),
             multi: Default::default(),
         })
@@ -387,6 +398,11 @@ impl Registry {
     /// Whether lazily read layers are fetched whole in the background.
     pub fn background_fetch(&self) -> bool {
         self.background_fetch
+    }
+
+    /// How long a lazily read layer's start is recorded (zero: never).
+    pub fn start_window(&self) -> Duration {
+        self.start_window
     }
 
     /// The host as named.
