@@ -262,8 +262,8 @@ mod tests {
         blob.read_exact_at(&mut buf, 500_100).unwrap(); // right after: joins it
         blob.read_exact_at(&mut buf, 1_000).unwrap();
         blob.read_exact_at(&mut buf, 500_020).unwrap(); // read before: not again
-        let mut a = vec![0u8; 10];
-        let mut b = vec![0u8; 10];
+        let mut a = [0u8; 10];
+        let mut b = [0u8; 10];
         blob.read_many(&mut [(&mut a[..], 700_000), (&mut b[..], 1_000)])
             .unwrap();
         assert_eq!(
