@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The registry targets (issue 30, images straight from registries), in one run:
 
-    registry.py WORKDIR OUT.json [--rounds N] [--delay-ms MS]
+    registry.py WORKDIR OUT.json [--rounds N] [--delay-ms MS] [--mbit RATE]
 
 The Debian+python3 image of bench/images.sh (two gzip layers), pushed by skopeo to a
 registry on loopback (Debian's docker-registry, distribution 2.8) as it is (gzip), as
 zstd:chunked (skopeo --dest-compress-format), and as a SOCI-enabled image (AWS's soci
 convert, 4 MiB spans, zTOCs for both layers), behind examples/delayproxy adding MS ms
 (default 20) to every chunk each way: a request and its answer cost 2 x MS more, as
-`tc netem delay` would. Each step drops the page cache first. In N rotating rounds
+`tc netem delay` would; with --mbit, one link of RATE Mbit/s each way too (default: no
+limit). Each step drops the page cache first. In N rotating rounds
 (default 3), the time from nothing to the first output of
 `python3 -c 'import json; print("ok")'` run in the image, and the layer bytes the
 registry sent (counted by the proxy):
@@ -52,6 +53,7 @@ OUT = sys.argv[2]
 ARGS = sys.argv[3:]
 ROUNDS = int(ARGS[ARGS.index("--rounds") + 1]) if "--rounds" in ARGS else 3
 DELAY = int(ARGS[ARGS.index("--delay-ms") + 1]) if "--delay-ms" in ARGS else 20
+MBIT = int(ARGS[ARGS.index("--mbit") + 1]) if "--mbit" in ARGS else 0
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKGFS = os.path.join(HERE, "target/release/pkgfs")
 DELAYPROXY = os.path.join(HERE, "target/release/examples/delayproxy")
@@ -169,7 +171,8 @@ def main():
     for name, layout, all_ in [("gzip", GZ, False), ("zstd-chunked", ZC, False), ("soci", SOCI, True)]:
         sh(f"skopeo copy --quiet {'--all' if all_ else ''} --dest-tls-verify=false "
            f"oci:{layout} docker://{direct}/bench/{name}:1")
-    proxy = Proxy(port)
+    proxy = Proxy(port, extra=("--mbit", str(MBIT)) if MBIT else ())
+    last_requests = [0]  # the last pkgfs mount's requests by its first output
     via = f"127.0.0.1:{proxy.port}"
     caches = {f: os.path.join(SCRATCH, f"cache-{f}") for f in ("gzip", "zstd-chunked", "soci")}
     local_cache = os.path.join(SCRATCH, "cache-local")
@@ -192,6 +195,9 @@ def main():
            f"--index-cache '{c}/index' {extra} docker://{via}/{ref} '{MNT}'")
         run_in(MNT)
         t = time.monotonic() - t0
+        st = json.loads(subprocess.run([PKGFS, "status", "--json", MNT], check=True,
+                                       capture_output=True, text=True).stdout)["remote"]
+        last_requests[0] = st["requests"]
         unmount()
         return t
 
@@ -267,7 +273,8 @@ def main():
         systems[f"pkgfs-{f}-warm"] = (lambda f=f: pkgfs_remote(f, False))
         systems[f"pkgfs-{f}-pinned"] = (lambda f=f: pkgfs_remote(f, False, pinned=True))
         systems[f"local-{f}"] = (lambda f=f: local(f))
-    r = {"rounds": ROUNDS, "delay_ms": DELAY, "measured": time.strftime("%Y-%m-%d %H:%M"),
+    r = {"rounds": ROUNDS, "delay_ms": DELAY, "mbit": MBIT,
+         "measured": time.strftime("%Y-%m-%d %H:%M"),
          "build": subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
                                  capture_output=True, text=True).stdout.strip(),
          "layer_bytes": {f: layer_bytes(l) for f, l in layouts.items()},
@@ -283,6 +290,8 @@ def main():
                 continue
             r["first_output_s"][name].append(t)
             r["sent_bytes"][name].append(proxy.sent_since(mark))
+            if name.startswith("pkgfs-"):
+                r.setdefault("requests", {}).setdefault(name, []).append(last_requests[0])
         log(f"round {i + 1}:", {k: round(v[-1], 3) for k, v in r["first_output_s"].items() if v})
     r["median_s"] = {k: statistics.median(v) for k, v in r["first_output_s"].items() if v}
     with open(OUT, "w") as f:
@@ -297,10 +306,17 @@ def main():
               if base and (k.startswith("pkgfs") or "store" in k) else "")
         print(f"  {k:24} {v:.3f} s ({', '.join(f'{x:.3f}' for x in r['first_output_s'][k])}); "
               f"sent {100 * sent:.1f} % of the layers{vs}")
+    rtt = 2 * DELAY / 1000
     for f in layouts:
-        for w in ("warm", "pinned"):
-            if f"pkgfs-{f}-{w}" in m and f"local-{f}" in m:
-                print(f"  {w} / local, {f}: {m[f'pkgfs-{f}-{w}'] / m[f'local-{f}']:.2f}x")
+        for w in ("cold", "lazy", "warm", "pinned"):
+            k = f"pkgfs-{f}-{w}"
+            if k in m and f"local-{f}" in m:
+                # Beyond the local mount and the bytes' time on the link: round trips.
+                wire = statistics.median(r["sent_bytes"][k]) * 8 / (MBIT * 1e6) if MBIT else 0
+                over = (m[k] - m[f"local-{f}"] - wire) / rtt
+                print(f"  {w} / local, {f}: {m[k] / m[f'local-{f}']:.2f}x; "
+                      f"{statistics.median(r['requests'][k]):.0f} requests, "
+                      f"{over:.1f} round trips beyond local + {wire:.2f} s of transfer")
 
 
 if __name__ == "__main__":

@@ -2433,3 +2433,61 @@ fn a_store_opens_every_layer_of_an_image_when_it_resolves() {
     );
     assert!(rows().iter().filter(|l| l["indexed"] == true).count() >= 2);
 }
+
+/// A registry that speaks plain HTTP (`--tls-verify=false`) is remembered in the disk
+/// cache's directory: the first mount tries HTTPS first (a failed request), the next
+/// mount of the same registry goes straight to HTTP.
+#[test]
+fn a_plain_http_registry_is_remembered_across_mounts() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(Auth::Anonymous);
+    reg.push("oci-estargz:latest", "pkgfs/plain:1", None);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("disk-cache");
+    let mount = || {
+        Mount::new(
+            &[Path::new(&reg.reference("pkgfs/plain:1"))],
+            &[
+                "--tls-verify=false",
+                "--no-index-cache",
+                "--disk-cache",
+                cache.to_str().unwrap(),
+            ],
+        )
+    };
+    let failed = |m: &Mount| {
+        status_json(&m.path())["remote"]["retries"]
+            .as_u64()
+            .unwrap()
+    };
+    let m = mount();
+    assert_eq!(failed(&m), 1, "{}", status_json(&m.path())["remote"]);
+    drop(m);
+    let hint = cache.join("plain-http").join(reg.host());
+    assert!(hint.exists(), "{}", hint.display());
+    let m = mount();
+    assert_eq!(failed(&m), 0, "{}", status_json(&m.path())["remote"]);
+    assert!(fs::read(m.path().join("usr/bin/bash")).is_ok());
+    drop(m);
+
+    // Remembered wrongly (the host speaks TLS now): HTTPS asked, the hint dropped.
+    let tls = Registry::start(Auth::Basic("alice", "s3cret"));
+    tls.push("oci-gzip:latest", "team/plain:1", Some("alice:s3cret"));
+    let hint = cache.join("plain-http").join(tls.host());
+    fs::write(&hint, b"").unwrap();
+    let m = Mount::new(
+        &[Path::new(&tls.reference("team/plain:1"))],
+        &[
+            "--tls-verify=false",
+            "--creds",
+            "alice:s3cret",
+            "--no-index-cache",
+            "--disk-cache",
+            cache.to_str().unwrap(),
+        ],
+    );
+    assert!(fs::read(m.path().join("usr/bin/bash")).is_ok());
+    assert!(!hint.exists());
+}

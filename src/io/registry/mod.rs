@@ -266,6 +266,9 @@ struct Token {
 struct State {
     /// `https://HOST` or `http://HOST`, once pinged.
     base: Option<String>,
+    /// `base` is plain HTTP as an earlier process found it (`plain_http_hint`), not
+    /// yet confirmed by this one: a connection refused then probes again.
+    remembered: bool,
     /// The challenge of the last 401 (`None`: anonymous access so far).
     challenge: Option<Challenge>,
     /// Bearer tokens by scope.
@@ -279,6 +282,9 @@ struct State {
 pub struct Registry {
     /// As named (`docker.io`, `127.0.0.1:5000`).
     host: String,
+    /// Where this host is remembered to speak plain HTTP (with `--tls-verify=false`
+    /// and a disk cache), so that the next process does not try HTTPS first.
+    hint: Option<PathBuf>,
     /// Where its API answers (`registry-1.docker.io` for `docker.io`).
     api_host: String,
     client: LazyClient,
@@ -330,6 +336,22 @@ pub struct Manifest {
     pub digest: Option<String>,
 }
 
+/// Where `host` is remembered to speak plain HTTP: a file named after it in the disk
+/// cache's directory (`plain-http/HOST`), if there is a disk cache.
+fn plain_http_hint(remote: &Remote, host: &str) -> Option<PathBuf> {
+    let name: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || ".:-_".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    Some(remote.disk.as_ref()?.dir().join("plain-http").join(name))
+}
+
 fn not_found(msg: String) -> Error {
     Error::Io(std::io::Error::new(std::io::ErrorKind::NotFound, msg))
 }
@@ -374,8 +396,15 @@ impl Registry {
                 .map_err(|e| format!("HTTP client for {who}: {}", describe(&e)))
         });
         let creds = auth::credentials(host, config)?;
+        let mut state = State::default();
+        let hint = insecure.then(|| plain_http_hint(&remote, host)).flatten();
+        if hint.as_ref().is_some_and(|h| h.exists()) {
+            state.base = Some(format!("http://{api_host}"));
+            state.remembered = true;
+        }
         Ok(Registry {
             host: host.to_string(),
+            hint,
             api_host,
             client,
             remote,
@@ -383,7 +412,7 @@ impl Registry {
             insecure: !config.tls_verify,
             background_fetch: config.background_fetch,
             start_window: config.start_window,
-            state: Mutex::default(),
+            state: Mutex::new(state),
             multi: Default::default(),
         })
     }
@@ -564,7 +593,10 @@ impl Registry {
         // The first request finds the scheme (HTTPS; plain HTTP when allowed and HTTPS
         // cannot be spoken) and, by its 401, the challenge: no ping of /v2/ first, one
         // round trip less before a mount.
-        let known = crate::sync::lock(&self.state).base.clone();
+        let (known, mut remembered) = {
+            let st = crate::sync::lock(&self.state);
+            (st.base.clone(), st.remembered)
+        };
         let (mut base, mut probing) = match known {
             Some(b) => (b, false),
             None => (format!("https://{}", self.api_host), true),
@@ -594,11 +626,42 @@ impl Registry {
                 sent.as_ref().map_or(0, |r| r.status().as_u16()),
                 t0.elapsed()
             );
+            if remembered {
+                remembered = false;
+                // Plain HTTP no more (a registry given TLS since: refused, or Go's
+                // "400 Client sent an HTTP request to an HTTPS server"): ask again.
+                let gone = match &sent {
+                    Ok(r) => r.status() == StatusCode::BAD_REQUEST,
+                    Err(e) => !e.is_timeout(),
+                };
+                if !gone {
+                    crate::sync::lock(&self.state).remembered = false;
+                } else {
+                    self.count_failure();
+                    log::debug!("{}: plain HTTP no more", self.host);
+                    if let Some(h) = &self.hint {
+                        let _ = std::fs::remove_file(h);
+                    }
+                    let mut st = crate::sync::lock(&self.state);
+                    (st.base, st.remembered) = (None, false);
+                    drop(st);
+                    base = format!("https://{}", self.api_host);
+                    probing = true;
+                    continue;
+                }
+            }
             if probing {
                 match &sent {
                     Ok(_) => {
                         probing = false;
                         crate::sync::lock(&self.state).base = Some(base.clone());
+                        if base.starts_with("http:")
+                            && let Some(h) = &self.hint
+                        {
+                            // Best effort: without it the next process probes again.
+                            let _ = h.parent().map(std::fs::create_dir_all);
+                            let _ = std::fs::write(h, b"");
+                        }
                     }
                     Err(e) if !e.is_timeout() && base.starts_with("https:") && self.insecure => {
                         self.count_failure();
