@@ -19,9 +19,10 @@ the registry sent through the proxy:
   pkgfs-FORMAT           `ctr-remote images rpull --snapshotter pkgfs` (layers from a
                          `pkgfs store` with empty caches, fetched whole in the background
                          as it does by default), then `ctr run`
-  pkgfs-FORMAT-again     the same, right after pkgfs-FORMAT, with the record of that start
-                         kept (`--start-window 5s`; every other cache emptied): what the
-                         image's earlier start on this node read is fetched ahead
+  pkgfs-FORMAT-again     the same, right after pkgfs-FORMAT, with what that run left on
+                         the node kept (the record of its start, `--start-window 5s`, and
+                         the note that the registry speaks plain HTTP; every other cache
+                         emptied): what the image's earlier start read is fetched ahead
   pkgfs-FORMAT-lazy      the same as pkgfs-FORMAT, the store with --no-background-fetch
                          (only what is read is fetched)
   stargz                 stargz-snapshotter v0.19.1 (its defaults: prefetch of the
@@ -304,8 +305,14 @@ def main():
                 raise RuntimeError("no start recorded by the run before")
             for f in kept:
                 shutil.move(os.path.join(c, "index", f), starts)
+            hints = os.path.join(c, "disk", "plain-http")
+            if os.path.isdir(hints):
+                shutil.move(hints, os.path.join(starts, "plain-http"))
         common.retire(c)
         if again:
+            if os.path.isdir(os.path.join(starts, "plain-http")):
+                os.makedirs(os.path.join(c, "disk"))
+                shutil.move(os.path.join(starts, "plain-http"), os.path.join(c, "disk"))
             shutil.copytree(starts, os.path.join(c, "index"))
         # PKGFS_BENCH_STORE_LOG=FILE: the store's log (every request, timed) to FILE.
         trace = os.environ.get("PKGFS_BENCH_STORE_LOG")
