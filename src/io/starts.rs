@@ -10,7 +10,7 @@
 //! [`Recorder`]ed (every read, hits included, in the order of first touch, for a window
 //! after the open) and the next fetches the record ahead of the reads
 //! ([`Blob::fetch_in_order`]). Where records are kept and under which key (the image's
-//! digest and the layer's) is the caller's choice (`source::candidate`): this module
+//! digest and the layer's) is the caller's choice (`source::start`): this module
 //! knows blobs only.
 
 use std::path::Path;

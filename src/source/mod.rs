@@ -26,6 +26,7 @@ mod lazy;
 pub mod live;
 pub mod remote;
 mod report;
+mod start;
 pub mod store;
 pub mod verify;
 pub mod watch;
@@ -43,10 +44,11 @@ use crate::layout::{Layout, Placement};
 use crate::tree::view::{Graft, Layer};
 use crate::tree::{Ownership, Tree};
 
-pub use candidate::{Candidate, Stamp, keep_starts};
+pub use candidate::{Candidate, Stamp};
 pub use discover::{Listing, Verifying, discover};
 pub use index::BACKGROUND_OVER;
 pub use report::{LoadReport, display_archive};
+pub use start::keep_starts;
 
 use candidate::{archive_stamp, stat_all};
 use fold::{Active, Changes, Fold, Placing, drop_conflicts_within_images};
