@@ -464,6 +464,14 @@ impl Slice {
 }
 
 impl Slice {
+    /// `ranges` of the slice as ranges of the blob it is a slice of.
+    fn shifted(&self, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        ranges
+            .iter()
+            .map(|&(s, e)| (self.offset + s.min(self.len), self.offset + e.min(self.len)))
+            .collect()
+    }
+
     /// `len` bytes at `offset` lie inside the slice.
     fn check(&self, offset: u64, len: usize) -> Result<()> {
         if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
@@ -492,19 +500,11 @@ impl Blob for Slice {
     }
 
     fn will_need(&self, ranges: &[(u64, u64)]) {
-        let shifted: Vec<(u64, u64)> = ranges
-            .iter()
-            .map(|&(s, e)| (self.offset + s.min(self.len), self.offset + e.min(self.len)))
-            .collect();
-        self.inner.will_need(&shifted);
+        self.inner.will_need(&self.shifted(ranges));
     }
 
     fn fetch_in_order(&self, ranges: &[(u64, u64)]) {
-        let shifted: Vec<(u64, u64)> = ranges
-            .iter()
-            .map(|&(s, e)| (self.offset + s.min(self.len), self.offset + e.min(self.len)))
-            .collect();
-        self.inner.fetch_in_order(&shifted);
+        self.inner.fetch_in_order(&self.shifted(ranges));
     }
 
     fn version(&self) -> &str {
