@@ -120,6 +120,57 @@ on_both_transports! {
     }
 }
 
+/// A second mount of the same packages loads the tree the first one kept: the tree
+/// and every byte are the model's again, bad archives and hostile entries are still
+/// named, and no package's index is read until a file of it is.
+#[test]
+fn a_kept_tree_serves_what_the_fold_served() {
+    if !require_fuse() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["basic", "conflicts", "corrupt", "unsafe"] {
+        let src = set(name);
+        let cache = tmp.path().join(name);
+        let args = ["--index-cache", cache.to_str().unwrap()];
+        let indexes = |m: &Mount| -> Vec<String> {
+            common::status_json(&m.path())["packages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["index"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let first = Mount::new(&[&src], &args);
+        let folded = indexes(&first);
+        assert!(
+            !folded.is_empty() && !folded.iter().any(|i| i == "kept"),
+            "{name}: {folded:?}"
+        );
+        drop(first);
+        let m = Mount::new(&[&src], &args);
+        assert_eq!(indexes(&m), vec!["kept"; folded.len()], "{name}");
+        expect_matches(&m.path(), &[&src], &[]);
+        match name {
+            "corrupt" => {
+                for bad in ["truncated.zip", "garbage.zip"] {
+                    assert!(m.stderr.contains(bad), "{bad}: {}", m.stderr);
+                }
+                let log = m.log_text();
+                assert!(log.contains("badcrc.zip") && log.contains("CRC"), "{log}");
+            }
+            "unsafe" => assert!(m.stderr.contains("skipping entry"), "{}", m.stderr),
+            "conflicts" => assert!(m.stderr.contains("path conflicts"), "{}", m.stderr),
+            _ => {}
+        }
+        // Folded again with --no-kept-tree: the same tree.
+        drop(m);
+        let again = Mount::new(&[&src], &[&args[..], &["--no-kept-tree"]].concat());
+        assert_eq!(indexes(&again), folded, "{name}");
+        expect_matches(&again.path(), &[&src], &[]);
+    }
+}
+
 on_both_transports! {
     fn hostile_paths_never_escape_the_mount() {
         let src = set("unsafe");

@@ -428,7 +428,29 @@ fn python_layout_serves_the_bytecode_pip_compiles() {
         "{}",
         m2.messages()
     );
+    // Every pack was there: that mount kept its tree, and the next one loads it and
+    // serves the same environment, file for file and byte for byte.
+    let folded = snapshot(&other);
+    assert!(folded.len() > 1000, "{} entries", folded.len());
     drop(m2);
+    let kept = Venv::mount_with(&[wheels], &other, &["--index-cache", cache_arg]);
+    let st = crate::common::status_json(&other);
+    let packages = st["packages"].as_array().unwrap();
+    assert!(
+        packages.len() > 20
+            && packages
+                .iter()
+                .all(|p| p["index"] == "kept" || p["format"] == "layout"),
+        "{packages:#?}"
+    );
+    let (compiled, cached) = imported_from(&other, modules);
+    assert!(compiled.is_empty(), "compiled from source: {compiled:#?}");
+    assert!(cached > 100, "{cached} modules from __pycache__");
+    assert!(
+        snapshot(&other) == folded,
+        "the kept tree serves another environment"
+    );
+    drop(kept);
     // --no-compile: none served.
     let m3 = Venv::mount_with(&[wheels], &other, &[]);
     assert!(pyc_files(&other).is_empty());
@@ -469,6 +491,38 @@ fn python_layout_serves_the_bytecode_pip_compiles() {
             && log.contains("is not the cache file of a module of its wheel"),
         "{log}"
     );
+}
+
+/// Every entry under `root`: its path, mode, size and mtime, and its bytes' digest or
+/// its link's target, in path order.
+fn snapshot(root: &Path) -> Vec<String> {
+    use sha2::Digest as _;
+    use std::os::unix::fs::MetadataExt as _;
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let what = if m.is_dir() {
+                todo.push(p.clone());
+                String::new()
+            } else if m.file_type().is_symlink() {
+                fs::read_link(&p).unwrap().display().to_string()
+            } else {
+                format!("{:x}", sha2::Sha256::digest(fs::read(&p).unwrap()))
+            };
+            out.push(format!(
+                "{} {:o} {} {} {what}",
+                p.strip_prefix(root).unwrap().display(),
+                m.mode(),
+                m.size(),
+                m.mtime()
+            ));
+        }
+    }
+    out.sort();
+    out
 }
 
 /// `mount-tests/python/env_check.py MODE ARGS…` run by `py`, its JSON.

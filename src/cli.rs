@@ -334,7 +334,7 @@ struct ServeArgs {
     threads: Option<usize>,
     /// Mount options, comma separated: allow_other, allow_root, noexec, exec, noatime,
     /// suid, dev (both off by default), fsname=NAME, uid=N, gid=N, cache_size=SIZE, prefetch=SIZE, threads=N, log_file=PATH, no_watch,
-    /// index_cache=DIR, no_index_cache, whiteouts, no_io_uring, full_entries, no_keeper,
+    /// index_cache=DIR, no_index_cache, no_kept_tree, whiteouts, no_io_uring, full_entries, no_keeper,
     /// restart_limit=COUNT/DURATION, disk_cache=DIR,
     /// disk_cache_size=SIZE, no_disk_cache, remote_timeout=DURATION, poll=DURATION,
     /// layout=KIND, strip_components=N, lockfile=FILE, allow_missing, python=PATH, no_compile, authfile=FILE,
@@ -353,6 +353,11 @@ struct ServeArgs {
     /// Do not cache indexes (index such archives again at every mount).
     #[arg(long)]
     no_index_cache: bool,
+    /// Do not keep the merged tree for the next mount (by default a mount whose packages,
+    /// options and binary are unchanged since an earlier one loads the tree that mount
+    /// kept in the index cache, and reads each package's index on first use).
+    #[arg(long)]
+    no_kept_tree: bool,
     /// The platform to take from a multi-platform image, OS/ARCH[/VARIANT] (default:
     /// this machine's).
     #[arg(long, value_name = "PLATFORM")]
@@ -895,6 +900,7 @@ fn serve_config(
         io_uring: s.io_uring == "auto",
         plain_entries: !s.full_entries,
         keeper: !s.no_keeper,
+        kept_tree: !s.no_kept_tree,
         restart_limit: crate::config::parse_restart_limit(&s.restart_limit)?,
         remote: RemoteConfig {
             read_timeout: parse_duration(&s.remote_timeout)?,

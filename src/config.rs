@@ -85,6 +85,9 @@ pub struct MountConfig {
     pub plain_entries: bool,
     /// A keeper holds the connection and restarts the server (`crate::keeper`).
     pub keeper: bool,
+    /// Keep the merged tree in the index cache for the next mount of the same packages
+    /// (`source::kept`; `--no-kept-tree`).
+    pub kept_tree: bool,
     /// When the keeper gives up.
     pub restart_limit: crate::keeper::RestartLimit,
     /// Timeouts, retries and disk cache of remote sources.

@@ -479,7 +479,7 @@ fn prepare_process() -> libc::sigset_t {
 
 /// How a mount's packages are loaded.
 fn load_options(cfg: &MountConfig) -> LoadOptions {
-    cfg.merge.load_options(
+    let mut opts = cfg.merge.load_options(
         std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .max(MIN_INDEX_THREADS),
@@ -487,7 +487,9 @@ fn load_options(cfg: &MountConfig) -> LoadOptions {
         cfg.cache_bytes,
         cfg.index_cache.clone(),
         cfg.remote.clone(),
-    )
+    );
+    opts.keep_tree = cfg.kept_tree;
+    opts
 }
 
 /// How a new server loads the archives of the inodes of older generations the kernel
@@ -515,13 +517,16 @@ fn restore_options_as(cfg: &MountConfig, kind: crate::layout::Kind) -> LoadOptio
     merge.layout.kind = kind;
     merge.layout.lockfile = None;
     merge.verify = None;
-    merge.load_options(
+    let mut opts = merge.load_options(
         MIN_INDEX_THREADS,
         cfg.owner,
         cfg.cache_bytes,
         cfg.index_cache.clone(),
         cfg.remote.clone(),
-    )
+    );
+    // Each archive alone, by a link named after a descriptor: nothing to keep.
+    opts.keep_tree = false;
+    opts
 }
 
 /// Serve the inodes of older generations an earlier server served (a file open in a

@@ -177,6 +177,7 @@ pub fn apply_option(cfg: &mut MountConfig, opt: &str) -> Result<(), UsageError> 
         "watch" => cfg.watch = true,
         "index_cache" => cfg.index_cache = Some(PathBuf::from(need()?)),
         "no_index_cache" => cfg.index_cache = None,
+        "no_kept_tree" => cfg.kept_tree = false,
         "whiteouts" => cfg.merge.whiteouts = true,
         "no_io_uring" => cfg.io_uring = false,
         "full_entries" => cfg.plain_entries = false,

@@ -165,6 +165,9 @@ pub enum IndexOrigin {
     Pass,
     /// A SOCI zTOC of the layer.
     Ztoc,
+    /// Not read yet: the mount's tree was kept by an earlier mount (`source::kept`), and
+    /// the index is read the first time a request needs it.
+    Kept,
 }
 
 /// What a [`Format`] makes of a blob it recognises.

@@ -368,6 +368,9 @@ pub fn symlink(path: &[u8], target: &[u8], mtime: i64) -> Entry {
     }
 }
 
+/// The format name of the archive of a layout's own entries ([`own_archive`]).
+pub const OWN_FORMAT: &str = "layout";
+
 /// The archive that serves a layout's own entries (their bytes are in the entries).
 pub fn own_archive(name: &str, entries: Vec<Entry>) -> Arc<Archive> {
     let blob: Arc<dyn crate::io::blob::Blob> = Arc::new(crate::io::blob::Bytes::new(
@@ -399,7 +402,7 @@ struct Own {
 
 impl crate::format::Package for Own {
     fn format(&self) -> &'static str {
-        "layout"
+        OWN_FORMAT
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

@@ -66,6 +66,9 @@ pub(super) struct Fold {
     pub(super) grafts: Vec<Arc<Graft>>,
     pub(super) report: LoadReport,
     pub(super) active: Vec<Active>,
+    /// How many entries each archive's index held before the layout placed them, by
+    /// archive key (what a kept tree checks an archive's index against: `kept`).
+    pub(super) indexed: HashMap<u32, usize>,
 }
 
 impl Fold {
@@ -82,6 +85,7 @@ impl Fold {
                 ..LoadReport::default()
             },
             active: Vec::new(),
+            indexed: HashMap::new(),
         }
     }
 
@@ -275,6 +279,7 @@ impl<'a> Placing<'a> {
         match result {
             Ok((archive, mut entries, facts)) => {
                 debug!("{}: {} entries", cand.path.display(), entries.len());
+                self.fold.indexed.insert(archive.key, entries.len());
                 self.place(&cand.path, archive.clone(), &mut entries, &facts);
                 self.learnt.insert(archive.key, facts);
             }

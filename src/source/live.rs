@@ -269,6 +269,7 @@ mod tests {
             progress: None,
             layout: Default::default(),
             verify: None,
+            keep_tree: false,
         };
         let mut packages = Packages::new(vec![dir.path().to_path_buf()], opts);
         let scan = packages.scan(&HashSet::new()).unwrap().unwrap();

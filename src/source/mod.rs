@@ -22,6 +22,7 @@ mod discover;
 mod fold;
 pub mod image;
 mod index;
+mod kept;
 mod lazy;
 pub mod live;
 pub mod remote;
@@ -35,7 +36,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use log::info;
+use log::{info, warn};
 
 use crate::error::{Error, Result};
 use crate::format::{Archive, IndexCache, IndexProgress, OpenContext, OpenError};
@@ -86,6 +87,9 @@ pub struct LoadOptions {
     pub layout: crate::layout::Config,
     /// `--verify`: sources mount only under a seal by an allowed signer.
     pub verify: Option<verify::VerifyConfig>,
+    /// Keep the first scan's tree in the index cache and load it whole when nothing
+    /// changed ([`kept`]; `--no-kept-tree` turns it off).
+    pub keep_tree: bool,
 }
 
 /// How layers merge and where packages go: the options `mount` and the offline tools
@@ -127,6 +131,8 @@ impl Merge {
             layout: self.layout.clone(),
             verify: self.verify.clone(),
             registry: self.registry.clone(),
+            // A mount turns it on (the offline tools read every index anyway).
+            keep_tree: false,
         }
     }
 }
@@ -327,6 +333,14 @@ impl Packages {
                 self.opts.layout.kind.name()
             )));
         }
+        let keeping = if first && self.opts.keep_tree {
+            kept::Keeping::of(&self.opts, &self.sources, &listed, layout.by_name())
+        } else {
+            None
+        };
+        if let Some(k) = keeping.as_ref().and_then(|k| k.load(&listed, &self.opts)) {
+            return Ok(Some(self.kept(k, first, started)));
+        }
         let images = std::mem::take(&mut listed.images);
         let names: Vec<&[u8]> = listed
             .candidates
@@ -342,13 +356,18 @@ impl Packages {
             self.index_and_place(&listed, plan, ready, &mut *layout, &mut fold, first)?;
         }
         fold.own(self.opts.layout.kind, layout.finish()?);
-        self.chores.extend(layout.chore());
+        let chore = layout.chore();
+        // A scan that left work behind (bytecode to compile) is not kept: what that work
+        // makes changes the next mount's packages anyway.
+        let keeping = keeping.filter(|_| chore.is_none());
+        self.chores.extend(chore);
         let Fold {
             builder,
             layers,
             grafts,
             report,
             active,
+            indexed,
         } = fold;
         let changes = self.settle(active, first);
         self.skipped = report
@@ -361,7 +380,10 @@ impl Packages {
         }
         let mut tree = builder.finish();
         drop_conflicts_within_images(&mut tree, &report);
-        log_tree(&tree, &report.layers, first, started.elapsed());
+        log_tree(&tree, &report.layers, first, false, started.elapsed());
+        if let Some(k) = keeping {
+            k.store(&listed, &layers, &indexed, &report, &tree);
+        }
         Ok(Some(Scan {
             tree,
             layers,
@@ -371,6 +393,36 @@ impl Packages {
             removed: changes.removed,
             replaced: changes.replaced,
         }))
+    }
+
+    /// A first scan as an earlier mount kept it ([`kept`]): nothing indexed, nothing
+    /// folded; the layout's work was done when it was kept.
+    fn kept(&mut self, k: kept::KeptScan, first: bool, started: std::time::Instant) -> Scan {
+        let kept::KeptScan {
+            tree,
+            layers,
+            report,
+            active,
+        } = k;
+        for (p, e) in &report.skipped {
+            warn!("skipping {}: {e}", p.display());
+        }
+        let changes = self.settle(active, first);
+        self.skipped = report
+            .skipped
+            .iter()
+            .map(|(p, e)| (p.clone(), e.to_string()))
+            .collect();
+        log_tree(&tree, &report.layers, first, true, started.elapsed());
+        Scan {
+            tree,
+            layers,
+            grafts: Vec::new(),
+            report,
+            added: changes.added,
+            removed: changes.removed,
+            replaced: changes.replaced,
+        }
     }
 
     /// Stage 1: the candidates of the sources in layer order (remote sources listed
@@ -762,6 +814,7 @@ mod tests {
             progress: None,
             layout: Default::default(),
             verify: None,
+            keep_tree: false,
         };
         let mut pk = Packages::new(vec![d.to_path_buf()], opts);
         let none = HashSet::new();
@@ -787,5 +840,128 @@ mod tests {
             .map(|p| file_of(&s, p))
             .collect();
         assert_eq!(sizes, [Some(1), None, Some(4), Some(1), Some(2)]);
+    }
+
+    /// Options of a mount that keeps its tree in `cache`.
+    fn keeping(cache: &Path) -> LoadOptions {
+        LoadOptions {
+            threads: 2,
+            owner: OWNER,
+            cache_bytes: 1 << 20,
+            index_cache: Some(IndexCache::new(cache.to_path_buf())),
+            whiteouts: false,
+            platform: None,
+            remote: Default::default(),
+            registry: Default::default(),
+            progress: None,
+            layout: Default::default(),
+            verify: None,
+            keep_tree: true,
+        }
+    }
+
+    /// The tree and every file's bytes, read through a filesystem of the scan.
+    fn contents(scan: Scan) -> Vec<(Vec<u8>, u64, Vec<u8>)> {
+        let t = &scan.tree;
+        let mut out: Vec<_> = (1..=t.len() as u64)
+            .map(|ino| {
+                let n = *t.node(ino).unwrap();
+                (
+                    t.path_of(ino),
+                    n.size,
+                    format!("{:?}{:o}{}", n.kind, n.perm, n.mtime),
+                )
+            })
+            .collect();
+        let fs = PkgFs::with_layers(scan.tree, scan.layers, 1 << 20, false);
+        out.iter_mut()
+            .map(|(p, size, what)| {
+                let ino = fs.resolve(p).unwrap();
+                let data = if what.starts_with("File") {
+                    fs.read(ino, 0, *size as u32).unwrap()
+                } else {
+                    Vec::new()
+                };
+                (
+                    std::mem::take(p),
+                    *size,
+                    [what.as_bytes(), b":", &data].concat(),
+                )
+            })
+            .collect()
+    }
+
+    /// A second mount of the same packages loads the tree the first kept, serves the
+    /// same bytes, and reads each package's index only when a file of it is read; a
+    /// package changed, or the record damaged, and the packages are indexed again.
+    #[test]
+    fn a_kept_tree_is_loaded_until_a_package_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, cache) = (dir.path().join("pkgs"), dir.path().join("cache"));
+        std::fs::create_dir(&d).unwrap();
+        let file = |name: &str, data: &str| (name.to_string(), data.as_bytes().to_vec());
+        write_zip(&d.join("a.zip"), &[file("x", "1"), file("d/e", "two")]);
+        write_zip(&d.join("b.zip"), &[file("x", "22"), file("d/f", "three")]);
+        let none = HashSet::new();
+        let scan = |opts: LoadOptions| {
+            Packages::new(vec![d.clone()], opts)
+                .scan(&none)
+                .unwrap()
+                .unwrap()
+        };
+
+        let first = scan(keeping(&cache));
+        assert!(!first.report.kept);
+        let records = || -> Vec<PathBuf> {
+            std::fs::read_dir(&cache)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with("tree-")
+                })
+                .collect()
+        };
+        assert_eq!(records().len(), 1, "kept");
+        let expected = contents(first);
+
+        let second = scan(keeping(&cache));
+        assert!(second.report.kept, "loaded, not folded");
+        assert_eq!(second.report.layers, [d.join("a.zip"), d.join("b.zip")]);
+        assert!(
+            second
+                .layers
+                .iter()
+                .all(|l| l.archive.origin == crate::format::IndexOrigin::Kept),
+            "no index read at mount"
+        );
+        assert_eq!(contents(second), expected);
+        let off = LoadOptions {
+            keep_tree: false,
+            ..keeping(&cache)
+        };
+        assert!(!scan(off).report.kept, "--no-kept-tree");
+
+        // A package changed: indexed again, and the record replaced, not added to.
+        write_zip(&d.join(".b.zip"), &[file("x", "333")]);
+        std::fs::rename(d.join(".b.zip"), d.join("b.zip")).unwrap();
+        let third = scan(keeping(&cache));
+        assert!(!third.report.kept);
+        assert_eq!(file_of(&third, "x"), Some(3));
+        assert_eq!(records().len(), 1, "one record for these sources");
+        assert!(scan(keeping(&cache)).report.kept);
+
+        // A damaged record: a miss (and a new record), never trusted.
+        let record = records().pop().unwrap();
+        let mut bytes = std::fs::read(&record).unwrap();
+        let at = bytes.len() - 40;
+        bytes[at] ^= 0x55;
+        std::fs::write(&record, &bytes).unwrap();
+        let fourth = scan(keeping(&cache));
+        assert!(!fourth.report.kept);
+        assert_eq!(file_of(&fourth, "x"), Some(3));
+        assert!(scan(keeping(&cache)).report.kept);
     }
 }

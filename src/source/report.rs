@@ -32,6 +32,8 @@ pub struct LoadReport {
     pub ignored: Vec<PathBuf>,
     /// The images among the sources, resolved (their layers are in `layers`).
     pub images: Vec<image::Image>,
+    /// The tree was loaded as an earlier mount kept it (`source::kept`), not folded.
+    pub kept: bool,
 }
 
 /// A candidate that could not be opened: skipped with a warning and remembered
@@ -82,7 +84,13 @@ pub(super) fn log_graft(path: &Path, tree: &Tree, entries: usize, started: std::
 
 /// What a scan made: entries skipped (warned of at mount only), conflicts, and the
 /// size of the tree.
-pub(super) fn log_tree(tree: &Tree, layers: &[PathBuf], first: bool, took: std::time::Duration) {
+pub(super) fn log_tree(
+    tree: &Tree,
+    layers: &[PathBuf],
+    first: bool,
+    kept: bool,
+    took: std::time::Duration,
+) {
     for s in &tree.skipped {
         // Entries of unchanged packages were reported at mount.
         let level = if first {
@@ -113,8 +121,13 @@ pub(super) fn log_tree(tree: &Tree, layers: &[PathBuf], first: bool, took: std::
             c.reason
         );
     }
+    let how = if kept {
+        "tree kept from an earlier mount, loaded"
+    } else {
+        "indexed and merged"
+    };
     info!(
-        "{} archives, {} inodes, {} bytes of file data (indexed and merged in {:.3} s)",
+        "{} archives, {} inodes, {} bytes of file data ({how} in {:.3} s)",
         layers.len(),
         tree.len(),
         tree.total_bytes,

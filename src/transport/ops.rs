@@ -650,6 +650,7 @@ mod tests {
             progress: None,
             layout: Default::default(),
             verify: None,
+            keep_tree: false,
         };
         let (fs, _) = crate::source::load(&[path], &opts).unwrap();
         (dir, Handler::new(Arc::new(fs), hints))

@@ -21,6 +21,7 @@
 //!   because a layer's whiteouts are applied before its entries. Whiteout entries are
 //!   not shown, but the directories holding them exist in their layer.
 
+pub mod kept;
 pub mod path;
 pub mod view;
 

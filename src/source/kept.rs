@@ -1,0 +1,573 @@
+//! A kept tree: the first scan of a mount, loaded whole from the index cache when the
+//! packages, the layout's inputs and the binary are those of an earlier mount that
+//! stored it, instead of opening every archive and folding every index again.
+//!
+//! Why: a mount's cost is reading N indexes and folding them (609 packages: about
+//! 0.15 s; a Python environment of 128 archives: about 0.25 s), while what it makes
+//! depends only on those inputs. With the tree kept, a mount costs listing and
+//! `stat`ing the packages, opening their files, and reading one record.
+//!
+//! - **Key** ([`Keeping::of`]): this binary's identity, the merge settings (ownership,
+//!   whiteouts, the layout's configuration), the identity of the files the layout reads
+//!   besides the packages (a lockfile, an interpreter), and every package's path and
+//!   stamp (device, inode, size, mtime) in layer order. Any change is another key: the
+//!   scan runs as before and its result is kept under the new key.
+//! - **Kept only when the scan is whole**: local packages only (no image, remote
+//!   object or seal: those have their own caches and checks), a layout that folds
+//!   (by-name layouts are lazy already), no work left behind (python's bytecode
+//!   still to compile: the next mount's packs change the key anyway), no archive
+//!   skipped for a passing reason (an I/O error).
+//! - **Archives are read on first use** ([`Deferred`]): each is opened at mount (its
+//!   file, not its index) and checked to be the version the key named; its index is
+//!   read by the first request that needs it, and must have as many entries as when
+//!   the tree was kept, or its reads fail with `EIO`, logged.
+//! - **The record** is the layers (which package, or the layout's own entries), what
+//!   the scan skipped and ignored, then the tree ([`crate::tree::kept`]), then a
+//!   CRC-32 of all of it. A damaged record is a miss, logged, never trusted.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use log::{debug, warn};
+use sha2::Digest as _;
+
+use crate::error::{Error, Result};
+use crate::format::{
+    Archive, Entry, EntryKind, IndexCache, IndexOrigin, OpenContext, OpenError, Package, Reading,
+};
+use crate::io::blob::Blob;
+use crate::tree::Tree;
+use crate::tree::kept::{Damaged, Dec, Decoded, Enc, decode_loc, encode_loc};
+use crate::tree::view::Layer;
+
+use super::fold::{Active, Provided};
+use super::report::LoadReport;
+use super::{Listed, LoadOptions};
+
+/// First bytes of a record (after the index cache's own header).
+const MAGIC: &[u8] = b"pkgfs-kept-scan 1\n";
+
+/// Where a scan's result is kept, if it may be.
+pub(super) struct Keeping {
+    cache: IndexCache,
+    /// The record's file: one per mount of these sources with these settings, so a
+    /// change of packages replaces the record rather than adding one.
+    slot: crate::format::cache::CacheKey,
+    /// What the record must have been made from: this binary, the layout's input files
+    /// and every package as they are now.
+    inputs: [u8; 32],
+}
+
+/// A scan loaded from its record.
+pub(super) struct KeptScan {
+    pub(super) tree: Tree,
+    pub(super) layers: Vec<Layer>,
+    pub(super) report: LoadReport,
+    pub(super) active: Vec<Active>,
+}
+
+impl Keeping {
+    /// Where the first scan of `listed` (from `sources`) is kept, if such a scan may be
+    /// (see the module documentation); `None` otherwise.
+    pub(super) fn of(
+        opts: &LoadOptions,
+        sources: &[PathBuf],
+        listed: &Listed,
+        by_name: bool,
+    ) -> Option<Keeping> {
+        let cache = opts.index_cache.clone()?;
+        if by_name
+            || opts.verify.is_some()
+            || !listed.images.is_empty()
+            || listed.candidates.is_empty()
+        {
+            return None;
+        }
+        let mut slot = format!("{:?}\n{}\n{:?}\n", opts.owner, opts.whiteouts, opts.layout);
+        for s in sources {
+            slot.push_str(&format!("{}\n", s.display()));
+        }
+        let mut h = sha2::Sha256::new();
+        h.update(MAGIC);
+        h.update(file_identity(&std::env::current_exe().ok()?).as_bytes());
+        for input in [&opts.layout.lockfile, &opts.layout.python]
+            .into_iter()
+            .flatten()
+        {
+            h.update(file_identity(input).as_bytes());
+        }
+        for (c, st) in listed.candidates.iter().zip(&listed.stamps) {
+            if c.layer.is_some() || c.blob.is_some() || c.sealed.is_some() || c.refused.is_some() {
+                return None;
+            }
+            h.update(c.path.as_os_str().as_encoded_bytes());
+            h.update([0, u8::from(c.explicit)]);
+            h.update(st.as_deref()?.as_bytes());
+            h.update([b'\n']);
+        }
+        let slot = cache.key_for("tree", &slot, "");
+        Some(Keeping {
+            cache,
+            slot,
+            inputs: h.finalize().into(),
+        })
+    }
+
+    /// The kept scan, if there is one and it still describes `listed` (every package
+    /// opens as the version its key named).
+    pub(super) fn load(&self, listed: &Listed, opts: &LoadOptions) -> Option<KeptScan> {
+        let bytes = self.cache.load(&self.slot)?;
+        match decode(&bytes, &self.inputs, listed, opts) {
+            Ok(Some(k)) => Some(k),
+            Ok(None) => None,
+            Err(e) => {
+                warn!(
+                    "{}: {e}; the packages are indexed again",
+                    self.slot.path().display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Keep a first scan's result, if it is whole (see the module documentation).
+    /// Best effort: a failure is logged, the mount goes on.
+    pub(super) fn store(
+        &self,
+        listed: &Listed,
+        layers: &[Layer],
+        indexed: &HashMap<u32, usize>,
+        report: &LoadReport,
+        tree: &Tree,
+    ) {
+        let Some(record) = encode(&self.inputs, listed, layers, indexed, report, tree) else {
+            debug!("the tree is not kept: a package was skipped for a passing reason");
+            return;
+        };
+        match self.cache.store(&self.slot, &record) {
+            Ok(()) => debug!(
+                "tree kept for the next mount ({} bytes, {})",
+                record.len(),
+                self.slot.path().display()
+            ),
+            Err(e) => warn!(
+                "could not keep the tree in {}: {e}",
+                self.slot.path().display()
+            ),
+        }
+    }
+}
+
+/// A file's identity for the key: its stamp, or that it is not there.
+fn file_identity(path: &Path) -> String {
+    match std::fs::metadata(path) {
+        Ok(m) => format!(
+            "{}={}\n",
+            path.display(),
+            crate::io::blob::local_version(&m)
+        ),
+        Err(_) => format!("{}=absent\n", path.display()),
+    }
+}
+
+/// Kinds of entries, as stored.
+const ENTRY_KINDS: [EntryKind; 9] = [
+    EntryKind::File,
+    EntryKind::Dir,
+    EntryKind::Symlink,
+    EntryKind::HardLink,
+    EntryKind::CharDev,
+    EntryKind::BlockDev,
+    EntryKind::Fifo,
+    EntryKind::Socket,
+    EntryKind::Special,
+];
+
+/// Where each index origin is stored.
+const ORIGINS: [IndexOrigin; 4] = [
+    IndexOrigin::Archive,
+    IndexOrigin::Cache,
+    IndexOrigin::Pass,
+    IndexOrigin::Ztoc,
+];
+
+/// The error kinds a skipped package's reason is kept as (others are not kept).
+fn encode_error(e: &mut Enc, err: &Error) -> bool {
+    let (tag, m) = match err {
+        Error::Format(m) => (0, m),
+        Error::Corrupt(m) => (1, m),
+        Error::Unsupported(m) => (2, m),
+        _ => return false,
+    };
+    e.u8(tag);
+    e.bytes(m.as_bytes());
+    true
+}
+
+fn decode_error(d: &mut Dec) -> Decoded<Error> {
+    let tag = d.u8()?;
+    let m = String::from_utf8_lossy(d.bytes()?).into_owned();
+    Ok(match tag {
+        0 => Error::Format(m),
+        1 => Error::Corrupt(m),
+        2 => Error::Unsupported(m),
+        _ => return Err(Damaged("reason")),
+    })
+}
+
+fn encode_entry(e: &mut Enc, x: &Entry) {
+    e.bytes(&x.path);
+    e.u8(ENTRY_KINDS.iter().position(|k| *k == x.kind).unwrap_or(8) as u8);
+    e.u16(x.perm);
+    e.i64(x.mtime);
+    e.u64(x.uid.map_or(u64::MAX, u64::from));
+    e.u64(x.gid.map_or(u64::MAX, u64::from));
+    e.u64(x.size);
+    encode_loc(e, &x.data);
+    e.bytes(&x.link);
+    e.u64(x.rdev);
+    e.u64(x.xattrs.len() as u64);
+    for (k, v) in &x.xattrs {
+        e.bytes(k);
+        e.bytes(v);
+    }
+}
+
+fn decode_entry(d: &mut Dec) -> Decoded<Entry> {
+    let path = d.bytes()?.to_vec();
+    let kind = *ENTRY_KINDS
+        .get(usize::from(d.u8()?))
+        .ok_or(Damaged("entry kind"))?;
+    let perm = d.u16()?;
+    let mtime = d.i64()?;
+    let id = |v: u64| u32::try_from(v).ok();
+    let uid = id(d.u64()?);
+    let gid = id(d.u64()?);
+    let size = d.u64()?;
+    let data = decode_loc(d)?;
+    let link = d.bytes()?.to_vec();
+    let rdev = d.u64()?;
+    let n = d.count(16)?;
+    let mut xattrs = Vec::with_capacity(n);
+    for _ in 0..n {
+        xattrs.push((d.bytes()?.to_vec(), d.bytes()?.to_vec()));
+    }
+    Ok(Entry {
+        path,
+        kind,
+        perm,
+        mtime,
+        uid,
+        gid,
+        size,
+        data,
+        link,
+        rdev,
+        xattrs,
+    })
+}
+
+/// The record of a scan; `None` if it may not be kept.
+fn encode(
+    inputs: &[u8; 32],
+    listed: &Listed,
+    layers: &[Layer],
+    indexed: &HashMap<u32, usize>,
+    report: &LoadReport,
+    tree: &Tree,
+) -> Option<Vec<u8>> {
+    let by_path: HashMap<&Path, usize> = listed
+        .candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.path.as_path(), i))
+        .collect();
+    let mut e = Enc(MAGIC.to_vec());
+    e.0.extend_from_slice(inputs);
+    e.u64(layers.len() as u64);
+    let cx = OpenContext {
+        layer: None,
+        index_cache: None,
+        defer_over: None,
+        progress: None,
+    };
+    for (i, l) in layers.iter().enumerate() {
+        let a = &l.archive;
+        if a.format() == crate::layout::OWN_FORMAT {
+            // The layout's own entries, last of all.
+            if i + 1 != layers.len() {
+                return None;
+            }
+            let name = report.layers.get(i)?;
+            let entries = a.entries(&cx).ok()?;
+            e.u8(1);
+            e.bytes(name.as_os_str().as_encoded_bytes());
+            e.u64(entries.len() as u64);
+            for x in &entries {
+                encode_entry(&mut e, x);
+            }
+            continue;
+        }
+        let idx = *by_path.get(a.path.as_path())?;
+        if a.checked != crate::format::Checked::Nothing {
+            return None;
+        }
+        e.u8(0);
+        e.u32(idx as u32);
+        e.bytes(a.format().as_bytes());
+        e.u8(ORIGINS.iter().position(|o| *o == a.origin)? as u8);
+        e.u64(l.entries as u64);
+        e.u64(*indexed.get(&a.key)? as u64);
+        e.u64(l.places.len() as u64);
+        for p in &l.places {
+            e.bytes(p);
+        }
+    }
+    e.u64(report.skipped.len() as u64);
+    for (p, err) in &report.skipped {
+        e.bytes(p.as_os_str().as_encoded_bytes());
+        if !encode_error(&mut e, err) {
+            return None;
+        }
+    }
+    e.u64(report.ignored.len() as u64);
+    for p in &report.ignored {
+        e.bytes(p.as_os_str().as_encoded_bytes());
+    }
+    tree.encode(&mut e);
+    let crc = crc32fast::hash(&e.0);
+    e.u32(crc);
+    Some(e.0)
+}
+
+fn path_of(b: &[u8]) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt as _;
+    PathBuf::from(std::ffi::OsStr::from_bytes(b))
+}
+
+/// A record read back: `Ok(None)` when it was made from other inputs, or a package is
+/// no longer the version it was made from (changed between its `stat` and its open).
+fn decode(
+    bytes: &[u8],
+    inputs: &[u8; 32],
+    listed: &Listed,
+    opts: &LoadOptions,
+) -> Decoded<Option<KeptScan>> {
+    let (body, crc) = bytes
+        .split_last_chunk::<4>()
+        .ok_or(Damaged("no checksum"))?;
+    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+        return Err(Damaged("checksum"));
+    }
+    let rest = body.strip_prefix(MAGIC).ok_or(Damaged("not a kept scan"))?;
+    let Some(rest) = rest.strip_prefix(&inputs[..]) else {
+        debug!("the packages, the layout's inputs or the binary changed since the tree was kept");
+        return Ok(None);
+    };
+    let mut d = Dec(rest);
+    let n = d.count(2)?;
+    let mut layers = Vec::with_capacity(n);
+    let mut report = LoadReport {
+        kept: true,
+        ..LoadReport::default()
+    };
+    let mut active = Vec::with_capacity(n);
+    let cache = opts.index_cache.clone();
+    for _ in 0..n {
+        match d.u8()? {
+            0 => {
+                let idx = d.u32()? as usize;
+                let cand = listed
+                    .candidates
+                    .get(idx)
+                    .ok_or(Damaged("package number"))?;
+                let stamp = listed.stamps.get(idx).and_then(Option::as_ref);
+                let format = static_format(d.bytes()?);
+                // Where the index came from when the tree was kept: its next read may
+                // come from elsewhere (the index cache), so the status says "kept".
+                ORIGINS.get(usize::from(d.u8()?)).ok_or(Damaged("origin"))?;
+                let entries = usize::try_from(d.u64()?).map_err(|_| Damaged("entries"))?;
+                let indexed = usize::try_from(d.u64()?).map_err(|_| Damaged("entries"))?;
+                let p = d.count(8)?;
+                let mut places = Vec::with_capacity(p);
+                for _ in 0..p {
+                    places.push(d.bytes()?.to_vec());
+                }
+                let blob: Arc<dyn Blob> = match crate::io::blob::LocalFile::open(&cand.path) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        debug!("{}: {e}: the tree kept is not used", cand.path.display());
+                        return Ok(None);
+                    }
+                };
+                if Some(blob.version()) != stamp.map(String::as_str) {
+                    debug!("{} changed: the tree kept is not used", cand.path.display());
+                    return Ok(None);
+                }
+                let package = Deferred {
+                    format,
+                    entries: indexed,
+                    blob: blob.clone(),
+                    cache: cache.clone(),
+                    opened: OnceLock::new(),
+                };
+                let archive = Arc::new(Archive::new(blob, Box::new(package), IndexOrigin::Kept));
+                report.layers.push(cand.path.clone());
+                active.push(Active {
+                    path: cand.path.clone(),
+                    provided: Provided::Archive(archive.clone()),
+                });
+                layers.push(Layer {
+                    archive,
+                    entries,
+                    places,
+                });
+            }
+            1 => {
+                let name = path_of(d.bytes()?);
+                let k = d.count(40)?;
+                let mut entries = Vec::with_capacity(k);
+                for _ in 0..k {
+                    entries.push(decode_entry(&mut d)?);
+                }
+                report.layers.push(name);
+                layers.push(Layer {
+                    entries: entries.len(),
+                    archive: crate::layout::own_archive(opts.layout.kind.name(), entries),
+                    places: Vec::new(),
+                });
+            }
+            _ => return Err(Damaged("layer kind")),
+        }
+    }
+    for _ in 0..d.count(9)? {
+        let p = path_of(d.bytes()?);
+        report.skipped.push((p, decode_error(&mut d)?));
+    }
+    for _ in 0..d.count(8)? {
+        report.ignored.push(path_of(d.bytes()?));
+    }
+    let tree = Tree::decode(&mut d, layers.len() as u32)?;
+    if !d.is_empty() {
+        return Err(Damaged("bytes after the tree"));
+    }
+    Ok(Some(KeptScan {
+        tree,
+        layers,
+        report,
+        active,
+    }))
+}
+
+/// A format's name as the packages give it (`Package::format` is `&'static str`).
+fn static_format(name: &[u8]) -> &'static str {
+    const OTHERS: [&str; 6] = ["zip", "tar", "tar.gz", "tar.zst", "seekable-zstd", "raw"];
+    crate::format::FORMATS
+        .iter()
+        .map(|f| f.name())
+        .chain(OTHERS)
+        .find(|n| n.as_bytes() == name)
+        .unwrap_or("archive")
+}
+
+/// An archive of a kept tree: its index is read the first time a request needs it,
+/// and must be the index the tree was made from (as many entries).
+struct Deferred {
+    format: &'static str,
+    /// How many entries its index held when the tree was kept.
+    entries: usize,
+    blob: Arc<dyn Blob>,
+    cache: Option<IndexCache>,
+    opened: OnceLock<std::result::Result<Box<dyn Package>, Error>>,
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deferred")
+            .field("format", &self.format)
+            .field("path", &self.blob.name())
+            .field("opened", &self.opened.get().map(|r| r.is_ok()))
+            .finish()
+    }
+}
+
+impl Deferred {
+    /// The format's read path, its index read now if it was not yet.
+    fn package(&self) -> Result<&dyn Package> {
+        let r = self.opened.get_or_init(|| {
+            let cx = OpenContext {
+                layer: None,
+                index_cache: self.cache.as_ref(),
+                defer_over: None,
+                progress: None,
+            };
+            let name = self.blob.name().display().to_string();
+            let opened = match crate::format::open(self.blob.clone(), &cx) {
+                Ok(ix) if ix.entries.len() == self.entries => Ok(ix.archive.package),
+                Ok(ix) => Err(Error::Format(format!(
+                    "{name}: its index has {} entries, {} when its tree was kept",
+                    ix.entries.len(),
+                    self.entries
+                ))),
+                Err(OpenError::NotAnArchive) => Err(Error::Format(format!(
+                    "{name}: no longer an archive pkgfs reads"
+                ))),
+                Err(OpenError::Bad(e)) => Err(e),
+            };
+            match &opened {
+                Ok(_) => debug!("{name}: index read on first use"),
+                Err(e) => warn!("{name}: {e}: its files fail with EIO"),
+            }
+            opened
+        });
+        match r {
+            Ok(p) => Ok(&**p),
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
+
+impl Package for Deferred {
+    fn format(&self) -> &'static str {
+        match self.opened.get() {
+            Some(Ok(p)) => p.format(),
+            _ => self.format,
+        }
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        match self.package() {
+            Ok(p) => p.as_any(),
+            Err(_) => self,
+        }
+    }
+    fn entries(&self, blob: &Arc<dyn Blob>, cx: &OpenContext) -> Result<Vec<Entry>> {
+        self.package()?.entries(blob, cx)
+    }
+    fn read(
+        &self,
+        r: &Reading<'_>,
+        offset: u64,
+        end: u64,
+        span: crate::io::Span,
+    ) -> Result<crate::io::ReadData> {
+        self.package()?.read(r, offset, end, span)
+    }
+    fn extent(&self, r: &Reading<'_>) -> Option<(u64, u64)> {
+        self.package().ok()?.extent(r)
+    }
+    fn delivered(&self, r: &Reading<'_>, start: u64, end: u64) {
+        if let Some(Ok(p)) = self.opened.get() {
+            p.delivered(r, start, end);
+        }
+    }
+    fn read_first(&self) -> Option<(u64, u64)> {
+        self.package().ok()?.read_first()
+    }
+    fn crc32(&self, loc: &crate::format::Loc) -> Option<u32> {
+        self.package().ok()?.crc32(loc)
+    }
+    fn verify(&self, archive: &Archive, cx: &OpenContext) -> Result<Vec<String>> {
+        self.package()?.verify(archive, cx)
+    }
+}
