@@ -689,6 +689,10 @@ fn first_scan(
         cfg.cache_bytes,
         live,
     ));
+    if let Some(digest) = scan.numbering {
+        // The scan computed it (a kept tree's): the keeper's check need not again.
+        let _ = fs.view().digest.set(digest);
+    }
     Ok((fs, activity))
 }
 

@@ -62,6 +62,8 @@ pub(super) struct Keeping {
 /// A scan loaded from its record.
 pub(super) struct KeptScan {
     pub(super) tree: Tree,
+    /// The tree's numbering digest (`fs::tree_digest`), as the fold computed it.
+    pub(super) digest: String,
     pub(super) layers: Vec<Layer>,
     pub(super) report: LoadReport,
     pub(super) active: Vec<Active>,
@@ -140,8 +142,10 @@ impl Keeping {
         indexed: &HashMap<u32, usize>,
         report: &LoadReport,
         tree: &Tree,
+        digest: &str,
     ) {
-        let Some(record) = encode(&self.inputs, listed, layers, indexed, report, tree) else {
+        let Some(record) = encode(&self.inputs, listed, layers, indexed, report, tree, digest)
+        else {
             debug!("the tree is not kept: a package was skipped for a passing reason");
             return;
         };
@@ -276,6 +280,7 @@ fn encode(
     indexed: &HashMap<u32, usize>,
     report: &LoadReport,
     tree: &Tree,
+    digest: &str,
 ) -> Option<Vec<u8>> {
     let by_path: HashMap<&Path, usize> = listed
         .candidates
@@ -336,6 +341,7 @@ fn encode(
         e.bytes(p.as_os_str().as_encoded_bytes());
     }
     tree.encode(&mut e);
+    e.bytes(digest.as_bytes());
     let crc = crc32fast::hash(&e.0);
     e.u32(crc);
     Some(e.0)
@@ -449,11 +455,13 @@ fn decode(
         report.ignored.push(path_of(d.bytes()?));
     }
     let tree = Tree::decode(&mut d, layers.len() as u32)?;
+    let digest = String::from_utf8(d.bytes()?.to_vec()).map_err(|_| Damaged("digest"))?;
     if !d.is_empty() {
         return Err(Damaged("bytes after the tree"));
     }
     Ok(Some(KeptScan {
         tree,
+        digest,
         layers,
         report,
         active,

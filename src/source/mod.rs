@@ -180,6 +180,9 @@ pub struct Scan {
     pub removed: Vec<PathBuf>,
     /// Packages whose file was replaced by another version.
     pub replaced: Vec<PathBuf>,
+    /// The tree's numbering digest, when the scan computed it already (a kept tree's,
+    /// or one just kept): `fs::numbering_digest` need not compute it again.
+    pub numbering: Option<String>,
 }
 
 /// The set of packages the sources provide, kept between scans so that a rescan only
@@ -381,9 +384,11 @@ impl Packages {
         let mut tree = builder.finish();
         drop_conflicts_within_images(&mut tree, &report);
         log_tree(&tree, &report.layers, first, false, started.elapsed());
-        if let Some(k) = keeping {
-            k.store(&listed, &layers, &indexed, &report, &tree);
-        }
+        let numbering = keeping.map(|k| {
+            let digest = crate::fs::tree_digest(&tree, &[]);
+            k.store(&listed, &layers, &indexed, &report, &tree, &digest);
+            digest
+        });
         Ok(Some(Scan {
             tree,
             layers,
@@ -392,6 +397,7 @@ impl Packages {
             added: changes.added,
             removed: changes.removed,
             replaced: changes.replaced,
+            numbering,
         }))
     }
 
@@ -400,6 +406,7 @@ impl Packages {
     fn kept(&mut self, k: kept::KeptScan, first: bool, started: std::time::Instant) -> Scan {
         let kept::KeptScan {
             tree,
+            digest,
             layers,
             report,
             active,
@@ -422,6 +429,7 @@ impl Packages {
             added: changes.added,
             removed: changes.removed,
             replaced: changes.replaced,
+            numbering: Some(digest),
         }
     }
 
@@ -912,6 +920,12 @@ mod tests {
 
         let first = scan(keeping(&cache));
         assert!(!first.report.kept);
+        let digest = crate::fs::tree_digest(&first.tree, &[]);
+        assert_eq!(
+            first.numbering.as_ref(),
+            Some(&digest),
+            "computed once, kept"
+        );
         let records = || -> Vec<PathBuf> {
             std::fs::read_dir(&cache)
                 .unwrap()
@@ -929,6 +943,8 @@ mod tests {
 
         let second = scan(keeping(&cache));
         assert!(second.report.kept, "loaded, not folded");
+        assert_eq!(second.numbering.as_ref(), Some(&digest));
+        assert_eq!(crate::fs::tree_digest(&second.tree, &[]), digest);
         assert_eq!(second.report.layers, [d.join("a.zip"), d.join("b.zip")]);
         assert!(
             second

@@ -241,6 +241,8 @@ pub struct View {
     numbering: Numbering,
     /// The grafts of this generation (`Tree::graft` numbers index this).
     pub grafts: Vec<Arc<Graft>>,
+    /// Its numbering digest (`fs::numbering_digest`), once computed or known.
+    pub digest: std::sync::OnceLock<String>,
 }
 
 impl View {
@@ -256,6 +258,7 @@ impl View {
             members,
             numbering: Numbering::Identity,
             grafts: Vec::new(),
+            digest: std::sync::OnceLock::new(),
         }
     }
 
@@ -480,6 +483,7 @@ pub fn carry_over(
         members,
         numbering: Numbering::Identity,
         grafts,
+        digest: std::sync::OnceLock::new(),
     };
     let mut carry = Carry::new(view.tree.len());
     while let Some((ol, nl)) = carry.stack.pop() {
