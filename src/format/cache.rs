@@ -89,16 +89,22 @@ impl IndexCache {
 
     /// The cached bytes, if there is a valid entry.
     pub fn load(&self, k: &CacheKey) -> Option<Vec<u8>> {
-        let mut bytes = std::fs::read(&k.path).ok()?;
+        use std::io::Read as _;
+        let mut f = std::fs::File::open(&k.path).ok()?;
         let head_len = MAGIC.len() + k.key.len() + 1;
-        let head = bytes.get(..head_len)?;
+        let mut head = vec![0u8; head_len];
+        f.read_exact(&mut head).ok()?;
         if !head.starts_with(MAGIC)
             || &head[MAGIC.len()..head_len - 1] != k.key.as_bytes()
             || head[head_len - 1] != b'\n'
         {
             return None;
         }
-        bytes.drain(..head_len);
+        // The rest straight into a buffer of its size (entries run to megabytes: no
+        // second copy to drop the header).
+        let len = f.metadata().ok()?.len().checked_sub(head_len as u64)?;
+        let mut bytes = Vec::with_capacity(usize::try_from(len).ok()?);
+        f.read_to_end(&mut bytes).ok()?;
         Some(bytes)
     }
 

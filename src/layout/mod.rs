@@ -392,7 +392,8 @@ pub fn own_archive(name: &str, entries: Vec<Entry>) -> Arc<Archive> {
 /// format (no file is ever probed as one, it is not in `format::FORMATS`), and it needs
 /// nothing of a format's read path: its files' bytes are `Loc::Inline`, which
 /// `Archive::read` serves before a package is asked, so `read` here is unreachable and
-/// `entries` only gives the index again for a rescan. Kept here, beside the entries it
+/// `entries` only gives the index again for a rescan (a kept tree's own archive lists
+/// them without their bytes, which its tree's members hold: `source::kept`). Kept here, beside the entries it
 /// serves, rather than in `format/`: it knows nothing of any format, and the formats
 /// need not know that layouts exist.
 #[derive(Debug)]

@@ -21,9 +21,12 @@
 //!   file, not its index) and checked to be the version the key named; its index is
 //!   read by the first request that needs it, and must have as many entries as when
 //!   the tree was kept, or its reads fail with `EIO`, logged.
-//! - **The record** is the layers (which package, or the layout's own entries), what
-//!   the scan skipped and ignored, then the tree ([`crate::tree::kept`]), then a
-//!   CRC-32 of all of it. A damaged record is a miss, logged, never trusted.
+//! - **The record** is the layers (which package, or the layout's own entries: their
+//!   bytes are in the tree's members, which serve them, so the layout's own list is
+//!   kept without them), what the scan skipped and ignored, then the tree
+//!   ([`crate::tree::kept`]) and its numbering digest, then a CRC-32 of all of it. A
+//!   damaged record is a miss, logged, never trusted. Its format is this binary's: the
+//!   binary's identity is among the inputs, so no build reads another's record.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +36,7 @@ use log::{debug, warn};
 use sha2::Digest as _;
 
 use crate::error::{Error, Result};
+use crate::format::Loc;
 use crate::format::{
     Archive, Entry, EntryKind, IndexCache, IndexOrigin, OpenContext, OpenError, Package, Reading,
 };
@@ -305,12 +309,23 @@ fn encode(
                 return None;
             }
             let name = report.layers.get(i)?;
+            // Their bytes are kept once, in the tree's members (the layer is read
+            // through them); the package's own list goes without.
             let entries = a.entries(&cx).ok()?;
             e.u8(1);
             e.bytes(name.as_os_str().as_encoded_bytes());
             e.u64(entries.len() as u64);
             for x in &entries {
-                encode_entry(&mut e, x);
+                match x.data {
+                    Loc::Inline(_) => encode_entry(
+                        &mut e,
+                        &Entry {
+                            data: Loc::None,
+                            ..x.clone()
+                        },
+                    ),
+                    _ => encode_entry(&mut e, x),
+                }
             }
             continue;
         }
