@@ -125,7 +125,14 @@ impl Keeping {
     pub(super) fn load(&self, listed: &Listed, opts: &LoadOptions) -> Option<KeptScan> {
         let bytes = self.cache.load(&self.slot)?;
         match decode(&bytes, &self.inputs, listed, opts) {
-            Ok(Some(k)) => Some(k),
+            Ok(Some(k)) => {
+                // Used: not among the records a later store clears away.
+                let now = std::time::SystemTime::now();
+                if let Ok(f) = std::fs::File::options().write(true).open(self.slot.path()) {
+                    let _ = f.set_modified(now);
+                }
+                Some(k)
+            }
             Ok(None) => None,
             Err(e) => {
                 warn!(
@@ -154,11 +161,14 @@ impl Keeping {
             return;
         };
         match self.cache.store(&self.slot, &record) {
-            Ok(()) => debug!(
-                "tree kept for the next mount ({} bytes, {})",
-                record.len(),
-                self.slot.path().display()
-            ),
+            Ok(()) => {
+                debug!(
+                    "tree kept for the next mount ({} bytes, {})",
+                    record.len(),
+                    self.slot.path().display()
+                );
+                self.clear_unused();
+            }
             Err(e) => warn!(
                 "could not keep the tree in {}: {e}",
                 self.slot.path().display()
@@ -166,6 +176,43 @@ impl Keeping {
         }
     }
 }
+
+impl Keeping {
+    /// Remove the records of other sources no mount has loaded for [`UNUSED_FOR`]: a
+    /// record is as large as its tree, and sources come and go (a mount of a temporary
+    /// directory keeps one that no mount will load again).
+    fn clear_unused(&self) {
+        let Ok(dir) = std::fs::read_dir(self.cache.dir()) else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        for e in dir.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if !(name.starts_with("tree-") && name.ends_with(".idx"))
+                || e.path() == self.slot.path()
+            {
+                continue;
+            }
+            let unused = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age > UNUSED_FOR);
+            if unused && std::fs::remove_file(e.path()).is_ok() {
+                debug!(
+                    "removed {}, unused for {:?}",
+                    e.path().display(),
+                    UNUSED_FOR
+                );
+            }
+        }
+    }
+}
+
+/// How long a record no mount loads is kept (see [`Keeping::clear_unused`]).
+pub(super) const UNUSED_FOR: std::time::Duration = std::time::Duration::from_secs(14 * 24 * 3600);
 
 /// A file's identity for the key: its stamp, or that it is not there.
 fn file_identity(path: &Path) -> String {

@@ -960,12 +960,28 @@ mod tests {
         };
         assert!(!scan(off).report.kept, "--no-kept-tree");
 
-        // A package changed: indexed again, and the record replaced, not added to.
+        // A package changed: indexed again, and the record replaced, not added to;
+        // the records of other sources unused for two weeks go, recent ones stay.
+        let other = |name: &str, days: u64| {
+            let p = cache.join(name);
+            std::fs::write(&p, b"x").unwrap();
+            let t = std::time::SystemTime::now() - std::time::Duration::from_secs(days * 86400);
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+            p
+        };
+        let (old, recent) = (other("tree-old.idx", 15), other("tree-recent.idx", 13));
         write_zip(&d.join(".b.zip"), &[file("x", "333")]);
         std::fs::rename(d.join(".b.zip"), d.join("b.zip")).unwrap();
         let third = scan(keeping(&cache));
         assert!(!third.report.kept);
         assert_eq!(file_of(&third, "x"), Some(3));
+        assert!(!old.exists() && recent.exists(), "unused records cleared");
+        std::fs::remove_file(recent).unwrap();
         assert_eq!(records().len(), 1, "one record for these sources");
         assert!(scan(keeping(&cache)).report.kept);
 
