@@ -11,11 +11,13 @@ rounds, default 3; medians and min-max):
   find      `find MP > /dev/null` (names and types only: no stat)
   find_size `find MP -size +0 > /dev/null` in a second fresh mount (a stat of every file)
 Systems: the extracted tree on ext4 (no mount), the kernel's squashfs (loop, zstd image),
-squashfuse_ll, pkgfs (its defaults: a keeper, /dev/fuse, plain directory entries),
+squashfuse_ll, pkgfs (its defaults: a keeper, /dev/fuse, plain directory entries, the
+tree kept by a mount before the rounds in its own index cache, WORKDIR/walks-index),
+pkgfs --no-kept-tree (every central directory read and folded at each mount),
 pkgfs --full-entries (every listing entry with its attributes: before plain entries),
 and pkgfs --no-keeper (FUSE over io_uring if the kernel's fuse module has enable_uring
-on: the report says which transport served). Results go to OUT.json; a summary to
-standard output.
+on: the report says which transport served). `--only SYSTEM,...` runs only those.
+Results go to OUT.json; a summary to standard output.
 """
 
 import json
@@ -38,14 +40,16 @@ TREE = os.path.join(WORK, "linux")
 SQFS = os.path.join(WORK, "linux.sqfs")
 PKGS = os.path.join(WORK, "pkgs-zip-all")
 MNT = os.path.join(WORK, "walks-mnt")
+INDEX = os.path.join(WORK, "walks-index")
 
 SYSTEMS = {
     "ext4": None,
     "kernel-squashfs": f"mount -t squashfs -o loop,ro '{SQFS}' '{MNT}'",
     "squashfuse_ll": f"squashfuse_ll '{SQFS}' '{MNT}'",
-    "pkgfs": f"'{PKGFS}' mount '{PKGS}' '{MNT}'",
-    "pkgfs-full-entries": f"'{PKGFS}' mount --full-entries '{PKGS}' '{MNT}'",
-    "pkgfs-no-keeper": f"'{PKGFS}' mount --no-keeper '{PKGS}' '{MNT}'",
+    "pkgfs": f"'{PKGFS}' mount --index-cache '{INDEX}' '{PKGS}' '{MNT}'",
+    "pkgfs-folded": f"'{PKGFS}' mount --index-cache '{INDEX}' --no-kept-tree '{PKGS}' '{MNT}'",
+    "pkgfs-full-entries": f"'{PKGFS}' mount --index-cache '{INDEX}' --full-entries '{PKGS}' '{MNT}'",
+    "pkgfs-no-keeper": f"'{PKGFS}' mount --index-cache '{INDEX}' --no-keeper '{PKGS}' '{MNT}'",
 }
 
 
@@ -89,9 +93,15 @@ def main():
     if not os.access(PKGFS, os.X_OK):
         raise SystemExit("build the release binary first (cargo build --release)")
     os.makedirs(MNT, exist_ok=True)
-    results = {s: {"mount": [], "find": [], "find_size": []} for s in SYSTEMS}
+    only = common.arg(sys.argv[3:], "--only", None, str)
+    systems = [s for s in SYSTEMS if not only or s in only.split(",")]
+    # The tree the pkgfs mounts load, kept by a first mount of this build.
+    subprocess.run(["rm", "-rf", INDEX], check=True)
+    sh(SYSTEMS["pkgfs"])
+    unmount(MNT)
+    results = {s: {"mount": [], "find": [], "find_size": []} for s in systems}
     for r in range(ROUNDS):
-        for s in SYSTEMS:
+        for s in systems:
             res = results[s]
             res["mount"].append(mount(s))
             res["transport"] = transport(s)
@@ -105,7 +115,7 @@ def main():
     summary = {}
     for s, res in results.items():
         summary[s] = {k: statistics.median(v) for k, v in res.items() if isinstance(v, list)}
-    ksq = summary["kernel-squashfs"]
+    ksq = summary.get("kernel-squashfs") or next(iter(summary.values()))
     for s, m in summary.items():
         print(f"{s:20} mount {m['mount']:.3f} s  find {m['find']:.3f} s "
               f"({m['find'] / ksq['find']:.2f}x kernel squashfs)  find -size "
