@@ -7,11 +7,15 @@
 //! depends only on those inputs. With the tree kept, a mount costs listing and
 //! `stat`ing the packages, opening their files, and reading one record.
 //!
-//! - **Key** ([`Keeping::of`]): this binary's identity, the merge settings (ownership,
-//!   whiteouts, the layout's configuration), the identity of the files the layout reads
-//!   besides the packages (a lockfile, an interpreter), and every package's path and
-//!   stamp (device, inode, size, mtime) in layer order. Any change is another key: the
-//!   scan runs as before and its result is kept under the new key.
+//! - **Where and what from**: a record's file is named by the sources and the merge
+//!   settings (ownership, whiteouts, the layout's configuration: [`Keeping::start`]);
+//!   inside, it names what it was made from ([`Keeping::of`]): this binary's identity,
+//!   the files the layout reads besides the packages (a lockfile, an interpreter), and
+//!   every package's path and stamp (device, inode, size, mtime) in layer order. Any
+//!   change and the scan runs as before, its result kept in place of the old record.
+//! - **Read while the packages are listed**: the record is read, checked and parsed on
+//!   a thread of its own (`pkgfs-kept`) from before the listing; once the packages are
+//!   `stat`ed, what it was made from is compared, and only then are packages opened.
 //! - **Kept only when the scan is whole**: local packages only (no image, remote
 //!   object or seal: those have their own caches and checks), a layout that folds
 //!   (by-name layouts are lazy already), no work left behind (python's bytecode
@@ -30,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, mpsc};
 
 use log::{debug, warn};
 use sha2::Digest as _;
@@ -52,6 +56,13 @@ use super::{Listed, LoadOptions};
 /// First bytes of a record (after the index cache's own header).
 const MAGIC: &[u8] = b"pkgfs-kept-scan 1\n";
 
+/// A first scan's record, being read while the packages are listed ([`Keeping::start`]).
+pub(super) struct Early {
+    cache: IndexCache,
+    slot: crate::format::cache::CacheKey,
+    ahead: mpsc::Receiver<Ahead>,
+}
+
 /// Where a scan's result is kept, if it may be.
 pub(super) struct Keeping {
     cache: IndexCache,
@@ -61,6 +72,8 @@ pub(super) struct Keeping {
     /// What the record must have been made from: this binary, the layout's input files
     /// and every package as they are now.
     inputs: [u8; 32],
+    /// The record as it is read ahead, until [`Keeping::load`] takes it.
+    ahead: Option<mpsc::Receiver<Ahead>>,
 }
 
 /// A scan loaded from its record.
@@ -74,25 +87,29 @@ pub(super) struct KeptScan {
 }
 
 impl Keeping {
-    /// Where the first scan of `listed` (from `sources`) is kept, if such a scan may be
-    /// (see the module documentation); `None` otherwise.
-    pub(super) fn of(
-        opts: &LoadOptions,
-        sources: &[PathBuf],
-        listed: &Listed,
-        by_name: bool,
-    ) -> Option<Keeping> {
+    /// Before the packages are listed: the record of a mount of `sources` with these
+    /// settings, read and parsed on a thread meanwhile; `None` if a scan of this kind
+    /// is never kept (see the module documentation).
+    pub(super) fn start(opts: &LoadOptions, sources: &[PathBuf], by_name: bool) -> Option<Early> {
         let cache = opts.index_cache.clone()?;
-        if by_name
-            || opts.verify.is_some()
-            || !listed.images.is_empty()
-            || listed.candidates.is_empty()
-        {
+        if by_name || opts.verify.is_some() {
             return None;
         }
         let mut slot = format!("{:?}\n{}\n{:?}\n", opts.owner, opts.whiteouts, opts.layout);
         for s in sources {
             slot.push_str(&format!("{}\n", s.display()));
+        }
+        let slot = cache.key_for("tree", &slot, "");
+        let ahead = read_ahead(cache.clone(), slot.clone());
+        Some(Early { cache, slot, ahead })
+    }
+
+    /// After the listing: where the first scan of `listed` is kept, if it may be (no
+    /// image, every package a local file), and what its record must have been made
+    /// from.
+    pub(super) fn of(early: Early, opts: &LoadOptions, listed: &Listed) -> Option<Keeping> {
+        if !listed.images.is_empty() || listed.candidates.is_empty() {
+            return None;
         }
         let mut h = sha2::Sha256::new();
         h.update(MAGIC);
@@ -112,19 +129,47 @@ impl Keeping {
             h.update(st.as_deref()?.as_bytes());
             h.update([b'\n']);
         }
-        let slot = cache.key_for("tree", &slot, "");
         Some(Keeping {
-            cache,
-            slot,
+            cache: early.cache,
+            slot: early.slot,
             inputs: h.finalize().into(),
+            ahead: Some(early.ahead),
         })
     }
 
-    /// The kept scan, if there is one and it still describes `listed` (every package
-    /// opens as the version its key named).
-    pub(super) fn load(&self, listed: &Listed, opts: &LoadOptions) -> Option<KeptScan> {
-        let bytes = self.cache.load(&self.slot)?;
-        match decode(&bytes, &self.inputs, listed, opts) {
+    /// The kept scan, if there is a record and it still describes `listed` (made from
+    /// the same inputs; every package opens as the version it was made from).
+    pub(super) fn load(&mut self, listed: &Listed, opts: &LoadOptions) -> Option<KeptScan> {
+        let ahead = self.ahead.take()?;
+        let damaged = |e: Damaged| {
+            warn!(
+                "{}: {e}; the packages are indexed again",
+                self.slot.path().display()
+            );
+        };
+        match ahead.recv().ok()? {
+            Ahead::Inputs(Ok(i)) if i == self.inputs => {}
+            Ahead::Inputs(Ok(_)) => {
+                debug!(
+                    "the packages, the layout's inputs or the binary changed since the tree was kept"
+                );
+                return None;
+            }
+            Ahead::Inputs(Err(e)) | Ahead::Parsed(Err(e)) => {
+                damaged(e);
+                return None;
+            }
+            Ahead::Parsed(Ok(_)) => return None,
+        }
+        let parsed = match ahead.recv().ok()? {
+            Ahead::Parsed(Ok(p)) => p,
+            Ahead::Parsed(Err(e)) | Ahead::Inputs(Err(e)) => {
+                damaged(e);
+                return None;
+            }
+            Ahead::Inputs(Ok(_)) => return None,
+        };
+        match resolve(*parsed, listed, opts) {
             Ok(Some(k)) => {
                 // Used: not among the records a later store clears away.
                 let now = std::time::SystemTime::now();
@@ -135,10 +180,7 @@ impl Keeping {
             }
             Ok(None) => None,
             Err(e) => {
-                warn!(
-                    "{}: {e}; the packages are indexed again",
-                    self.slot.path().display()
-                );
+                damaged(e);
                 None
             }
         }
@@ -414,43 +456,93 @@ fn path_of(b: &[u8]) -> PathBuf {
     PathBuf::from(std::ffi::OsStr::from_bytes(b))
 }
 
-/// A record read back: `Ok(None)` when it was made from other inputs, or a package is
-/// no longer the version it was made from (changed between its `stat` and its open).
-fn decode(
-    bytes: &[u8],
-    inputs: &[u8; 32],
-    listed: &Listed,
-    opts: &LoadOptions,
-) -> Decoded<Option<KeptScan>> {
+/// A record parsed: everything but opening its packages, which needs the listing.
+struct Parsed {
+    layers: Vec<ParsedLayer>,
+    skipped: Vec<(PathBuf, Error)>,
+    ignored: Vec<PathBuf>,
+    tree: Tree,
+    digest: String,
+}
+
+/// One layer of a record.
+enum ParsedLayer {
+    /// Candidate number `idx` of the listing.
+    Package {
+        idx: usize,
+        format: &'static str,
+        entries: usize,
+        indexed: usize,
+        places: Vec<Vec<u8>>,
+    },
+    /// The layout's own entries.
+    Own { name: PathBuf, entries: Vec<Entry> },
+}
+
+/// What the reader thread says, in order: what the record was made from (once its
+/// checksum holds), then the record parsed.
+enum Ahead {
+    Inputs(Decoded<[u8; 32]>),
+    Parsed(Decoded<Box<Parsed>>),
+}
+
+/// Read the record at `slot` on a thread of its own, while the scan lists and `stat`s
+/// the packages: the receiver hears [`Ahead::Inputs`] as soon as the file is read and
+/// checked, then [`Ahead::Parsed`] (nothing at all if there is no record). A receiver
+/// dropped early (the inputs differ) ends the thread before it parses.
+fn read_ahead(cache: IndexCache, slot: crate::format::cache::CacheKey) -> mpsc::Receiver<Ahead> {
+    let (tx, rx) = mpsc::sync_channel(2);
+    let work = move || {
+        let Some(bytes) = cache.load(&slot) else {
+            return;
+        };
+        let body = match checked(&bytes) {
+            Ok(body) => body,
+            Err(e) => {
+                let _ = tx.send(Ahead::Inputs(Err(e)));
+                return;
+            }
+        };
+        let (inputs, rest) = match body.split_first_chunk::<32>() {
+            Some((i, rest)) => (*i, rest),
+            None => {
+                let _ = tx.send(Ahead::Inputs(Err(Damaged("no inputs"))));
+                return;
+            }
+        };
+        if tx.send(Ahead::Inputs(Ok(inputs))).is_err() {
+            return;
+        }
+        let _ = tx.send(Ahead::Parsed(parse(&mut Dec(rest)).map(Box::new)));
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("pkgfs-kept".into())
+        .spawn(work)
+    {
+        debug!("no thread to read the kept tree: {e}");
+    }
+    rx
+}
+
+/// The record's body after its magic, if its checksum holds.
+fn checked(bytes: &[u8]) -> Decoded<&[u8]> {
     let (body, crc) = bytes
         .split_last_chunk::<4>()
         .ok_or(Damaged("no checksum"))?;
     if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
         return Err(Damaged("checksum"));
     }
-    let rest = body.strip_prefix(MAGIC).ok_or(Damaged("not a kept scan"))?;
-    let Some(rest) = rest.strip_prefix(&inputs[..]) else {
-        debug!("the packages, the layout's inputs or the binary changed since the tree was kept");
-        return Ok(None);
-    };
-    let mut d = Dec(rest);
+    body.strip_prefix(MAGIC).ok_or(Damaged("not a kept scan"))
+}
+
+/// The record after its inputs, parsed (see [`encode`]).
+fn parse(d: &mut Dec) -> Decoded<Parsed> {
     let n = d.count(2)?;
     let mut layers = Vec::with_capacity(n);
-    let mut report = LoadReport {
-        kept: true,
-        ..LoadReport::default()
-    };
-    let mut active = Vec::with_capacity(n);
-    let cache = opts.index_cache.clone();
     for _ in 0..n {
-        match d.u8()? {
+        layers.push(match d.u8()? {
             0 => {
                 let idx = d.u32()? as usize;
-                let cand = listed
-                    .candidates
-                    .get(idx)
-                    .ok_or(Damaged("package number"))?;
-                let stamp = listed.stamps.get(idx).and_then(Option::as_ref);
                 let format = static_format(d.bytes()?);
                 // Where the index came from when the tree was kept: its next read may
                 // come from elsewhere (the index cache), so the status says "kept".
@@ -462,6 +554,76 @@ fn decode(
                 for _ in 0..p {
                     places.push(d.bytes()?.to_vec());
                 }
+                ParsedLayer::Package {
+                    idx,
+                    format,
+                    entries,
+                    indexed,
+                    places,
+                }
+            }
+            1 => {
+                let name = path_of(d.bytes()?);
+                let k = d.count(40)?;
+                let mut entries = Vec::with_capacity(k);
+                for _ in 0..k {
+                    entries.push(decode_entry(d)?);
+                }
+                ParsedLayer::Own { name, entries }
+            }
+            _ => return Err(Damaged("layer kind")),
+        });
+    }
+    let mut skipped = Vec::new();
+    for _ in 0..d.count(9)? {
+        let p = path_of(d.bytes()?);
+        skipped.push((p, decode_error(d)?));
+    }
+    let mut ignored = Vec::new();
+    for _ in 0..d.count(8)? {
+        ignored.push(path_of(d.bytes()?));
+    }
+    let tree = Tree::decode(d, layers.len() as u32)?;
+    let digest = String::from_utf8(d.bytes()?.to_vec()).map_err(|_| Damaged("digest"))?;
+    if !d.is_empty() {
+        return Err(Damaged("bytes after the tree"));
+    }
+    Ok(Parsed {
+        layers,
+        skipped,
+        ignored,
+        tree,
+        digest,
+    })
+}
+
+/// A parsed record over the packages of `listed`, each opened and checked to be the
+/// version the record was made from: `Ok(None)` if one changed between its `stat` and
+/// its open.
+fn resolve(p: Parsed, listed: &Listed, opts: &LoadOptions) -> Decoded<Option<KeptScan>> {
+    let mut layers = Vec::with_capacity(p.layers.len());
+    let mut report = LoadReport {
+        kept: true,
+        skipped: p.skipped,
+        ignored: p.ignored,
+        ..LoadReport::default()
+    };
+    let mut active = Vec::with_capacity(p.layers.len());
+    let cache = opts.index_cache.clone();
+    for l in p.layers {
+        match l {
+            ParsedLayer::Package {
+                idx,
+                format,
+                entries,
+                indexed,
+                places,
+            } => {
+                let cand = listed
+                    .candidates
+                    .get(idx)
+                    .ok_or(Damaged("package number"))?;
+                let stamp = listed.stamps.get(idx).and_then(Option::as_ref);
                 let blob: Arc<dyn Blob> = match crate::io::blob::LocalFile::open(&cand.path) {
                     Ok(b) => b,
                     Err(e) => {
@@ -492,13 +654,7 @@ fn decode(
                     places,
                 });
             }
-            1 => {
-                let name = path_of(d.bytes()?);
-                let k = d.count(40)?;
-                let mut entries = Vec::with_capacity(k);
-                for _ in 0..k {
-                    entries.push(decode_entry(&mut d)?);
-                }
+            ParsedLayer::Own { name, entries } => {
                 report.layers.push(name);
                 layers.push(Layer {
                     entries: entries.len(),
@@ -506,24 +662,11 @@ fn decode(
                     places: Vec::new(),
                 });
             }
-            _ => return Err(Damaged("layer kind")),
         }
     }
-    for _ in 0..d.count(9)? {
-        let p = path_of(d.bytes()?);
-        report.skipped.push((p, decode_error(&mut d)?));
-    }
-    for _ in 0..d.count(8)? {
-        report.ignored.push(path_of(d.bytes()?));
-    }
-    let tree = Tree::decode(&mut d, layers.len() as u32)?;
-    let digest = String::from_utf8(d.bytes()?.to_vec()).map_err(|_| Damaged("digest"))?;
-    if !d.is_empty() {
-        return Err(Damaged("bytes after the tree"));
-    }
     Ok(Some(KeptScan {
-        tree,
-        digest,
+        tree: p.tree,
+        digest: p.digest,
         layers,
         report,
         active,

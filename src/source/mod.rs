@@ -329,6 +329,12 @@ impl Packages {
         let first = !self.scanned;
         let started = std::time::Instant::now();
         let mut layout = self.opts.layout.kind.start(&self.opts.layout)?;
+        // A record of an earlier mount's tree, read while the sources are listed.
+        let early = if first && self.opts.keep_tree {
+            kept::Keeping::start(&self.opts, &self.sources, layout.by_name())
+        } else {
+            None
+        };
         let mut listed = self.list(busy, first, &*layout)?;
         if layout.by_name() && !listed.images.is_empty() {
             return Err(Error::Unsupported(format!(
@@ -336,12 +342,8 @@ impl Packages {
                 self.opts.layout.kind.name()
             )));
         }
-        let keeping = if first && self.opts.keep_tree {
-            kept::Keeping::of(&self.opts, &self.sources, &listed, layout.by_name())
-        } else {
-            None
-        };
-        if let Some(k) = keeping.as_ref().and_then(|k| k.load(&listed, &self.opts)) {
+        let mut keeping = early.and_then(|e| kept::Keeping::of(e, &self.opts, &listed));
+        if let Some(k) = keeping.as_mut().and_then(|k| k.load(&listed, &self.opts)) {
             return Ok(Some(self.kept(k, first, started)));
         }
         let images = std::mem::take(&mut listed.images);
