@@ -243,7 +243,12 @@ fn foreign_seekable_archives_mount_and_their_index_is_cached() {
     );
     trees_match(&src, &m.path(), &[]);
     drop(m);
-    assert_eq!(fs::read_dir(&cache).unwrap().count(), 1, "one cached index");
+    let (trees, indexes): (Vec<String>, Vec<String>) = fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .partition(|n| n.starts_with("tree-"));
+    assert_eq!(indexes.len(), 1, "one cached index: {indexes:?}");
+    assert_eq!(trees.len(), 1, "and the kept tree: {trees:?}");
 
     let m = Mount::new(&[&arc], &["--index-cache", cache_arg]);
     assert!(
