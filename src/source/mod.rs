@@ -814,17 +814,9 @@ mod tests {
         write_zip(&d.join("c.zip"), &[file("z", "333")]);
         let opts = LoadOptions {
             threads: 3,
-            owner: OWNER,
-            cache_bytes: 1 << 20,
             index_cache: None,
-            whiteouts: false,
-            platform: None,
-            remote: Default::default(),
-            registry: Default::default(),
-            progress: None,
-            layout: Default::default(),
-            verify: None,
             keep_tree: false,
+            ..keeping(d)
         };
         let mut pk = Packages::new(vec![d.to_path_buf()], opts);
         let none = HashSet::new();
