@@ -1664,9 +1664,27 @@ pub(crate) fn manifest_and_config(
     reg: &Registry,
     name: &str,
 ) -> (serde_json::Value, serde_json::Value) {
+    manifest_and_config_with(reg, name, None)
+}
+
+/// [`manifest_and_config`] from a registry that wants `creds` (`USER:PASS`).
+pub(crate) fn manifest_and_config_as(
+    reg: &Registry,
+    name: &str,
+    creds: &str,
+) -> (serde_json::Value, serde_json::Value) {
+    manifest_and_config_with(reg, name, Some(creds))
+}
+
+fn manifest_and_config_with(
+    reg: &Registry,
+    name: &str,
+    creds: Option<&str>,
+) -> (serde_json::Value, serde_json::Value) {
     let get = |extra: &[&str]| -> serde_json::Value {
         let out = run(Command::new("skopeo")
             .args(["inspect", "--raw", "--tls-verify=false"])
+            .args(creds.map(|c| ["--creds", c]).iter().flatten())
             .args(extra)
             .arg(reg.reference(name)));
         serde_json::from_slice(&out.stdout).unwrap()

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{pkgfs, require_tools, trees_match};
 use crate::images::{images, runs_its_programs};
-use crate::registry::{Auth, Registry, manifest_and_config, soci_fixtures};
+use crate::registry::{Auth, Registry, manifest_and_config, manifest_and_config_as, soci_fixtures};
 
 /// containerd's namespace for the test's images.
 const NS: &str = "pkgfs-test";
@@ -265,7 +265,17 @@ impl Rig {
     /// configures one, and wait until it answers. With `tasks`, containers can run
     /// (`ctr run`: runc through containerd's shim), else tasks are off.
     fn start_containerd(&mut self, tasks: bool) {
+        self.start_containerd_with(tasks, None)
+    }
+
+    /// [`Rig::start_containerd`], with its CRI plugin on and configured by `cri` (TOML
+    /// appended to the configuration) when given.
+    fn start_containerd_with(&mut self, tasks: bool, cri: Option<&str>) {
         let d = self.path();
+        let cri_plugin = match cri {
+            Some(_) => "",
+            None => r#""io.containerd.grpc.v1.cri", "#,
+        };
         let task_plugins = match tasks {
             true => "",
             false => {
@@ -278,7 +288,7 @@ impl Rig {
             r#"version = 2
 root = "{d}/root"
 state = "{d}/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",
+disabled_plugins = [{cri_plugin}"io.containerd.internal.v1.opt",
   "io.containerd.internal.v1.restart", "io.containerd.internal.v1.tracing",
   {task_plugins}"io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
@@ -290,8 +300,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt"
 [proxy_plugins.pkgfs]
   type = "snapshot"
   address = "{d}/s.sock"
-"#,
-            d = d.display()
+{cri}"#,
+            d = d.display(),
+            cri = cri.unwrap_or("")
         );
         std::fs::write(d.join("config.toml"), config).expect("config");
         // containerd's own temporary mounts (layer unpacking) go under the rig too, so
@@ -1271,4 +1282,223 @@ fn plain_pulls_are_unpacked_and_say_why(rig: &Rig, image: &str, layers: usize) {
         CTR_LIMIT,
     );
     emptied(rig);
+}
+
+/// crictl (`cri/make_crictl.sh`: kubernetes-sigs/cri-tools built from the Go module
+/// proxy), built once under the target directory.
+fn crictl() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = images().with_file_name("crictl");
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = ok(
+            Path::new("/tmp"),
+            Command::new("bash")
+                .arg(repo.join("mount-tests/cri/make_crictl.sh"))
+                .arg(&dir),
+            Duration::from_secs(900),
+        );
+        PathBuf::from(out.trim())
+    })
+}
+
+/// kubelet's image pull secrets reach the store (`pkgfs store --cri-image-proxy`):
+/// containerd with its CRI plugin on and pkgfs as the CRI's snapshotter, a registry
+/// that wants a token for a user and password, and crictl (which speaks the CRI image
+/// service as kubelet does, and sends `--creds` as kubelet sends a pull secret) pulling
+/// through the store's proxy. Without credentials the pull is refused; with them every
+/// layer is read lazily by the store, which was given no credentials of its own. An
+/// image pulled with credentials through containerd's own socket (the proxy passed
+/// by) is pulled too, but the store cannot read it and containerd unpacks it, as
+/// `pkgfs status` says. The proxy passes the image service only, and its socket is the
+/// owner's alone.
+#[test]
+fn kubelets_pull_secrets_reach_the_store_through_the_cri_proxy() {
+    use std::os::unix::fs::PermissionsExt;
+    if !require_tools(&["containerd", "ctr", "docker-registry", "skopeo", "go"]) {
+        return;
+    }
+    let crictl = crictl();
+    let (user, pass) = ("kube", "s3cret-pull");
+    let reg = Registry::start(Auth::Token(user, pass, 300));
+    let creds = format!("{user}:{pass}");
+    reg.push("oci-estargz:latest", "private/debian:esgz", Some(&creds));
+    // Another repository, other layers (chain IDs name content: the same layers would
+    // be found committed already).
+    reg.push("oci-zstd-chunked:latest", "other/debian:zc", Some(&creds));
+    let host = reg.host();
+    let mut rig = Rig::new();
+    let store = rig.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let proxy = rig.path().join("cri.sock");
+    ok(
+        rig.path(),
+        pkgfs()
+            .arg("store")
+            .arg(&store)
+            .args([
+                "--tls-verify=false",
+                "--no-background-fetch",
+                "--no-disk-cache",
+            ])
+            .arg("--index-cache")
+            .arg(rig.path().join("index"))
+            .arg("--log-file")
+            .arg(rig.path().join("store.log"))
+            .arg("--cri-image-proxy")
+            .arg(&proxy)
+            .arg("--cri-upstream")
+            .arg(rig.sock())
+            // No credentials of its own: nothing in the environment either.
+            .env("REGISTRY_AUTH_FILE", rig.path().join("no-auth.json"))
+            .env("HOME", rig.path()),
+        Duration::from_secs(30),
+    );
+    rig.store = Some(store.clone());
+    assert_eq!(
+        std::fs::metadata(&proxy).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the proxy's socket"
+    );
+    rig.snap_args = vec!["--store".into(), store.display().to_string()];
+    rig.start_snapshotter("snap.log");
+    let d = rig.path().display().to_string();
+    let cri = format!(
+        r#"[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "pkgfs"
+    disable_snapshot_annotations = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni/bin"
+    conf_dir = "{d}/cni/conf"
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{host}"]
+    endpoint = ["http://{host}"]
+"#
+    );
+    rig.start_containerd_with(true, Some(&cri));
+    let endpoint = format!("unix://{}", proxy.display());
+    let direct = format!("unix://{}", rig.sock().display());
+    let cri_call = |endpoint: &str, args: &[&str]| -> Output {
+        bounded(
+            rig.path(),
+            Command::new(crictl)
+                .args(["--image-endpoint", endpoint, "--runtime-endpoint", endpoint])
+                .args(["--timeout", "60s"])
+                .args(args),
+            CTR_LIMIT,
+        )
+    };
+    let image = format!("{host}/private/debian:esgz");
+
+    // No credentials: the registry refuses containerd, and the pull fails.
+    let out = cri_call(&endpoint, &["pull", &image]);
+    assert!(!out.status.success(), "a pull without credentials worked");
+    // With them: pulled, every layer read lazily by the store.
+    let before = reg.blob_gets().1;
+    let out = cri_call(&endpoint, &["pull", "--creds", &creds, &image]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fetched = reg.blob_gets().1 - before;
+    let (manifest, _) = manifest_and_config_as(&reg, "private/debian:esgz", &creds);
+    let layers: Vec<&serde_json::Value> = manifest["layers"].as_array().unwrap().iter().collect();
+    let layer_bytes: u64 = layers.iter().map(|l| l["size"].as_u64().unwrap()).sum();
+    assert!(
+        fetched * 10 < layer_bytes,
+        "{fetched} of {layer_bytes} bytes"
+    );
+    let status = || -> serde_json::Value {
+        serde_json::from_str(&ok(
+            rig.path(),
+            pkgfs().arg("status").arg("--json").arg(rig.snap_sock()),
+            CTR_LIMIT,
+        ))
+        .unwrap()
+    };
+    let st = status();
+    assert_eq!(st["lazy"], layers.len(), "{st}");
+    assert_eq!(st["unpacked"], 0, "{st}");
+    // The image service answers through the proxy: the image is listed, and inspected.
+    let out = cri_call(&endpoint, &["images", "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("private/debian"),
+        "{out:?}"
+    );
+    let store_log = std::fs::read_to_string(rig.path().join("store.log")).unwrap();
+    assert!(
+        store_log.contains(&format!("credentials kept for {host}/private/debian")),
+        "{store_log}"
+    );
+    assert!(
+        !store_log.contains(pass),
+        "the store's log shows the password"
+    );
+
+    // Pulled past the proxy: containerd has the credentials, the store has none for
+    // that repository, so containerd unpacks, and status says why.
+    let other = format!("{host}/other/debian:zc");
+    let out = cri_call(&direct, &["pull", "--creds", &creds, &other]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (other_manifest, _) = manifest_and_config_as(&reg, "other/debian:zc", &creds);
+    let st = status();
+    assert_eq!(st["lazy"], layers.len(), "{st}");
+    assert_eq!(
+        st["unpacked"],
+        other_manifest["layers"].as_array().unwrap().len(),
+        "{st}"
+    );
+    for row in st["snapshots"].as_array().unwrap() {
+        if row["how"] == "unpacked" {
+            let why = row["why"].as_str().unwrap_or_default();
+            assert!(
+                why.contains("cannot serve layer") && why.contains(&other),
+                "{row}"
+            );
+        }
+    }
+    let store_log = std::fs::read_to_string(rig.path().join("store.log")).unwrap();
+    assert!(
+        store_log.contains(&format!("{host}/other/debian: access denied")),
+        "{store_log}"
+    );
+
+    // Not the image service: refused, containerd's runtime is not reachable this way.
+    let out = cri_call(&endpoint, &["ps"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("image service only"), "{err}");
+
+    // Removed through the proxy: nothing of the image left in the snapshotter.
+    for img in [&image, &other] {
+        let out = cri_call(&endpoint, &["rmi", img]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    ok(
+        rig.path(),
+        &mut rig.ctr_in("k8s.io", &["content", "prune", "references"]),
+        CTR_LIMIT,
+    );
+    wait_for(Duration::from_secs(30), "every snapshot removed", || {
+        let st = status();
+        match st["snapshots"].as_array().map_or(0, |a| a.len()) {
+            0 => Ok(()),
+            n => Err(format!("{n} left: {st}")),
+        }
+    });
 }

@@ -306,6 +306,14 @@ struct StoreArgs {
     /// Where to mount the store (the path storage.conf names).
     #[arg(value_name = "MOUNTPOINT")]
     mountpoint: PathBuf,
+    /// Serve the CRI image service on this socket (kubelet's --image-service-endpoint)
+    /// and pass every call on to containerd's, keeping the credentials of each pull
+    /// (kubelet's image pull secrets) for the layers of that image's repository.
+    #[arg(long, value_name = "SOCKET")]
+    cri_image_proxy: Option<PathBuf>,
+    /// containerd's socket, where --cri-image-proxy passes calls on.
+    #[arg(long, value_name = "SOCKET", default_value = crate::config::CONTAINERD_SOCKET, requires = "cri_image_proxy")]
+    cri_upstream: PathBuf,
     #[command(flatten)]
     serve: ServeArgs,
 }
@@ -847,6 +855,15 @@ fn seal_config(s: SealArgs) -> Result<crate::tools::seal::SealConfig, UsageError
 fn store_config(s: StoreArgs) -> Result<MountConfig, UsageError> {
     let mut cfg = serve_config(Vec::new(), s.mountpoint, "pkgfs:store".into(), &s.serve)?;
     cfg.store = true;
+    cfg.cri_proxy = match s.cri_image_proxy {
+        Some(listen) => Some(crate::config::CriProxyConfig {
+            listen: std::path::absolute(&listen)
+                .map_err(|e| format!("--cri-image-proxy {}: {e}", listen.display()))?,
+            upstream: std::path::absolute(&s.cri_upstream)
+                .map_err(|e| format!("--cri-upstream {}: {e}", s.cri_upstream.display()))?,
+        }),
+        None => None,
+    };
     // Files are read once each by overlayfs on the way up: no directory read-ahead.
     cfg.prefetch_bytes = 0;
     let cfg = finish_config(cfg, s.serve)?;
@@ -917,6 +934,7 @@ fn serve_config(
         },
         poll: None,
         store: false,
+        cri_proxy: None,
     })
 }
 

@@ -97,7 +97,22 @@ pub struct MountConfig {
     /// `pkgfs store`: no sources; the tree grows as containers/storage looks up image
     /// references and layers (`source::store`).
     pub store: bool,
+    /// `pkgfs store --cri-image-proxy`: the CRI image service served there and passed on
+    /// to containerd, its pull secrets kept for the store (`snapshot::cri`).
+    pub cri_proxy: Option<CriProxyConfig>,
 }
+
+/// Where `pkgfs store` serves the CRI image service, and where it passes it on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CriProxyConfig {
+    /// The socket kubelet's `--image-service-endpoint` names.
+    pub listen: PathBuf,
+    /// containerd's socket (its CRI plugin).
+    pub upstream: PathBuf,
+}
+
+/// containerd's socket, where `--cri-upstream` points by default.
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 
 /// Default root of `pkgfs snapshotter`.
 pub const DEFAULT_SNAPSHOTTER_ROOT: &str = "/var/lib/pkgfs/snapshotter";

@@ -395,12 +395,13 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     let sources = all_sources(cfg);
     let mut packages = Packages::new(sources.clone(), load_options(cfg));
     let watcher = watch_sources(cfg, &packages)?;
-    let (fs, activity, store) = if cfg.store {
+    let (fs, activity, store, _cri) = if cfg.store {
         let (fs, store) = open_store(cfg, &packages)?;
-        (fs, Arc::default(), Some(store))
+        let cri = start_cri_proxy(cfg, &packages)?;
+        (fs, Arc::default(), Some(store), cri)
     } else {
         let (fs, activity) = first_scan(cfg, &mut packages, watcher.is_some())?;
-        (fs, activity, None)
+        (fs, activity, None, None)
     };
     let (session, kernel, rings, kept) = serve(cfg, &fs, keeper)?;
     if let Some(k) = kept.clone() {
@@ -718,6 +719,24 @@ fn open_store(cfg: &MountConfig, packages: &Packages) -> Result<StoreServed, Dae
         store.clone(),
     ));
     Ok((fs, store))
+}
+
+/// `pkgfs store --cri-image-proxy`: the CRI image service on its socket, feeding the
+/// store's registries' keychain; served until the returned proxy is dropped.
+fn start_cri_proxy(
+    cfg: &MountConfig,
+    packages: &Packages,
+) -> Result<Option<crate::snapshot::cri::CriProxy>, DaemonError> {
+    let Some(c) = &cfg.cri_proxy else {
+        return Ok(None);
+    };
+    let keychain = packages.registries()?.keychain().clone();
+    crate::snapshot::cri::CriProxy::start(&c.listen, &c.upstream, keychain)
+        .map(Some)
+        .map_err(|source| DaemonError::Start {
+            what: "the CRI image-service proxy",
+            source,
+        })
 }
 
 /// A store's filesystem and what its status shows.

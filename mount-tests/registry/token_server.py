@@ -4,7 +4,8 @@
     token_server.py PORT KEY.pem CERT.pem ISSUER USER:PASS [LIFETIME_S]
 
 Serves `GET /token?service=S&scope=repository:NAME:ACTIONS` (the distribution token
-spec): with `Authorization: Basic` of USER:PASS the answer is a JWT (RS256, the signing
+spec), and its OAuth2 form (`POST /token`, `grant_type=password`, as containerd asks
+when it holds credentials): with `Authorization: Basic` of USER:PASS the answer is a JWT (RS256, the signing
 certificate in the `x5c` header, which the registry checks against its
 `rootcertbundle`) granting the actions asked for; wrong credentials get 401; no
 credentials get a token that grants nothing (anonymous, as Docker Hub does for private
@@ -65,16 +66,33 @@ def main():
         def do_GET(self):
             u = urlparse(self.path)
             q = parse_qs(u.query)
-            scopes = q.get("scope", [])
-            service = q.get("service", [""])[0]
-            who = "-"
+            given = None
             auth = self.headers.get("Authorization", "")
-            ok = False
             if auth.startswith("Basic "):
                 try:
                     given = base64.b64decode(auth[6:]).decode()
                 except Exception:
                     given = ""
+            self.grant(given, q.get("scope", []), q.get("service", [""])[0])
+
+        def do_POST(self):
+            # The OAuth2 form of the spec (containerd's and docker's first try when they
+            # hold credentials): grant_type=password with username and password, scopes
+            # space-separated.
+            n = int(self.headers.get("Content-Length") or 0)
+            form = parse_qs(self.rfile.read(n).decode(errors="replace"))
+            given = None
+            if form.get("grant_type", [""])[0] == "password":
+                given = f"{form.get('username', [''])[0]}:{form.get('password', [''])[0]}"
+            scopes = " ".join(form.get("scope", [])).split()
+            self.grant(given, scopes, form.get("service", [""])[0])
+
+        def grant(self, given, scopes, service):
+            """A token for `scopes`: everything asked with the right USER:PASS
+            (`given`), nothing without credentials, 401 with wrong ones."""
+            who = "-"
+            ok = False
+            if given is not None:
                 who = given.partition(":")[0] or "-"
                 ok = given == f"{user}:{password}"
                 if not ok:

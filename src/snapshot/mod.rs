@@ -23,9 +23,12 @@
 //! - [`service`]: the thin tonic adapter, requests in and status codes out;
 //! - [`report`]: what `pkgfs status SOCKET` says of the snapshots and their layers;
 //! - [`server`]: the socket, the runtime and the signals of `pkgfs snapshotter`;
+//! - [`cri`]: the CRI image-service proxy `pkgfs store` serves, bringing kubelet's pull
+//!   secrets to the store;
 //! - [`api`]: the generated protocol types (checked in, see `api/gen.sh`).
 
 pub mod api;
+pub mod cri;
 pub mod disk;
 pub mod filter;
 pub mod meta;

@@ -158,17 +158,25 @@ impl StoreLayers {
             .layer_dir(reference, digest)
             .ok_or_else(|| format!("{reference} {digest}: not a reference and a digest"))?;
         let diff = dir.join("diff");
+        // The store's reason (access refused, a format it cannot read) is in its log:
+        // a lookup only returns an errno.
+        let cannot = |e: std::io::Error| {
+            format!(
+                "the store at {} cannot serve layer {digest} of {reference} ({e}; its log says why)",
+                self.store.display()
+            )
+        };
         let entries = std::fs::read_dir(&diff).map_err(|e| match e.raw_os_error() {
             Some(libc::ENOENT) => format!(
                 "the store at {} has no layer {digest} of {reference} (see its log)",
                 self.store.display()
             ),
             Some(libc::ENOTCONN) => format!("the store at {} is not served", self.store.display()),
-            _ => format!("{}: {e}", diff.display()),
+            _ => cannot(e),
         })?;
         // An empty layer reads as empty; an error is a layer the store cannot serve.
         if let Some(Err(e)) = entries.into_iter().next() {
-            return Err(format!("{}: {e}", diff.display()));
+            return Err(cannot(e));
         }
         disk::bind_read_only(&diff, fs).map_err(|e| e.to_string())
     }

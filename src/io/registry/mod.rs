@@ -26,6 +26,7 @@
 //! checked against their digests), as for images on disk.
 
 pub mod auth;
+pub mod keychain;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ use reqwest::header::{self, HeaderMap};
 use serde::Deserialize;
 
 use self::auth::{Challenge, Credentials};
+use self::keychain::{Keychain, Secret};
 use super::digest::Digest;
 use super::remote::{LazyClient, Ranges, Remote, describe};
 use crate::error::{Error, Result};
@@ -225,6 +227,9 @@ pub struct Registries {
     remote: Arc<Remote>,
     config: RegistryConfig,
     hosts: Mutex<HashMap<String, Arc<Registry>>>,
+    /// Secrets handed over at run time, per repository (empty unless something feeds
+    /// it: `pkgfs store --cri-image-proxy`).
+    keychain: Arc<Keychain>,
 }
 
 impl Registries {
@@ -234,7 +239,13 @@ impl Registries {
             remote,
             config,
             hosts: Mutex::default(),
+            keychain: Arc::default(),
         }
+    }
+
+    /// The secrets every host's client tries first for their repositories.
+    pub fn keychain(&self) -> &Arc<Keychain> {
+        &self.keychain
     }
 
     /// The client of `host` (made, with its certificates and credentials, on first use).
@@ -243,7 +254,9 @@ impl Registries {
         if let Some(r) = hosts.get(host) {
             return Ok(r.clone());
         }
-        let r = Arc::new(Registry::new(host, &self.config, self.remote.clone())?);
+        let mut r = Registry::new(host, &self.config, self.remote.clone())?;
+        r.keychain = Some(self.keychain.clone());
+        let r = Arc::new(r);
         hosts.insert(host.to_string(), r.clone());
         Ok(r)
     }
@@ -290,6 +303,8 @@ pub struct Registry {
     client: LazyClient,
     remote: Arc<Remote>,
     creds: Option<Credentials>,
+    /// Secrets per repository, tried before `creds` ([`Registries::keychain`]).
+    keychain: Option<Arc<Keychain>>,
     insecure: bool,
     background_fetch: bool,
     start_window: Duration,
@@ -409,6 +424,7 @@ impl Registry {
             client,
             remote,
             creds,
+            keychain: None,
             insecure: !config.tls_verify,
             background_fetch: config.background_fetch,
             start_window: config.start_window,
@@ -461,10 +477,17 @@ impl Registry {
     /// The `Authorization` header for requests about `repo`, fetching a token if the
     /// registry wants one and none is held.
     async fn authorization(&self, repo: &str) -> Result<Option<String>> {
+        // A secret handed over for this repository comes before the node's.
+        let secret = self.keychain.as_ref().and_then(|k| k.get(&self.host, repo));
+        let creds = match secret {
+            Some(Secret::Bearer(t)) => return Ok(Some(format!("Bearer {t}"))),
+            Some(Secret::Basic(c)) => Some(c),
+            None => self.creds.clone(),
+        };
         let challenge = crate::sync::lock(&self.state).challenge.clone();
         match challenge {
             None => Ok(None),
-            Some(Challenge::Basic { .. }) => match &self.creds {
+            Some(Challenge::Basic { .. }) => match &creds {
                 Some(c) => Ok(Some(c.basic())),
                 None => Err(Error::Io(std::io::Error::new(
                     std::io::ErrorKind::PermissionDenied,
@@ -482,7 +505,9 @@ impl Registry {
                 {
                     return Ok(Some(format!("Bearer {}", t.value)));
                 }
-                let token = self.token(&realm, service.as_deref(), &scope).await?;
+                let token = self
+                    .token(&realm, service.as_deref(), &scope, creds.as_ref())
+                    .await?;
                 let value = format!("Bearer {}", token.value);
                 crate::sync::lock(&self.state).tokens.insert(scope, token);
                 Ok(Some(value))
@@ -491,7 +516,13 @@ impl Registry {
     }
 
     /// A token for `scope` from the token server at `realm`.
-    async fn token(&self, realm: &str, service: Option<&str>, scope: &str) -> Result<Token> {
+    async fn token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        scope: &str,
+        creds: Option<&Credentials>,
+    ) -> Result<Token> {
         let mut url = reqwest::Url::parse(realm).map_err(|e| {
             Error::Format(format!(
                 "registry {}: token realm {realm:?} is not a URL: {e}",
@@ -515,7 +546,7 @@ impl Registry {
         let mut attempt = 0;
         let r = loop {
             let mut req = self.http()?.get(url.clone());
-            if let Some(c) = &self.creds {
+            if let Some(c) = creds {
                 req = req.header(header::AUTHORIZATION, c.basic());
             }
             self.count();
@@ -542,7 +573,7 @@ impl Registry {
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(Error::Io(std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
-                match &self.creds {
+                match creds {
                     Some(c) => format!(
                         "registry {}: the token server refused user {:?} ({status}): wrong \
                          user name or password?",
