@@ -300,7 +300,10 @@ pub struct Registry {
     hint: Option<PathBuf>,
     /// Where its API answers (`registry-1.docker.io` for `docker.io`).
     api_host: String,
+    /// The HTTPS client.
     client: LazyClient,
+    /// The plain HTTP client (no TLS roots loaded).
+    plain: LazyClient,
     remote: Arc<Remote>,
     creds: Option<Credentials>,
     /// Secrets per repository, tried before `creds` ([`Registries::keychain`]).
@@ -395,21 +398,34 @@ impl Registry {
             remote.config.read_timeout / 3,
         );
         let (who, insecure) = (host.to_string(), !config.tls_verify);
-        let client = LazyClient::new(move || {
+        // Two clients, each made on first use: one for HTTPS, with the system's roots
+        // and the host's certificates, and one for plain HTTP, which needs neither:
+        // loading the roots reads every file of /etc/ssl/certs (45 ms from a cold page
+        // cache here), which a mount of a registry remembered to speak plain HTTP would
+        // otherwise wait for before its first request.
+        let make = move |tls: bool| {
             let mut b = reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(connect)
                 .timeout(timeout)
                 .user_agent(concat!("pkgfs/", env!("CARGO_PKG_VERSION")));
-            if insecure {
-                b = b.danger_accept_invalid_certs(true);
-            }
-            if let Some(dir) = &certs {
-                b = auth::add_certificates(b, dir).map_err(|e| e.to_string())?;
+            if !tls {
+                b = b.tls_built_in_root_certs(false);
+            } else {
+                if insecure {
+                    b = b.danger_accept_invalid_certs(true);
+                }
+                if let Some(dir) = &certs {
+                    b = auth::add_certificates(b, dir).map_err(|e| e.to_string())?;
+                }
             }
             b.build()
                 .map_err(|e| format!("HTTP client for {who}: {}", describe(&e)))
-        });
+        };
+        let make = Arc::new(make);
+        let m = make.clone();
+        let client = LazyClient::new(move || m(true));
+        let plain = LazyClient::new(move || make(false));
         let creds = auth::credentials(host, config)?;
         let mut state = State::default();
         let hint = insecure.then(|| plain_http_hint(&remote, host)).flatten();
@@ -422,6 +438,7 @@ impl Registry {
             hint,
             api_host,
             client,
+            plain,
             remote,
             creds,
             keychain: None,
@@ -433,11 +450,14 @@ impl Registry {
         })
     }
 
-    /// The HTTP client (made on first use).
-    fn http(&self) -> Result<&reqwest::Client> {
-        self.client
-            .get()
-            .map_err(|e| io_error(format!("registry {}: {e}", self.host)))
+    /// The HTTP client for `url` (made on first use): the plain one for `http:`.
+    fn http(&self, url: &str) -> Result<&reqwest::Client> {
+        match url.starts_with("http:") {
+            true => &self.plain,
+            false => &self.client,
+        }
+        .get()
+        .map_err(|e| io_error(format!("registry {}: {e}", self.host)))
     }
 
     /// Whether lazily read layers are fetched whole in the background.
@@ -545,7 +565,7 @@ impl Registry {
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 0;
         let r = loop {
-            let mut req = self.http()?.get(url.clone());
+            let mut req = self.http(url.as_str())?.get(url.clone());
             if let Some(c) = creds {
                 req = req.header(header::AUTHORIZATION, c.basic());
             }
@@ -639,9 +659,9 @@ impl Registry {
             let url = format!("{base}{path}");
             let auth = self.authorization(repo).await?;
             let mut req = if head {
-                self.http()?.head(&url)
+                self.http(&url)?.head(&url)
             } else {
-                self.http()?.get(&url)
+                self.http(&url)?.get(&url)
             }
             .headers(headers.clone());
             if let Some(a) = auth {
@@ -1096,7 +1116,7 @@ impl Registry {
         let mut r = match &url {
             Some(u) => {
                 self.count();
-                self.http()?
+                self.http(u.as_str())?
                     .get(u.clone())
                     .header(header::RANGE, value.clone())
                     .send()
@@ -1123,7 +1143,7 @@ impl Registry {
             url = Some(to.clone());
             self.count();
             r = self
-                .http()?
+                .http(to.as_str())?
                 .get(to)
                 .header(header::RANGE, value.clone())
                 .send()
@@ -1198,7 +1218,7 @@ impl Registry {
             self.count();
             let t0 = std::time::Instant::now();
             let sent = self
-                .http()
+                .http(url.as_str())
                 .map_err(Refused::Error)?
                 .get(url.clone())
                 .header(header::RANGE, range_header(start, end))
