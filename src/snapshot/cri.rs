@@ -296,8 +296,9 @@ pub struct CriProxy {
 }
 
 impl CriProxy {
-    /// Serve the image service on `listen` (a stale socket there is replaced), passing
-    /// it on to containerd at `upstream`, feeding `keychain`; on a thread of its own.
+    /// Serve the image service on `listen` (a stale socket there is replaced; one a live
+    /// process answers on is refused), passing it on to containerd at `upstream`,
+    /// feeding `keychain`; on a thread of its own.
     pub fn start(
         listen: &Path,
         upstream: &Path,
@@ -308,6 +309,14 @@ impl CriProxy {
             .thread_name("pkgfs-cri")
             .enable_all()
             .build()?;
+        // A socket file nobody answers on is a stale one (a server that died): replaced.
+        // One that answers belongs to a live process, which is not robbed of it.
+        if std::os::unix::net::UnixStream::connect(listen).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("another process serves {}", listen.display()),
+            ));
+        }
         match std::fs::remove_file(listen) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -384,6 +393,7 @@ impl Drop for CriProxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     fn frame(req: &PullImageRequest) -> Vec<u8> {
         let msg = prost::Message::encode_to_vec(req);
@@ -435,6 +445,61 @@ mod tests {
         let digest = format!("r.example/x@sha256:{}", "0".repeat(64));
         note_pull(&frame(&pull(&digest, auth)), &k);
         assert_eq!(k.get("r.example", "x"), Some(Secret::Bearer("tok".into())));
+    }
+
+    #[test]
+    fn a_live_socket_is_refused_a_stale_one_replaced_and_calls_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("cri.sock");
+        let absent = dir.path().join("no-containerd.sock");
+        // A live listener: refused, and left alone.
+        let live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let e = CriProxy::start(&sock, &absent, Arc::default())
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        assert!(sock.exists());
+        // Its process gone, the file stays: replaced, mode 0600.
+        drop(live);
+        let proxy = CriProxy::start(&sock, &absent, Arc::default()).unwrap();
+        let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A call of another service is UNIMPLEMENTED; an image call with containerd
+        // away is UNAVAILABLE, naming where containerd was looked for.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ask = |path: &'static str| {
+            rt.block_on(async {
+                let s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+                let (mut send, conn) =
+                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
+                        .await
+                        .unwrap();
+                tokio::spawn(conn);
+                let req = Request::post(format!("http://localhost{path}"))
+                    .header("content-type", "application/grpc")
+                    .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+                    .unwrap();
+                let r = send.send_request(req).await.unwrap();
+                let h = |k: &str| {
+                    r.headers()
+                        .get(k)
+                        .map(|v| v.to_str().unwrap().to_string())
+                        .unwrap_or_default()
+                };
+                (h("grpc-status"), h("grpc-message"))
+            })
+        };
+        let (code, msg) = ask("/runtime.v1.RuntimeService/ListContainers");
+        assert_eq!(code, "12", "{msg}");
+        let (code, msg) = ask("/runtime.v1.ImageService/ListImages");
+        assert_eq!(code, "14", "{msg}");
+        assert!(msg.contains("no-containerd.sock"), "{msg}");
+        // Dropped: the socket goes.
+        drop(proxy);
+        assert!(!sock.exists());
     }
 
     #[test]
