@@ -393,7 +393,6 @@ impl Drop for CriProxy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt as _;
 
     fn frame(req: &PullImageRequest) -> Vec<u8> {
         let msg = prost::Message::encode_to_vec(req);
