@@ -238,6 +238,31 @@ impl Rig {
         c
     }
 
+    /// Mount a `pkgfs store` at `ROOT/store` (no background fetch, no disk cache, its
+    /// index cache and log in the rig; `extra` adds to its command) for the
+    /// snapshotter to take layers from; its mountpoint.
+    fn start_store(&mut self, extra: impl FnOnce(&mut Command)) -> PathBuf {
+        let store = self.path().join("store");
+        std::fs::create_dir(&store).expect("store mountpoint");
+        let mut c = pkgfs();
+        c.arg("store")
+            .arg(&store)
+            .args([
+                "--tls-verify=false",
+                "--no-background-fetch",
+                "--no-disk-cache",
+            ])
+            .arg("--index-cache")
+            .arg(self.path().join("index"))
+            .arg("--log-file")
+            .arg(self.path().join("store.log"));
+        extra(&mut c);
+        ok(self.path(), &mut c, Duration::from_secs(30));
+        self.store = Some(store.clone());
+        self.snap_args = vec!["--store".into(), store.display().to_string()];
+        store
+    }
+
     /// Start the snapshotter and wait until it answers.
     fn start_snapshotter(&mut self, log: &str) {
         let d = Daemon::spawn(
@@ -923,26 +948,7 @@ fn containerd_pulls_lazily_through_the_layer_store() {
     );
     let kinds = [kinds[0], kinds[1], ("", "soci", true), kinds[2]];
     let mut rig = Rig::new();
-    let store = rig.path().join("store");
-    std::fs::create_dir(&store).unwrap();
-    ok(
-        rig.path(),
-        pkgfs()
-            .arg("store")
-            .arg(&store)
-            .args([
-                "--tls-verify=false",
-                "--no-background-fetch",
-                "--no-disk-cache",
-            ])
-            .arg("--index-cache")
-            .arg(rig.path().join("index"))
-            .arg("--log-file")
-            .arg(rig.path().join("store.log")),
-        Duration::from_secs(30),
-    );
-    rig.store = Some(store.clone());
-    rig.snap_args = vec!["--store".into(), store.display().to_string()];
+    let store = rig.start_store(|_| {});
     rig.start_snapshotter("snap.log");
     rig.start_containerd(true);
 
@@ -1328,39 +1334,22 @@ fn kubelets_pull_secrets_reach_the_store_through_the_cri_proxy() {
     reg.push("oci-zstd-chunked:latest", "other/debian:zc", Some(&creds));
     let host = reg.host();
     let mut rig = Rig::new();
-    let store = rig.path().join("store");
-    std::fs::create_dir(&store).unwrap();
     let proxy = rig.path().join("cri.sock");
-    ok(
-        rig.path(),
-        pkgfs()
-            .arg("store")
-            .arg(&store)
-            .args([
-                "--tls-verify=false",
-                "--no-background-fetch",
-                "--no-disk-cache",
-            ])
-            .arg("--index-cache")
-            .arg(rig.path().join("index"))
-            .arg("--log-file")
-            .arg(rig.path().join("store.log"))
-            .arg("--cri-image-proxy")
+    let (dir, sock) = (rig.path().to_path_buf(), rig.sock());
+    rig.start_store(|c| {
+        c.arg("--cri-image-proxy")
             .arg(&proxy)
             .arg("--cri-upstream")
-            .arg(rig.sock())
+            .arg(&sock)
             // No credentials of its own: nothing in the environment either.
-            .env("REGISTRY_AUTH_FILE", rig.path().join("no-auth.json"))
-            .env("HOME", rig.path()),
-        Duration::from_secs(30),
-    );
-    rig.store = Some(store.clone());
+            .env("REGISTRY_AUTH_FILE", dir.join("no-auth.json"))
+            .env("HOME", &dir);
+    });
     assert_eq!(
         std::fs::metadata(&proxy).unwrap().permissions().mode() & 0o777,
         0o600,
         "the proxy's socket"
     );
-    rig.snap_args = vec!["--store".into(), store.display().to_string()];
     rig.start_snapshotter("snap.log");
     let d = rig.path().display().to_string();
     let cri = format!(
