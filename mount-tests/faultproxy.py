@@ -12,8 +12,11 @@ CONTROL_FILE (JSON, may be missing or empty) for what to do to it:
      "status": 503,       # the status of those answers (default 503)
      "reset_every": 0,    # close the connection without an answer on every Nth request
      "refuse_first": 2,   # per path, the first 2 requests that have no Authorization
-     "refuse_every": 4,   # header (a signed URL's), and every 4th, get "refuse_status"
-     "refuse_status": 403,  # (default 403): a URL not valid yet, or expired
+                          # header (a signed URL's) get "refuse_status": a URL not
+                          # valid yet everywhere
+     "expire_s": 3,       # and so does one whose X-Amz-Date is over 3 s old: expired,
+                          # as S3 refuses a presigned URL past its X-Amz-Expires
+     "refuse_status": 403,  # (default 403)
      "single_range": true}  # forward a request for several ranges without its Range
                             # header: the whole object (200), as servers that take one
                             # range only answer
@@ -22,10 +25,12 @@ It appends one line per request to CONTROL_FILE + ".log": "METHOD PATH STATUS BY
 BYTES being the body bytes it sent, and one to CONTROL_FILE + ".auth": "METHOD PATH
 SCHEME", SCHEME being that of the request's Authorization header or "-" without one,
 and, for a request with a Range header, one to CONTROL_FILE + ".ranges": "PATH RANGE
-STATUS" (RANGE without spaces; STATUS the answer's). With PORT 0 it binds a port of the system's choice
+STATUS" (RANGE without spaces; STATUS the answer's). A client that leaves before the whole body is sent is logged with
+the status "aborted" and 0 bytes. With PORT 0 it binds a port of the system's choice
 and prints `PORT N` on stdout. Stops on SIGTERM.
 """
 
+import calendar
 import http.client
 import http.server
 import json
@@ -33,6 +38,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 
 PORT, UPSTREAM, CONTROL = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 LOG = CONTROL + ".log"
@@ -49,6 +55,18 @@ def control():
             return json.loads(f.read() or "{}")
     except (OSError, ValueError):
         return {}
+
+
+def expired(query, max_age):
+    """Whether a presigned URL's query was signed (X-Amz-Date) over max_age s ago."""
+    signed = urllib.parse.parse_qs(query).get("X-Amz-Date")
+    if not signed:
+        return False
+    try:
+        t = calendar.timegm(time.strptime(signed[0], "%Y%m%dT%H%M%SZ"))
+    except ValueError:
+        return False
+    return time.time() - t > max_age
 
 
 def log(line):
@@ -69,14 +87,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             count += 1
             n = count
         auth = self.headers.get("Authorization")
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         with lock, open(CONTROL + ".auth", "a") as f:
             f.write(f"{self.command} {path} {auth.split(' ', 1)[0] if auth else '-'}\n")
-        if (c.get("refuse_every") or c.get("refuse_first")) and not auth:
+        if (c.get("expire_s") or c.get("refuse_first")) and not auth:
             with lock:
                 unsigned[path] = n_path = unsigned.get(path, 0) + 1
             refuse = n_path <= c.get("refuse_first", 0) or (
-                c.get("refuse_every") and n_path % c["refuse_every"] == 0)
+                c.get("expire_s") and expired(query, c["expire_s"]))
             if refuse:
                 status = c.get("refuse_status", 403)
                 self.send_response(status)
@@ -117,6 +135,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
         for k, v in r.getheaders():
             if k.lower() not in HOP:
                 self.send_header(k, v)
+        try:
+            sent = self.send_body(r)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client left mid-body (a reader that had what it needed).
+            up.close()
+            self.close_connection = True
+            log(f"{self.command} {self.path} aborted 0")
+            return
+        up.close()
+        log(f"{self.command} {self.path} {r.status} {sent}")
+
+    def send_body(self, r):
+        """Streams upstream answer r to the client; returns the body bytes sent."""
         sent = 0
         if self.command == "HEAD" or r.status in (204, 304):
             self.end_headers()
@@ -131,8 +162,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             sent = len(data)
-        up.close()
-        log(f"{self.command} {self.path} {r.status} {sent}")
+        return sent
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_one
 

@@ -237,10 +237,12 @@ fn open_files_keep_their_bytes_and_descriptors_are_released() {
             .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
             .collect::<Vec<_>>()
     };
+    // The kernel sends the RELEASE of a closed file (and the FORGET of its inode) when
+    // it gets to it, not at close: the count is awaited, with room for a loaded machine.
     let start = Instant::now();
     while open_fds(pid) != baseline {
         assert!(
-            start.elapsed() < Duration::from_secs(3),
+            start.elapsed() < Duration::from_secs(10),
             "descriptors: {} now, {baseline} at the start: {:?}",
             open_fds(pid),
             fd_list()

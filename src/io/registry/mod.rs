@@ -1013,8 +1013,12 @@ impl Registry {
         }
         // A fresh location refused too (storage whose signed URLs take a moment to be
         // valid everywhere, a CDN edge that has not seen the key yet): the registry is
-        // asked again, a few times, before the read fails.
+        // asked again, a few times and a moment apart (STORAGE_PAUSE, doubled each
+        // time), before the read fails.
         for ask in 1..=STORAGE_ASKS {
+            if ask > 1 {
+                tokio::time::sleep(STORAGE_PAUSE * (1 << (ask - 2))).await;
+            }
             let mut h = HeaderMap::new();
             h.insert(header::RANGE, range_header(start, end));
             let r = self
@@ -1331,7 +1335,11 @@ impl Registry {
 
 /// How many times a read asks the registry for a blob's location when the storage it
 /// is sent to refuses it (401/403).
-const STORAGE_ASKS: u32 = 3;
+const STORAGE_ASKS: u32 = 4;
+
+/// The pause before the second ask for a fresh location, doubled before each next one
+/// (50, 100, 200 ms): storage whose new URLs take a moment to be valid gets the moment.
+const STORAGE_PAUSE: Duration = Duration::from_millis(50);
 
 /// Why blob storage did not give the bytes.
 enum Refused {
