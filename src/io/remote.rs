@@ -70,6 +70,11 @@ const ORDERED_PIECE: u64 = 256 << 10;
 /// eight extents of each object), a read-all over HTTP of the 609 packages without a
 /// disk cache did not end in 300 s: the read-ahead's extents were dropped unread.
 pub const KEPT_BYTES: u64 = 64 << 20;
+/// Without a disk cache, the walk's read-ahead of one object under way at once: a
+/// quarter of [`KEPT_BYTES`], so what it fetches is not dropped before it is read. As
+/// much again of its advice waits its turn ([`Kept::deferred`]) and starts as fetches
+/// land; advice past that is dropped (readers fetch it themselves).
+const READ_AHEAD_SHARE: u64 = KEPT_BYTES / 4;
 /// Fetches are aligned to this.
 const ALIGN: u64 = 4096;
 
@@ -570,6 +575,9 @@ struct Kept {
     next: u64,
     /// Background fetches under way: (start, end, done).
     flights: Vec<(u64, u64, Arc<Flight>)>,
+    /// Read-ahead advised past the share under way (no disk cache), in the order
+    /// advised, at most [`READ_AHEAD_SHARE`] of it: started as fetches land.
+    deferred: std::collections::VecDeque<(u64, u64)>,
     budget: Arc<KeptBudget>,
 }
 
@@ -651,8 +659,65 @@ impl Kept {
             extents: std::collections::BTreeMap::new(),
             next: 0,
             flights: Vec::new(),
+            deferred: std::collections::VecDeque::new(),
             budget,
         }
+    }
+
+    /// Bytes of the fetches under way (readers' and read-ahead's).
+    fn flying(&self) -> u64 {
+        self.flights.iter().map(|(s, e, _)| e - s).sum()
+    }
+
+    /// Register fetches of what of `[a, b)` is neither held nor under way: the ranges
+    /// to fetch, each with its flight (readers of it wait for it).
+    fn register(&mut self, a: u64, b: u64) -> Vec<(u64, u64, Arc<Flight>)> {
+        let covered = self
+            .extents
+            .range(a.saturating_sub(LOOK_BACK)..b)
+            .map(|(s, bytes)| (*s, s + bytes.len() as u64))
+            .chain(self.flights.iter().map(|(s, e, _)| (*s, *e)))
+            .collect();
+        uncovered(covered, a, b)
+            .into_iter()
+            .map(|(s, e)| {
+                let f = Arc::new(Flight::default());
+                self.flights.push((s, e, f.clone()));
+                (s, e, f)
+            })
+            .collect()
+    }
+
+    /// The read-ahead of `pieces` (each at most [`MAX_READ_AHEAD`]) without a disk
+    /// cache: what fits the share under way ([`READ_AHEAD_SHARE`]) is registered and
+    /// returned to be fetched, the next share waits in `deferred`, the rest is dropped.
+    fn plan_read_ahead(&mut self, pieces: &[(u64, u64)]) -> Vec<(u64, u64, Arc<Flight>)> {
+        let mut start = Vec::new();
+        for &(a, b) in pieces {
+            let waiting: u64 = self.deferred.iter().map(|(s, e)| e - s).sum();
+            if waiting == 0 && self.flying() + (b - a) <= READ_AHEAD_SHARE {
+                start.extend(self.register(a, b));
+            } else if waiting + (b - a) <= READ_AHEAD_SHARE {
+                self.deferred.push_back((a, b));
+            } else {
+                break;
+            }
+        }
+        start
+    }
+
+    /// The deferred read-ahead that fits the share under way now, registered, to be
+    /// fetched (called as fetches land).
+    fn start_deferred(&mut self) -> Vec<(u64, u64, Arc<Flight>)> {
+        let mut start = Vec::new();
+        while let Some(&(a, b)) = self.deferred.front() {
+            if self.flying() + (b - a) > READ_AHEAD_SHARE {
+                break;
+            }
+            self.deferred.pop_front();
+            start.extend(self.register(a, b));
+        }
+        start
     }
 
     /// The extents that may hold bytes at `offset` and after: the eight that start
@@ -750,24 +815,9 @@ fn flights_covering(k: &Kept, a: u64, b: u64) -> Vec<Arc<Flight>> {
     flying.into_iter().map(|(_, _, f)| f.clone()).collect()
 }
 
-/// Register fetches of what of `[a, b)` is neither held nor under way: the ranges to
-/// fetch, each with its flight (readers of it wait for it).
+/// [`Kept::register`] under its lock.
 fn register_flights(kept: &Mutex<Kept>, a: u64, b: u64) -> Vec<(u64, u64, Arc<Flight>)> {
-    let mut k = crate::sync::lock(kept);
-    let covered = k
-        .extents
-        .range(a.saturating_sub(LOOK_BACK)..b)
-        .map(|(s, bytes)| (*s, s + bytes.len() as u64))
-        .chain(k.flights.iter().map(|(s, e, _)| (*s, *e)))
-        .collect();
-    uncovered(covered, a, b)
-        .into_iter()
-        .map(|(s, e)| {
-            let f = Arc::new(Flight::default());
-            k.flights.push((s, e, f.clone()));
-            (s, e, f)
-        })
-        .collect()
+    crate::sync::lock(kept).register(a, b)
 }
 
 /// A blob's parts a background fetch works with on the runtime.
@@ -815,8 +865,24 @@ impl Prefetcher {
         }
         let mut k = crate::sync::lock(&self.kept);
         k.flights.retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
+        let next = k.start_deferred();
         drop(k);
         flight.finish();
+        for (s, e, f) in next {
+            self.spawn_fetch(s, e, f);
+        }
+    }
+
+    /// Fetch `[a, b)` (registered as `flight`) on the runtime, once one of the
+    /// [`PREFETCHES`] is free.
+    fn spawn_fetch(&self, a: u64, b: u64, flight: Arc<Flight>) {
+        let p = self.clone();
+        let sem = self.remote.prefetch.clone();
+        self.remote.rt.spawn(async move {
+            if let Ok(_permit) = sem.acquire_owned().await {
+                p.fetch(a, b, flight).await;
+            }
+        });
     }
 
     /// Fetch the `holes` in pieces of [`BACKGROUND_PIECE`], each started only while no
@@ -1096,13 +1162,7 @@ impl RemoteBlob {
     /// Fetch `[a, b)` on the runtime (registered as `flight`), into memory and the disk
     /// cache.
     fn spawn_prefetch(&self, a: u64, b: u64, flight: Arc<Flight>) {
-        let p = self.prefetcher();
-        let sem = self.remote.prefetch.clone();
-        self.remote.rt.spawn(async move {
-            if let Ok(_permit) = sem.acquire_owned().await {
-                p.fetch(a, b, flight).await;
-            }
-        });
+        self.prefetcher().spawn_fetch(a, b, flight);
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<u64> {
@@ -1160,10 +1220,15 @@ impl Blob for RemoteBlob {
         let (start, fetch_end, suffix, flight) = self.plan(offset, end);
         let got = self.fetch_all(&[(start, fetch_end)]);
         // Readers and read-ahead that waited on (or kept clear of) this fetch go on.
-        crate::sync::lock(&self.kept)
-            .flights
-            .retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
+        let next = {
+            let mut k = crate::sync::lock(&self.kept);
+            k.flights.retain(|(_, _, f)| !Arc::ptr_eq(f, &flight));
+            k.start_deferred()
+        };
         flight.finish();
+        for (s, e, f) in next {
+            self.spawn_prefetch(s, e, f);
+        }
         let got = got?;
         let bytes = &got[0];
         let n = (fetch_end.min(end) - offset) as usize;
@@ -1186,30 +1251,35 @@ impl Blob for RemoteBlob {
     /// one round trip after another. Ranges already held or in flight are skipped.
     fn will_need(&self, ranges: &[(u64, u64)]) {
         // Without a disk cache, fetched ranges wait in memory ([`KEPT_BYTES`] for all
-        // objects): an object's read-ahead takes a quarter of it at most, so what it
-        // fetches is not dropped before it is read.
-        let mut room = match &self.remote.disk {
-            Some(_) => u64::MAX,
-            None => {
-                let k = crate::sync::lock(&self.kept);
-                let flying: u64 = k.flights.iter().map(|(s, e, _)| e - s).sum();
-                (KEPT_BYTES / 4).saturating_sub(flying)
+        // objects): an object's read-ahead is bounded by its share
+        // ([`Kept::plan_read_ahead`]), so what it fetches is not dropped before it is
+        // read.
+        let Some(disk) = &self.remote.disk else {
+            let mut pieces = Vec::new();
+            for &(s, e) in ranges {
+                let e = e.min(self.size);
+                let mut a = s;
+                while a < e {
+                    let b = (a + MAX_READ_AHEAD).min(e);
+                    pieces.push((a, b));
+                    a = b;
+                }
             }
+            log::trace!("{}: will need {pieces:?}", self.name.display());
+            let start = crate::sync::lock(&self.kept).plan_read_ahead(&pieces);
+            for (s, e, f) in start {
+                self.spawn_prefetch(s, e, f);
+            }
+            return;
         };
         for &(s, e) in ranges {
             let e = e.min(self.size);
             // Only what the disk cache does not hold; not the small gaps between what
             // it holds (the advice merges extents across gaps: headers nobody read).
-            let holes = match &self.remote.disk {
-                Some(d) => {
-                    let mut h = d.holes(&self.disk_key, s, e);
-                    if h != [(s, e)] {
-                        h.retain(|(a, b)| b - a >= ALIGN);
-                    }
-                    h
-                }
-                None => vec![(s, e)],
-            };
+            let mut holes = disk.holes(&self.disk_key, s, e);
+            if holes != [(s, e)] {
+                holes.retain(|(a, b)| b - a >= ALIGN);
+            }
             log::trace!(
                 "{}: will need {s}-{e}, holes {holes:?}",
                 self.name.display()
@@ -1218,10 +1288,6 @@ impl Blob for RemoteBlob {
                 let mut a = s;
                 while a < e {
                     let b = (a + MAX_READ_AHEAD).min(e);
-                    if room < b - a {
-                        return;
-                    }
-                    room -= b - a;
                     self.prefetch_range(a, b);
                     a = b;
                 }
@@ -1598,5 +1664,96 @@ mod tests {
         assert_eq!(uncovered(vec![], 10, 20), [(10, 20)]);
         // All held.
         assert_eq!(uncovered(vec![(0, k)], 10, 20), []);
+    }
+
+    /// Bytes in memory as ranges, each request noted; every answer held until the gate
+    /// is closed (opened for all).
+    #[derive(Debug)]
+    struct Gated {
+        data: Arc<Vec<u8>>,
+        asked: Arc<Mutex<Vec<(u64, u64)>>>,
+        gate: Arc<tokio::sync::Semaphore>,
+    }
+
+    impl Ranges for Gated {
+        fn get(
+            &self,
+            start: u64,
+            end: u64,
+        ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> {
+            self.asked.lock().unwrap().push((start, end));
+            let b = bytes::Bytes::copy_from_slice(&self.data[start as usize..end as usize]);
+            let gate = self.gate.clone();
+            Box::pin(async move {
+                // Closed: every waiter goes on.
+                let _ = gate.acquire().await;
+                Ok(b)
+            })
+        }
+    }
+
+    #[test]
+    fn read_ahead_past_its_share_waits_its_turn_and_is_read_from_memory() {
+        const M: u64 = 1 << 20;
+        let remote = Remote::new(RemoteConfig::default()).unwrap();
+        assert!(remote.disk.is_none());
+        let data: Arc<Vec<u8>> = Arc::new((0..40 * M as u32).map(|i| (i * 31) as u8).collect());
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let blob = RemoteBlob::of(
+            "layer".into(),
+            Arc::new(Gated {
+                data: data.clone(),
+                asked: asked.clone(),
+                gate: gate.clone(),
+            }),
+            data.len() as u64,
+            "v".into(),
+            0,
+            remote.clone(),
+        );
+        // A walk advises 40 MiB: one share (16 MiB) under way, the next waiting, the
+        // last 8 MiB dropped.
+        blob.will_need(&[(0, 40 * M)]);
+        {
+            let k = blob.kept.lock().unwrap();
+            let mut flying: Vec<(u64, u64)> = k.flights.iter().map(|(s, e, _)| (*s, *e)).collect();
+            flying.sort_unstable();
+            assert_eq!(flying, [(0, 8 * M), (8 * M, 16 * M)]);
+            assert_eq!(
+                k.deferred.iter().copied().collect::<Vec<_>>(),
+                [(16 * M, 24 * M), (24 * M, 32 * M)]
+            );
+        }
+        // The fetches land: the waiting share starts, then lands too.
+        gate.close();
+        let start = std::time::Instant::now();
+        loop {
+            {
+                let k = blob.kept.lock().unwrap();
+                if k.flights.is_empty() && k.deferred.is_empty() {
+                    break;
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "read-ahead stuck");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut got = asked.lock().unwrap().clone();
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            [(0, 8 * M), (8 * M, 16 * M), (16 * M, 24 * M), (24 * M, 32 * M)]
+        );
+        // Read from memory, the waiting share's bytes too; past it, from the source.
+        for at in [M, 20 * M, 31 * M] {
+            let mut buf = vec![0u8; 4096];
+            blob.read_exact_at(&mut buf, at).unwrap();
+            assert_eq!(buf, data[at as usize..at as usize + 4096]);
+        }
+        assert_eq!(asked.lock().unwrap().len(), 4, "a read went to the source");
+        let mut buf = vec![0u8; 4096];
+        blob.read_exact_at(&mut buf, 36 * M).unwrap();
+        assert_eq!(buf, data[36 * M as usize..36 * M as usize + 4096]);
+        assert_eq!(asked.lock().unwrap().len(), 5);
     }
 }
