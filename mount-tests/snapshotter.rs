@@ -1463,6 +1463,25 @@ fn kubelets_pull_secrets_reach_the_store_through_the_cri_proxy() {
         "{store_log}"
     );
 
+    // The store's server dies: its keeper starts the next and hands it the pull secret
+    // before it grows the tree again (the private image's lookups), and every file of
+    // the store reads through it from the registry (no disk cache).
+    let store = rig.store.clone().expect("the store");
+    let old = crate::common::server_pid(&store).expect("the store's server answers");
+    crate::common::kill9(old);
+    let new = crate::common::next_server(&store, Some(old));
+    let (files, bytes) = read_every_file(&store);
+    assert!(files > 1000, "{files} files, {bytes} bytes in the store");
+    let store_log = std::fs::read_to_string(rig.path().join("store.log")).unwrap();
+    assert!(
+        store_log.contains("1 pull secrets handed over by the keeper"),
+        "server {new}: {store_log}"
+    );
+    assert!(
+        !store_log.contains(pass),
+        "the store's log shows the password"
+    );
+
     // Not the image service: refused, containerd's runtime is not reachable this way.
     let out = cri_call(&endpoint, &["ps"]);
     assert!(!out.status.success());
@@ -1490,4 +1509,95 @@ fn kubelets_pull_secrets_reach_the_store_through_the_cri_proxy() {
             n => Err(format!("{n} left: {st}")),
         }
     });
+}
+
+/// Read every regular file under `dir` to its end: how many, and their bytes.
+fn read_every_file(dir: &Path) -> (u64, u64) {
+    let (mut files, mut bytes) = (0, 0);
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                todo.push(e.path());
+            } else if t.is_file() {
+                let n = std::io::copy(
+                    &mut std::fs::File::open(e.path()).unwrap(),
+                    &mut std::io::sink(),
+                )
+                .unwrap_or_else(|err| panic!("{}: {err}", e.path().display()));
+                files += 1;
+                bytes += n;
+            }
+        }
+    }
+    (files, bytes)
+}
+
+/// The process at the other end of a connection to the unix socket `path`.
+fn socket_peer_pid(path: &Path) -> i32 {
+    use std::os::fd::AsRawFd;
+    let s = std::os::unix::net::UnixStream::connect(path).expect("the socket answers");
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt into a correctly sized local struct.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    assert_eq!(r, 0, "SO_PEERCRED");
+    cred.pid
+}
+
+/// `pkgfs reload` of a store that serves the CRI proxy: the new server waits for the
+/// old one to let go of the proxy's socket (the keeper stops it once the new one
+/// serves), then answers on it, mode 0600; the old one, ending, leaves the new socket.
+#[test]
+fn a_store_with_the_cri_proxy_reloads_and_the_new_server_takes_its_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut rig = Rig::new();
+    let proxy = rig.path().join("cri.sock");
+    let upstream = rig.sock();
+    let store = rig.start_store(|c| {
+        c.arg("--cri-image-proxy")
+            .arg(&proxy)
+            .arg("--cri-upstream")
+            .arg(&upstream);
+    });
+    let old = crate::common::status_json(&store)["server_pid"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(i64::from(socket_peer_pid(&proxy)), old);
+    let out = bounded(
+        rig.path(),
+        pkgfs().arg("reload").arg(&store),
+        Duration::from_secs(90),
+    );
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let log = || std::fs::read_to_string(rig.path().join("store.log")).unwrap_or_default();
+    assert!(out.status.success(), "{said}\n{}", log());
+    let new = crate::common::status_json(&store)["server_pid"]
+        .as_i64()
+        .unwrap();
+    assert_ne!(new, old, "{said}");
+    assert_eq!(
+        i64::from(socket_peer_pid(&proxy)),
+        new,
+        "the proxy's socket is not the new server's\n{}",
+        log()
+    );
+    assert_eq!(
+        std::fs::metadata(&proxy).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
 }

@@ -30,6 +30,7 @@ use crate::format::IndexCache;
 use crate::fs::prefetch::{self, HINT_QUEUE};
 use crate::fs::{KernelCache, PkgFs};
 use crate::io::remote::ObjectVersion;
+use crate::io::registry::keychain::Keychain;
 use crate::keeper::wire::{self, KeeperReport, ToKeeper, ToServer};
 use crate::source::chores::Chores;
 use crate::source::live::Activity;
@@ -395,15 +396,38 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     let sources = all_sources(cfg);
     let mut packages = Packages::new(sources.clone(), load_options(cfg));
     let watcher = watch_sources(cfg, &packages)?;
-    let (fs, activity, store, _cri) = if cfg.store {
+    let under_keeper = keeper.is_some();
+    let (fs, activity, store, mut cri) = if cfg.store {
         let (fs, store) = open_store(cfg, &packages)?;
-        let cri = start_cri_proxy(cfg, &packages)?;
+        // Under a keeper, the server this one replaces may still answer on the proxy's
+        // socket until this one has taken over: the proxy starts after that.
+        let cri = if under_keeper {
+            None
+        } else {
+            start_cri_proxy(cfg, &packages, None)?
+        };
         (fs, Arc::default(), Some(store), cri)
     } else {
         let (fs, activity) = first_scan(cfg, &mut packages, watcher.is_some())?;
         (fs, activity, None, None)
     };
-    let (session, kernel, rings, kept) = serve(cfg, &fs, keeper)?;
+    // A store's pull secrets (its CRI proxy's) cross to and from its keeper.
+    let keychain = if cfg.store {
+        Some(packages.registries()?.keychain().clone())
+    } else {
+        None
+    };
+    let (session, kernel, rings, kept) = serve(cfg, &fs, keeper, keychain.as_ref())?;
+    if cfg.store && under_keeper {
+        // A server that follows another waits for it to let go of the socket (the
+        // keeper stops it once this one serves); the first takes it or fails now.
+        let wait = kept
+            .as_ref()
+            .is_some_and(|k| k.follows)
+            .then_some(CRI_SOCKET_WAIT);
+        cri = start_cri_proxy(cfg, &packages, wait)?;
+    }
+    let _cri = cri;
     if let Some(k) = kept.clone() {
         let (g, r) = (k.clone(), k.clone());
         fs.on_retire(Box::new(move |list| r.retired(list)));
@@ -721,17 +745,24 @@ fn open_store(cfg: &MountConfig, packages: &Packages) -> Result<StoreServed, Dae
     Ok((fs, store))
 }
 
+/// How long a store's server that replaces another waits for it to let go of the CRI
+/// proxy's socket (it ends once the new server serves the mount).
+const CRI_SOCKET_WAIT: Duration = Duration::from_secs(60);
+
 /// `pkgfs store --cri-image-proxy`: the CRI image service on its socket, feeding the
-/// store's registries' keychain; served until the returned proxy is dropped.
+/// store's registries' keychain; served until the returned proxy is dropped. `wait`:
+/// how long a live process answering on the socket is waited for to let go (none:
+/// refused at once).
 fn start_cri_proxy(
     cfg: &MountConfig,
     packages: &Packages,
+    wait: Option<Duration>,
 ) -> Result<Option<crate::snapshot::cri::CriProxy>, DaemonError> {
     let Some(c) = &cfg.cri_proxy else {
         return Ok(None);
     };
     let keychain = packages.registries()?.keychain().clone();
-    crate::snapshot::cri::CriProxy::start(&c.listen, &c.upstream, keychain)
+    crate::snapshot::cri::CriProxy::start(&c.listen, &c.upstream, keychain, wait)
         .map(Some)
         .map_err(|source| DaemonError::Start {
             what: "the CRI image-service proxy",
@@ -756,6 +787,8 @@ type Serving = (
 struct Kept {
     sock: Arc<OwnedFd>,
     report: Arc<Mutex<KeeperReport>>,
+    /// Another server served the mount before this one (a restart or a reload).
+    follows: bool,
 }
 
 impl Kept {
@@ -885,6 +918,7 @@ fn serve(
     cfg: &MountConfig,
     fs: &Arc<PkgFs>,
     keeper: Option<OwnedFd>,
+    keychain: Option<&Arc<Keychain>>,
 ) -> Result<Serving, DaemonError> {
     let (hints_tx, hints) = mpsc::sync_channel(HINT_QUEUE);
     let hints_tx = (cfg.prefetch_bytes > 0).then_some(hints_tx);
@@ -903,7 +937,8 @@ fn serve(
             (session, dev, None)
         }
         Some(sock) => {
-            let (session, kept) = take_over(fuse, &options, sock, fs, &restore_options(cfg))?;
+            let (session, kept) =
+                take_over(fuse, &options, sock, fs, &restore_options(cfg), keychain)?;
             (session, None, Some(kept))
         }
     };
@@ -955,6 +990,7 @@ fn take_over(
     sock: OwnedFd,
     fs: &PkgFs,
     restore: &(LoadOptions, LoadOptions),
+    keychain: Option<&Arc<Keychain>>,
 ) -> Result<(fuser::BackgroundSession, Kept), DaemonError> {
     let sock = Arc::new(sock);
     if PANIC_LINE.set(sock.clone()).is_ok() {
@@ -970,9 +1006,10 @@ fn take_over(
     let hello = ToKeeper::Hello {
         wire: wire::WIRE,
         digest: fs.numbering_digest(),
+        secrets: keychain.is_some(),
     };
     wire::send(sock.as_fd(), &hello, &[])?;
-    let (init, reply, report, numbering, retired, mut fds) = loop {
+    let (init, reply, report, numbering, retired, secrets, mut fds) = loop {
         let (msg, fds) = wire::recv::<ToServer>(sock.as_fd())?;
         match msg {
             ToServer::Refuse { why } => return Err(DaemonError::Refused(why)),
@@ -982,8 +1019,21 @@ fn take_over(
                 report,
                 numbering,
                 retired,
-            } => break (init, reply, report, numbering, retired, fds),
+                secrets,
+            } => break (init, reply, report, numbering, retired, secrets, fds),
             ToServer::Report { .. } => continue,
+            ToServer::Secrets { held } => {
+                // Before the tree grows again: the private images need them.
+                if let Some(k) = keychain {
+                    let kept = held
+                        .iter()
+                        .filter_map(|h| Some((h, h.secret()?)))
+                        .filter(|(h, s)| k.put_if_absent(&h.of.0, &h.of.1, s.clone()))
+                        .count();
+                    info!("{kept} pull secrets handed over by the keeper");
+                }
+                continue;
+            }
             ToServer::Grow { names } => {
                 // A store's tree grew under earlier servers: grow the same names.
                 for (dir, name) in &names {
@@ -994,6 +1044,7 @@ fn take_over(
                 let hello = ToKeeper::Hello {
                     wire: wire::WIRE,
                     digest: fs.numbering_digest(),
+                    secrets: keychain.is_some(),
                 };
                 wire::send(sock.as_fd(), &hello, &[])?;
                 continue;
@@ -1041,7 +1092,22 @@ fn take_over(
     let kept = Kept {
         sock,
         report: Arc::new(Mutex::new(report)),
+        follows: reply.is_some(),
     };
+    if let Some(k) = keychain.filter(|_| secrets) {
+        // Each secret given from now on goes to the keeper too, for the next server.
+        let line = kept.clone();
+        k.observe(Box::new(move |host, repo, secret| {
+            let held = wire::HeldSecret::of(host, repo, secret);
+            if held.size() > wire::SECRETS_PER_MESSAGE {
+                warn!("a pull secret for {host}/{repo} is too large to hand to the keeper");
+                return;
+            }
+            if let Err(e) = line.say(&ToKeeper::Secret { held }) {
+                warn!("cannot hand a pull secret for {host}/{repo} to the keeper: {e}");
+            }
+        }));
+    }
     kept.listen()?;
     kept.say(&ToKeeper::Serving { reply: ours })?;
     info!("serving the keeper's connection");

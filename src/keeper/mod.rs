@@ -187,6 +187,9 @@ struct Keeper {
     journal: Option<(u64, OwnedFd)>,
     /// What lookups grew the tree by (`pkgfs store`), in order.
     grown: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The pull secrets servers were given (`pkgfs store --cri-image-proxy`), handed
+    /// to each next server before it grows the tree again. In memory only.
+    secrets: crate::io::registry::keychain::Keychain,
     /// The inodes of older generations the kernel holds, with their archives.
     retired: (Vec<wire::RetiredEntry>, Vec<OwnedFd>),
     current: Option<Server>,
@@ -234,6 +237,7 @@ pub fn run(cfg: KeeperConfig) -> Result<(), KeeperError> {
         digest: None,
         journal: None,
         grown: Vec::new(),
+        secrets: crate::io::registry::keychain::Keychain::default(),
         retired: (Vec::new(), Vec::new()),
         current: None,
         pending: None,
@@ -397,7 +401,23 @@ impl Keeper {
 
     fn said(&mut self, id: u64, msg: ToKeeper, mut fds: Vec<OwnedFd>) -> Step {
         match msg {
-            ToKeeper::Hello { wire, digest } => self.hello(id, wire, digest),
+            ToKeeper::Hello {
+                wire,
+                digest,
+                secrets,
+            } => self.hello(id, wire, digest, secrets),
+            ToKeeper::Secret { held } => {
+                if self.server_mut(id).is_some_and(|s| s.taken) {
+                    match held.secret() {
+                        Some(secret) => self.secrets.put(&held.of.0, &held.of.1, secret),
+                        None => warn!(
+                            "a pull secret for {}/{} that makes none: not kept",
+                            held.of.0, held.of.1
+                        ),
+                    }
+                }
+                Ok(None)
+            }
             ToKeeper::Serving { reply } => {
                 self.serving(id, reply);
                 Ok(None)
@@ -440,12 +460,28 @@ impl Keeper {
         }
     }
 
-    /// A server loaded its sources and asks for the connection.
-    fn hello(&mut self, id: u64, wire: u32, digest: String) -> Step {
+    /// A server loaded its sources and asks for the connection; `secrets`: it takes
+    /// pull secrets.
+    fn hello(&mut self, id: u64, wire: u32, digest: String, secrets: bool) -> Step {
         let Some(sock) = self.server_mut(id).map(|s| s.sock.try_clone()) else {
             return Ok(None);
         };
         let Ok(sock) = sock else { return Ok(None) };
+        // The secrets first: growing the tree again reads the private images.
+        if secrets && !self.secrets.is_empty() && self.server_mut(id).is_some_and(|s| !s.grew) {
+            let held: Vec<wire::HeldSecret> = self
+                .secrets
+                .all()
+                .iter()
+                .map(|(h, r, s)| wire::HeldSecret::of(h, r, s))
+                .collect();
+            info!("handing {} pull secrets to the new server", held.len());
+            for msg in wire::secrets_messages(held) {
+                if let Err(e) = wire::send(sock.as_fd(), &msg, &[]) {
+                    warn!("cannot hand pull secrets over: {e}");
+                }
+            }
+        }
         let replay = !self.grown.is_empty()
             && self.digest.as_ref().is_some_and(|d| *d != digest)
             && self.server_mut(id).is_some_and(|s| !s.grew);
@@ -492,6 +528,7 @@ impl Keeper {
             report: self.report.clone(),
             numbering: self.journal.as_ref().map(|(next, _)| *next),
             retired: self.retired.0.clone(),
+            secrets: true,
         };
         let clone = if self.resend {
             None

@@ -4,8 +4,11 @@
 //!
 //! ```text
 //! server                                   keeper
-//!   Hello { wire, digest }          ──►      (mounts, if not mounted yet)
-//!                                   ◄──    Take { init, reply, report, numbering }
+//!   Hello { wire, digest, secrets } ──►      (mounts, if not mounted yet)
+//!                                   ◄──    Secrets { held } (if the server takes
+//!                                          them and the keeper holds any; then:)
+//!                                   ◄──    Take { init, reply, report, numbering,
+//!                                                 secrets }
 //!                                          + descriptor (+ the last numbering table)
 //!                                          or Grow { names } (then Hello again)
 //!                                          or Refuse { why }
@@ -15,11 +18,17 @@
 //!   Changed { digest, next_ino }    ──►      + the numbering table (a memfd), before
 //!                                            the kernel sees a new generation
 //!   Grew { dir, name }              ──►      (a store's lookup, replayed by the next)
+//!   Secret { held }                 ──►      (a pull secret the store's CRI proxy
+//!                                            kept, for the next server; only to a
+//!                                            keeper whose `Take` said it holds them)
 //!   Panicked { message }            ──►      (kept as the cause if it dies)
 //! ```
 //!
 //! [`WIRE`] names this format: a server that does not speak the keeper's refuses to
-//! take over (`pkgfs reload` then reports it and the old server keeps serving).
+//! take over (`pkgfs reload` then reports it and the old server keeps serving). Fields
+//! added since are optional (`serde(default)`), and a message added since is sent only
+//! to a side that said it takes it, so a keeper and a server of adjacent releases
+//! still hand over.
 
 use std::io::IoSlice;
 use std::io::IoSliceMut;
@@ -43,6 +52,15 @@ pub enum ToKeeper {
         wire: u32,
         /// What inode numbering depends on (`PkgFs::numbering_digest`).
         digest: String,
+        /// The server takes pull secrets ([`ToServer::Secrets`]): a store's.
+        #[serde(default)]
+        secrets: bool,
+    },
+    /// A pull secret given to the server (a store's CRI proxy): the keeper holds it for
+    /// the servers after this one.
+    Secret {
+        /// The secret.
+        held: HeldSecret,
     },
     /// The session is up and reading requests; `reply` is its answer to INIT.
     Serving {
@@ -100,6 +118,15 @@ pub enum ToServer {
         /// Inodes of older generations to serve too; their archives' descriptors follow
         /// (after the table, if any), in the order `RetiredEntry::archive` counts.
         retired: Vec<RetiredEntry>,
+        /// The keeper holds pull secrets: send it each one ([`ToKeeper::Secret`]).
+        #[serde(default)]
+        secrets: bool,
+    },
+    /// Pull secrets earlier servers were given, oldest first (before `Grow` or
+    /// `Take`; several messages when they are many: [`secrets_messages`]).
+    Secrets {
+        /// The secrets.
+        held: Vec<HeldSecret>,
     },
     /// Your tree is not the last one: grow these names in this order (what lookups grew
     /// under earlier servers), then say `Hello` again.
@@ -117,6 +144,78 @@ pub enum ToServer {
         /// Why.
         why: String,
     },
+}
+
+/// A pull secret for one repository, as it crosses between a keeper and its server
+/// (`crate::io::registry::keychain`); its `Debug` hides the secret.
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+pub struct HeldSecret {
+    /// The registry host and the repository.
+    pub of: (String, String),
+    /// `Secret::parts`: the kind and two strings.
+    pub secret: (String, String, String),
+}
+
+impl std::fmt::Debug for HeldSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HeldSecret({:?}, {}, <hidden>)", self.of, self.secret.0)
+    }
+}
+
+impl HeldSecret {
+    /// `secret` for `host`'s `repo`.
+    pub fn of(host: &str, repo: &str, secret: &crate::io::registry::keychain::Secret) -> Self {
+        let (kind, a, b) = secret.parts();
+        HeldSecret {
+            of: (host.to_string(), repo.to_string()),
+            secret: (kind.to_string(), a, b),
+        }
+    }
+
+    /// The secret, if its parts make one.
+    pub fn secret(&self) -> Option<crate::io::registry::keychain::Secret> {
+        let (kind, a, b) = &self.secret;
+        crate::io::registry::keychain::Secret::from_parts(kind, a, b)
+    }
+
+    /// The bytes it takes in a message.
+    pub fn size(&self) -> usize {
+        serde_json::to_vec(self).map_or(usize::MAX, |v| v.len())
+    }
+}
+
+/// Most bytes of secrets in one message: a message is read into 64 KiB ([`recv`]).
+pub const SECRETS_PER_MESSAGE: usize = 32 * 1024;
+
+/// `held` as [`ToServer::Secrets`] messages of at most [`SECRETS_PER_MESSAGE`] bytes of
+/// secrets each, in order; a secret larger than that alone is left out (and logged,
+/// without its bytes).
+pub fn secrets_messages(held: Vec<HeldSecret>) -> Vec<ToServer> {
+    let mut out = Vec::new();
+    let (mut batch, mut bytes) = (Vec::new(), 0);
+    for h in held {
+        let n = h.size();
+        if n > SECRETS_PER_MESSAGE {
+            log::warn!(
+                "a pull secret for {}/{} is {n} bytes: too large to hand over",
+                h.of.0,
+                h.of.1
+            );
+            continue;
+        }
+        if bytes + n > SECRETS_PER_MESSAGE {
+            out.push(ToServer::Secrets {
+                held: std::mem::take(&mut batch),
+            });
+            bytes = 0;
+        }
+        bytes += n;
+        batch.push(h);
+    }
+    if !batch.is_empty() {
+        out.push(ToServer::Secrets { held: batch });
+    }
+    out
 }
 
 /// [`RetiredEntry::archive`] of an inode not in a local archive.
@@ -304,6 +403,7 @@ mod tests {
         let hello = ToKeeper::Hello {
             wire: WIRE,
             digest: "abc".into(),
+            secrets: true,
         };
         send(a.as_fd(), &hello, &[]).unwrap();
         let (got, fds): (ToKeeper, _) = recv(b.as_fd()).unwrap();
@@ -318,6 +418,7 @@ mod tests {
             report: KeeperReport::default(),
             numbering: Some(7),
             retired: Vec::new(),
+            secrets: true,
         };
         let table = table_memfd(&[1, 5, 1 << 40]).unwrap();
         send(b.as_fd(), &take, &[f.as_fd(), table.as_fd()]).unwrap();
@@ -359,5 +460,71 @@ mod tests {
         let old = r#"{"ino":3,"archive":0,"name":"a.zip","path":[120],"in_graft":true}"#;
         let got: RetiredEntry = serde_json::from_str(old).unwrap();
         assert_eq!((got.ino, got.archive, got.object), (3, 0, None));
+    }
+
+    fn held(i: usize, token_len: usize) -> HeldSecret {
+        HeldSecret::of(
+            "r.example:5000",
+            &format!("team/app{i}"),
+            &crate::io::registry::keychain::Secret::Bearer("t".repeat(token_len)),
+        )
+    }
+
+    #[test]
+    fn messages_of_the_release_before_secrets_read_as_taking_and_holding_none() {
+        let hello: ToKeeper =
+            serde_json::from_str(r#"{"Hello":{"wire":1,"digest":"abc"}}"#).unwrap();
+        assert_eq!(
+            hello,
+            ToKeeper::Hello {
+                wire: 1,
+                digest: "abc".into(),
+                secrets: false
+            }
+        );
+        let take: ToServer = serde_json::from_str(
+            r#"{"Take":{"init":[1],"reply":null,"report":{"keeper_pid":1,"restarts":0,
+            "reloads":0,"last_cause":null,"last_pause_ms":null,"pauses_ms":[],
+            "restart_limit":""},"numbering":null,"retired":[]}}"#,
+        )
+        .unwrap();
+        assert!(matches!(take, ToServer::Take { secrets: false, .. }));
+    }
+
+    #[test]
+    fn many_secrets_cross_in_order_in_messages_that_fit_and_one_too_large_is_left_out() {
+        let (a, b) = pair().unwrap();
+        let mut all: Vec<HeldSecret> = (0..3000).map(|i| held(i, 40)).collect();
+        all.insert(1500, held(99_999, 40_000));
+        let msgs = secrets_messages(all.clone());
+        assert!(msgs.len() > 3, "{} messages", msgs.len());
+        let mut got = Vec::new();
+        for m in &msgs {
+            send(a.as_fd(), m, &[]).unwrap();
+            match recv::<ToServer>(b.as_fd()).unwrap().0 {
+                ToServer::Secrets { held } => got.extend(held),
+                other => panic!("{other:?}"),
+            }
+        }
+        all.remove(1500);
+        assert_eq!(got, all);
+        assert_eq!(
+            got[7].secret(),
+            Some(crate::io::registry::keychain::Secret::Bearer("t".repeat(40)))
+        );
+    }
+
+    #[test]
+    fn a_held_secret_does_not_show_in_debug_output() {
+        let h = HeldSecret::of(
+            "h",
+            "r",
+            &crate::io::registry::keychain::Secret::Basic(
+                crate::io::registry::auth::Credentials::new("u", "hunter2").unwrap(),
+            ),
+        );
+        let shown = format!("{h:?} {:?}", ToKeeper::Secret { held: h.clone() });
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("basic"), "{shown}");
     }
 }

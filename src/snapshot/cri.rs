@@ -288,21 +288,25 @@ async fn call(
     }
 }
 
-/// The proxy, serving until dropped (its socket removed then).
+/// The proxy, serving until dropped (its socket removed then, if still its own).
 pub struct CriProxy {
     listen: PathBuf,
+    /// The socket file's (device, inode) as bound: a server that replaced this one may
+    /// have bound its own there since.
+    bound: (u64, u64),
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl CriProxy {
     /// Serve the image service on `listen` (a stale socket there is replaced; one a live
-    /// process answers on is refused), passing it on to containerd at `upstream`,
-    /// feeding `keychain`; on a thread of its own.
+    /// process answers on is waited for to let go, up to `wait`, then refused), passing
+    /// it on to containerd at `upstream`, feeding `keychain`; on a thread of its own.
     pub fn start(
         listen: &Path,
         upstream: &Path,
         keychain: Arc<Keychain>,
+        wait: Option<std::time::Duration>,
     ) -> std::io::Result<CriProxy> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -310,12 +314,24 @@ impl CriProxy {
             .enable_all()
             .build()?;
         // A socket file nobody answers on is a stale one (a server that died): replaced.
-        // One that answers belongs to a live process, which is not robbed of it.
-        if std::os::unix::net::UnixStream::connect(listen).is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!("another process serves {}", listen.display()),
-            ));
+        // One that answers belongs to a live process, which is not robbed of it: the
+        // server this one replaces lets go once this one serves the mount.
+        let since = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(listen).is_ok() {
+            if since.elapsed() >= wait.unwrap_or_default() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("another process serves {}", listen.display()),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if wait.is_some() && since.elapsed().as_millis() >= 100 {
+            info!(
+                "CRI proxy: {} let go after {} ms",
+                listen.display(),
+                since.elapsed().as_millis()
+            );
         }
         match std::fs::remove_file(listen) {
             Ok(()) => {}
@@ -327,6 +343,7 @@ impl CriProxy {
             tokio::net::UnixListener::bind(listen)?
         };
         std::fs::set_permissions(listen, std::fs::Permissions::from_mode(0o600))?;
+        let bound = file_id(listen)?;
         let up = Arc::new(Upstream {
             path: upstream.to_path_buf(),
             conn: tokio::sync::Mutex::new(None),
@@ -372,6 +389,7 @@ impl CriProxy {
             })?;
         Ok(CriProxy {
             listen: listen.to_path_buf(),
+            bound,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -386,8 +404,18 @@ impl Drop for CriProxy {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.listen);
+        // Not a socket the next server bound meanwhile.
+        if file_id(&self.listen).is_ok_and(|id| id == self.bound) {
+            let _ = std::fs::remove_file(&self.listen);
+        }
     }
+}
+
+/// A file's (device, inode).
+fn file_id(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path)?;
+    Ok((m.dev(), m.ino()))
 }
 
 #[cfg(test)]
@@ -453,14 +481,14 @@ mod tests {
         let absent = dir.path().join("no-containerd.sock");
         // A live listener: refused, and left alone.
         let live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let e = CriProxy::start(&sock, &absent, Arc::default())
+        let e = CriProxy::start(&sock, &absent, Arc::default(), None)
             .err()
             .unwrap();
         assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
         assert!(sock.exists());
         // Its process gone, the file stays: replaced, mode 0600.
         drop(live);
-        let proxy = CriProxy::start(&sock, &absent, Arc::default()).unwrap();
+        let proxy = CriProxy::start(&sock, &absent, Arc::default(), None).unwrap();
         let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         // A call of another service is UNIMPLEMENTED; an image call with containerd
@@ -499,6 +527,42 @@ mod tests {
         // Dropped: the socket goes.
         drop(proxy);
         assert!(!sock.exists());
+    }
+
+    #[test]
+    fn a_proxy_that_replaces_another_waits_for_its_socket_and_the_old_leaves_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("cri.sock");
+        let absent = dir.path().join("no-containerd.sock");
+        let old = CriProxy::start(&sock, &absent, Arc::default(), None).unwrap();
+        // Not waiting: refused at once.
+        let e = CriProxy::start(&sock, &absent, Arc::default(), None)
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        // Waiting: the old one ends a moment later (as the keeper stops a replaced
+        // server), and the new one takes the socket then.
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(old);
+        });
+        let new = CriProxy::start(
+            &sock,
+            &absent,
+            Arc::default(),
+            Some(std::time::Duration::from_secs(20)),
+        )
+        .unwrap();
+        ender.join().unwrap();
+        assert_eq!(file_id(&sock).unwrap(), new.bound);
+        assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
+        // A proxy whose socket another bound since leaves that one in place.
+        std::fs::remove_file(&sock).unwrap();
+        let next = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let next_id = file_id(&sock).unwrap();
+        drop(new);
+        assert_eq!(file_id(&sock).unwrap(), next_id, "the next one's socket went");
+        drop(next);
     }
 
     #[test]

@@ -52,6 +52,19 @@ impl Credentials {
         })
     }
 
+    /// A user name and password, as they are (the user name must not be empty).
+    pub fn new(user: &str, pass: &str) -> Option<Credentials> {
+        (!user.is_empty()).then(|| Credentials {
+            user: user.to_string(),
+            pass: pass.to_string(),
+        })
+    }
+
+    /// The password (to hand it to the keeper; never to be logged).
+    pub fn password(&self) -> &str {
+        &self.pass
+    }
+
     /// The `Authorization` value for `Basic`.
     pub fn basic(&self) -> String {
         let b = base64::engine::general_purpose::STANDARD

@@ -8,8 +8,10 @@
 //! repository of the image it came with (host and repository, any tag or digest), as
 //! stargz-snapshotter keeps it for the image reference, and it is tried before the
 //! node's for that repository only. A newer secret for a repository replaces the
-//! older. Kept in memory only (never on disk, never logged): a server that restarts
-//! has none until kubelet pulls again, and reads the node's credentials meanwhile.
+//! older. Kept in memory only (never on disk, never logged). A store's server under a
+//! keeper hands each secret to its keeper as it comes ([`Keychain::observe`]), and the
+//! keeper hands them all to the server that replaces it (after a death or a reload)
+//! before that one grows the tree again (`crate::keeper::wire::HeldSecret`).
 
 use super::auth::Credentials;
 use std::collections::HashMap;
@@ -28,6 +30,28 @@ pub enum Secret {
     Bearer(String),
 }
 
+impl Secret {
+    /// Its kind and parts, to cross to the keeper: `("basic", user, password)` or
+    /// `("bearer", token, "")`.
+    pub fn parts(&self) -> (&'static str, String, String) {
+        match self {
+            Secret::Basic(c) => ("basic", c.user.clone(), c.password().to_string()),
+            Secret::Bearer(t) => ("bearer", t.clone(), String::new()),
+        }
+    }
+
+    /// The secret [`Secret::parts`] gave; `None` for parts no secret gives.
+    pub fn from_parts(kind: &str, first: &str, second: &str) -> Option<Secret> {
+        match kind {
+            "basic" => Credentials::new(first, second).map(Secret::Basic),
+            "bearer" if !first.is_empty() && second.is_empty() => {
+                Some(Secret::Bearer(first.to_string()))
+            }
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -37,19 +61,65 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Told of each secret [`Keychain::put`] keeps: host, repository, secret.
+pub type Observer = Box<dyn Fn(&str, &str, &Secret) + Send + Sync>;
+
 /// Secrets by (host, repository).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Keychain {
     /// Each secret with the number of the `put` that gave it.
     held: Mutex<HashMap<(String, String), (Secret, u64)>>,
     puts: std::sync::atomic::AtomicU64,
+    observer: std::sync::OnceLock<Observer>,
+}
+
+impl std::fmt::Debug for Keychain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keychain")
+            .field("held", &self.len())
+            .field("observed", &self.observer.get().is_some())
+            .finish()
+    }
 }
 
 impl Keychain {
-    /// Keep `secret` for `host`'s `repo` (replacing what was kept for it).
+    /// Keep `secret` for `host`'s `repo` (replacing what was kept for it), and tell the
+    /// observer.
     pub fn put(&self, host: &str, repo: &str, secret: Secret) {
+        if let Some(o) = self.observer.get() {
+            o(host, repo, &secret);
+        }
+        self.insert(host, repo, secret, true);
+    }
+
+    /// Keep `secret` for `host`'s `repo` unless one is kept for it already (a newer
+    /// one, given to this process, over one handed over from an earlier); the observer
+    /// is not told. Whether it was kept.
+    pub fn put_if_absent(&self, host: &str, repo: &str, secret: Secret) -> bool {
+        self.insert(host, repo, secret, false)
+    }
+
+    /// Tell `observer` of every secret put from now on (once: a second is ignored).
+    pub fn observe(&self, observer: Observer) {
+        let _ = self.observer.set(observer);
+    }
+
+    /// Every secret kept, oldest first: (host, repository, secret).
+    pub fn all(&self) -> Vec<(String, String, Secret)> {
+        let held = crate::sync::lock(&self.held);
+        let mut all: Vec<(&(String, String), &(Secret, u64))> = held.iter().collect();
+        all.sort_unstable_by_key(|(_, (_, n))| *n);
+        all.into_iter()
+            .map(|((h, r), (s, _))| (h.clone(), r.clone(), s.clone()))
+            .collect()
+    }
+
+    fn insert(&self, host: &str, repo: &str, secret: Secret, replace: bool) -> bool {
         let mut held = crate::sync::lock(&self.held);
         let key = (host.to_string(), repo.to_string());
+        if !replace && held.contains_key(&key) {
+            return false;
+        }
         if held.len() >= MAX_HELD && !held.contains_key(&key) {
             let oldest = held
                 .iter()
@@ -61,6 +131,7 @@ impl Keychain {
         }
         let n = self.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         held.insert(key, (secret, n));
+        true
     }
 
     /// The secret kept for `host`'s `repo`, if any.
@@ -84,6 +155,7 @@ impl Keychain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn basic(s: &str) -> Secret {
         Secret::Basic(Credentials::parse(s).unwrap())
@@ -116,6 +188,52 @@ mod tests {
         assert_eq!(k.len(), MAX_HELD);
         assert_eq!(k.get("h", "r0"), None);
         assert!(k.get("h", "new").is_some() && k.get("h", "r1").is_some());
+    }
+
+    #[test]
+    fn puts_are_observed_handed_over_ones_do_not_replace_and_all_come_oldest_first() {
+        let k = Keychain::default();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        k.put("h", "before", basic("u:p"));
+        k.observe(Box::new(move |h, r, secret| {
+            s.lock()
+                .unwrap()
+                .push((h.to_string(), r.to_string(), secret.clone()))
+        }));
+        k.put("h", "a", basic("u:p1"));
+        k.put("h", "b", Secret::Bearer("t".into()));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                ("h".to_string(), "a".to_string(), basic("u:p1")),
+                ("h".to_string(), "b".to_string(), Secret::Bearer("t".into()))
+            ]
+        );
+        // Handed over from an earlier server: kept where none is, never over one.
+        assert!(!k.put_if_absent("h", "a", basic("u:old")));
+        assert!(k.put_if_absent("h", "c", basic("u:p3")));
+        assert_eq!(k.get("h", "a"), Some(basic("u:p1")));
+        assert_eq!(seen.lock().unwrap().len(), 2, "a hand-over was observed");
+        let all: Vec<String> = k.all().into_iter().map(|(_, r, _)| r).collect();
+        assert_eq!(all, ["before", "a", "b", "c"]);
+        assert!(!format!("{k:?}").contains("p1"));
+    }
+
+    #[test]
+    fn a_secret_crosses_as_parts_and_parts_no_secret_gives_are_refused() {
+        for s in [
+            basic("user:pa:ss"),
+            basic("user:"),
+            Secret::Bearer("tok".into()),
+        ] {
+            let (kind, a, b) = s.parts();
+            assert_eq!(Secret::from_parts(kind, &a, &b), Some(s));
+        }
+        assert_eq!(Secret::from_parts("basic", "", "p"), None);
+        assert_eq!(Secret::from_parts("bearer", "", ""), None);
+        assert_eq!(Secret::from_parts("bearer", "t", "x"), None);
+        assert_eq!(Secret::from_parts("other", "a", "b"), None);
     }
 
     #[test]
