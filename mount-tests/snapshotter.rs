@@ -1474,7 +1474,7 @@ fn kubelets_pull_secrets_reach_the_store_through_the_cri_proxy() {
     assert!(files > 1000, "{files} files, {bytes} bytes in the store");
     let store_log = std::fs::read_to_string(rig.path().join("store.log")).unwrap();
     assert!(
-        store_log.contains("1 pull secrets handed over by the keeper"),
+        store_log.contains("handing 1 pull secrets to the new server"),
         "server {new}: {store_log}"
     );
     assert!(
