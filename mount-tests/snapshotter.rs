@@ -1583,7 +1583,8 @@ fn a_store_with_the_cri_proxy_reloads_and_the_new_server_takes_its_socket() {
         pkgfs().arg("reload").arg(&store),
         Duration::from_secs(90),
     );
-    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let log = || std::fs::read_to_string(rig.path().join("store.log")).unwrap_or_default();
     assert!(out.status.success(), "{said}\n{}", log());
     let new = crate::common::status_json(&store)["server_pid"]

@@ -1735,14 +1735,22 @@ mod tests {
                     break;
                 }
             }
-            assert!(start.elapsed() < Duration::from_secs(10), "read-ahead stuck");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "read-ahead stuck"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         let mut got = asked.lock().unwrap().clone();
         got.sort_unstable();
         assert_eq!(
             got,
-            [(0, 8 * M), (8 * M, 16 * M), (16 * M, 24 * M), (24 * M, 32 * M)]
+            [
+                (0, 8 * M),
+                (8 * M, 16 * M),
+                (16 * M, 24 * M),
+                (24 * M, 32 * M)
+            ]
         );
         // Read from memory, the waiting share's bytes too; past it, from the source.
         for at in [M, 20 * M, 31 * M] {

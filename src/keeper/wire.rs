@@ -510,7 +510,9 @@ mod tests {
         assert_eq!(got, all);
         assert_eq!(
             got[7].secret(),
-            Some(crate::io::registry::keychain::Secret::Bearer("t".repeat(40)))
+            Some(crate::io::registry::keychain::Secret::Bearer(
+                "t".repeat(40)
+            ))
         );
     }
 

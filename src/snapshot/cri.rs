@@ -561,7 +561,11 @@ mod tests {
         let next = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let next_id = file_id(&sock).unwrap();
         drop(new);
-        assert_eq!(file_id(&sock).unwrap(), next_id, "the next one's socket went");
+        assert_eq!(
+            file_id(&sock).unwrap(),
+            next_id,
+            "the next one's socket went"
+        );
         drop(next);
     }
 

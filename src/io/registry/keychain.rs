@@ -107,11 +107,12 @@ impl Keychain {
     /// Every secret kept, oldest first: (host, repository, secret).
     pub fn all(&self) -> Vec<(String, String, Secret)> {
         let held = crate::sync::lock(&self.held);
-        let mut all: Vec<(&(String, String), &(Secret, u64))> = held.iter().collect();
-        all.sort_unstable_by_key(|(_, (_, n))| *n);
-        all.into_iter()
-            .map(|((h, r), (s, _))| (h.clone(), r.clone(), s.clone()))
-            .collect()
+        let mut all: Vec<(u64, (String, String, Secret))> = held
+            .iter()
+            .map(|((h, r), (s, n))| (*n, (h.clone(), r.clone(), s.clone())))
+            .collect();
+        all.sort_unstable_by_key(|(n, _)| *n);
+        all.into_iter().map(|(_, one)| one).collect()
     }
 
     fn insert(&self, host: &str, repo: &str, secret: Secret, replace: bool) -> bool {
