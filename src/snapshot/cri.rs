@@ -398,15 +398,17 @@ impl CriProxy {
 
 impl Drop for CriProxy {
     fn drop(&mut self) {
+        // The socket file goes first, if it is still this one's, while the listener
+        // still answers: a server waiting to replace this one binds its own only once
+        // connecting fails, so this never removes the next one's socket.
+        if file_id(&self.listen).is_ok_and(|id| id == self.bound) {
+            let _ = std::fs::remove_file(&self.listen);
+        }
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
-        }
-        // Not a socket the next server bound meanwhile.
-        if file_id(&self.listen).is_ok_and(|id| id == self.bound) {
-            let _ = std::fs::remove_file(&self.listen);
         }
     }
 }
@@ -541,7 +543,8 @@ mod tests {
             .unwrap();
         assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
         // Waiting: the old one ends a moment later (as the keeper stops a replaced
-        // server), and the new one takes the socket then.
+        // server), and the new one takes the socket then. (The pause only makes the
+        // new one start while the old one serves; the test passes whatever the order.)
         let ender = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(300));
             drop(old);
