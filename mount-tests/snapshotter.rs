@@ -242,8 +242,19 @@ impl Rig {
     /// index cache and log in the rig; `extra` adds to its command) for the
     /// snapshotter to take layers from; its mountpoint.
     fn start_store(&mut self, extra: impl FnOnce(&mut Command)) -> PathBuf {
+        let (store, mut c) = self.store_cmd(extra);
+        ok(self.path(), &mut c, Duration::from_secs(30));
+        self.store = Some(store.clone());
+        self.snap_args = vec!["--store".into(), store.display().to_string()];
+        store
+    }
+
+    /// The command [`Rig::start_store`] runs, and its mountpoint (made if missing).
+    fn store_cmd(&self, extra: impl FnOnce(&mut Command)) -> (PathBuf, Command) {
         let store = self.path().join("store");
-        std::fs::create_dir(&store).expect("store mountpoint");
+        if !store.exists() {
+            std::fs::create_dir(&store).expect("store mountpoint");
+        }
         let mut c = pkgfs();
         c.arg("store")
             .arg(&store)
@@ -257,10 +268,7 @@ impl Rig {
             .arg("--log-file")
             .arg(self.path().join("store.log"));
         extra(&mut c);
-        ok(self.path(), &mut c, Duration::from_secs(30));
-        self.store = Some(store.clone());
-        self.snap_args = vec!["--store".into(), store.display().to_string()];
-        store
+        (store, c)
     }
 
     /// Start the snapshotter and wait until it answers.
@@ -1562,18 +1570,29 @@ fn socket_peer_pid(path: &Path) -> i32 {
 /// `pkgfs reload` of a store that serves the CRI proxy: the new server waits for the
 /// old one to let go of the proxy's socket (the keeper stops it once the new one
 /// serves), then answers on it, mode 0600; the old one, ending, leaves the new socket.
+/// A socket another process serves fails the store's start, before anything is
+/// mounted.
 #[test]
 fn a_store_with_the_cri_proxy_reloads_and_the_new_server_takes_its_socket() {
     use std::os::unix::fs::PermissionsExt;
     let mut rig = Rig::new();
     let proxy = rig.path().join("cri.sock");
     let upstream = rig.sock();
-    let store = rig.start_store(|c| {
+    let with_proxy = |c: &mut Command| {
         c.arg("--cri-image-proxy")
             .arg(&proxy)
             .arg("--cri-upstream")
             .arg(&upstream);
-    });
+    };
+    let stranger = std::os::unix::net::UnixListener::bind(&proxy).unwrap();
+    let (mp, mut c) = rig.store_cmd(with_proxy);
+    let out = bounded(rig.path(), &mut c, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started beside another process's socket");
+    assert!(err.contains("another process serves"), "{err}");
+    assert!(!crate::common::is_mountpoint(&mp), "mounted all the same");
+    drop(stranger);
+    let store = rig.start_store(with_proxy);
     let old = crate::common::status_json(&store)["server_pid"]
         .as_i64()
         .unwrap();

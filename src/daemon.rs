@@ -400,8 +400,12 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     let (fs, activity, store, mut cri) = if cfg.store {
         let (fs, store) = open_store(cfg, &packages)?;
         // Under a keeper, the server this one replaces may still answer on the proxy's
-        // socket until this one has taken over: the proxy starts after that.
+        // socket until this one has taken over: the proxy starts after that. A socket
+        // another process serves fails the start now, before the keeper mounts.
         let cri = if under_keeper {
+            if let Some(c) = &cfg.cri_proxy {
+                refuse_a_strangers_socket(&c.listen)?;
+            }
             None
         } else {
             start_cri_proxy(cfg, &packages, None)?
@@ -743,6 +747,31 @@ fn open_store(cfg: &MountConfig, packages: &Packages) -> Result<StoreServed, Dae
         store.clone(),
     ));
     Ok((fs, store))
+}
+
+/// A server under a keeper: fail if a process other than a server of the same keeper
+/// (the one this server replaces, a sibling) answers on the CRI proxy's socket `listen`.
+fn refuse_a_strangers_socket(listen: &Path) -> Result<(), DaemonError> {
+    let Ok(conn) = std::os::unix::net::UnixStream::connect(listen) else {
+        return Ok(());
+    };
+    let keeper = std::os::unix::process::parent_id();
+    let parent = wire::peer(&conn).and_then(|c| {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", c.pid)).ok()?;
+        // `PID (COMM) STATE PPID …`: COMM may hold spaces and parentheses.
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+    });
+    if parent == Some(keeper) {
+        return Ok(());
+    }
+    Err(DaemonError::Start {
+        what: "the CRI image-service proxy",
+        source: std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("another process serves {}", listen.display()),
+        ),
+    })
 }
 
 /// How long a store's server that replaces another waits for it to let go of the CRI

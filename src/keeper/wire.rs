@@ -365,6 +365,12 @@ pub fn read_table(fd: &OwnedFd) -> std::io::Result<Vec<u64>> {
 /// The user id of the process at the other end of `s` (status and the keeper's reload
 /// channel answer only it and root).
 pub fn peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
+    peer(s).map(|c| c.uid)
+}
+
+/// The process at the other end of `s` (for a connection to a listening socket: the
+/// one that listens), as the kernel noted it (`SO_PEERCRED`).
+pub fn peer(s: &std::os::unix::net::UnixStream) -> Option<libc::ucred> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,
@@ -382,7 +388,7 @@ pub fn peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (r == 0).then_some(cred.uid)
+    (r == 0).then_some(cred)
 }
 
 /// A connected pair for a keeper and one server, close-on-exec (the server's end is
