@@ -1588,7 +1588,10 @@ fn a_store_with_the_cri_proxy_reloads_and_the_new_server_takes_its_socket() {
     let (mp, mut c) = rig.store_cmd(with_proxy);
     let out = bounded(rig.path(), &mut c, Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "started beside another process's socket");
+    assert!(
+        !out.status.success(),
+        "started beside another process's socket"
+    );
     assert!(err.contains("another process serves"), "{err}");
     assert!(!crate::common::is_mountpoint(&mp), "mounted all the same");
     drop(stranger);
