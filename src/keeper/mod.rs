@@ -187,9 +187,10 @@ struct Keeper {
     journal: Option<(u64, OwnedFd)>,
     /// What lookups grew the tree by (`pkgfs store`), in order.
     grown: Vec<(Vec<u8>, Vec<u8>)>,
-    /// The pull secrets servers were given (`pkgfs store --cri-image-proxy`), handed
-    /// to each next server before it grows the tree again. In memory only.
-    secrets: crate::io::registry::keychain::Keychain,
+    /// The pull secrets servers were given (`pkgfs store --cri-image-proxy`), the newest
+    /// per repository, oldest first, at most [`wire::SECRETS_HELD`]: handed to each next
+    /// server before it grows the tree again. In memory only, never read here.
+    secrets: Vec<wire::HeldSecret>,
     /// The inodes of older generations the kernel holds, with their archives.
     retired: (Vec<wire::RetiredEntry>, Vec<OwnedFd>),
     current: Option<Server>,
@@ -237,7 +238,7 @@ pub fn run(cfg: KeeperConfig) -> Result<(), KeeperError> {
         digest: None,
         journal: None,
         grown: Vec::new(),
-        secrets: crate::io::registry::keychain::Keychain::default(),
+        secrets: Vec::new(),
         retired: (Vec::new(), Vec::new()),
         current: None,
         pending: None,
@@ -408,13 +409,7 @@ impl Keeper {
             } => self.hello(id, wire, digest, secrets),
             ToKeeper::Secret { held } => {
                 if self.server_mut(id).is_some_and(|s| s.taken) {
-                    match held.secret() {
-                        Some(secret) => self.secrets.put(&held.of.0, &held.of.1, secret),
-                        None => warn!(
-                            "a pull secret for {}/{} that makes none: not kept",
-                            held.of.0, held.of.1
-                        ),
-                    }
+                    wire::hold(&mut self.secrets, held);
                 }
                 Ok(None)
             }
@@ -469,14 +464,11 @@ impl Keeper {
         let Ok(sock) = sock else { return Ok(None) };
         // The secrets first: growing the tree again reads the private images.
         if secrets && !self.secrets.is_empty() && self.server_mut(id).is_some_and(|s| !s.grew) {
-            let held: Vec<wire::HeldSecret> = self
-                .secrets
-                .all()
-                .iter()
-                .map(|(h, r, s)| wire::HeldSecret::of(h, r, s))
-                .collect();
-            info!("handing {} pull secrets to the new server", held.len());
-            for msg in wire::secrets_messages(held) {
+            info!(
+                "handing {} pull secrets to the new server",
+                self.secrets.len()
+            );
+            for msg in wire::secrets_messages(self.secrets.clone()) {
                 if let Err(e) = wire::send(sock.as_fd(), &msg, &[]) {
                     warn!("cannot hand pull secrets over: {e}");
                 }

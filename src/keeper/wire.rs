@@ -184,6 +184,20 @@ impl HeldSecret {
     }
 }
 
+/// Most repositories whose secret a keeper holds (as a server's keychain,
+/// `crate::io::registry::keychain::MAX_HELD`); the one given longest ago goes first.
+pub const SECRETS_HELD: usize = crate::io::registry::keychain::MAX_HELD;
+
+/// Keep `secret` in `held` (oldest first): it replaces the one for the same repository,
+/// and past [`SECRETS_HELD`] the oldest goes.
+pub fn hold(held: &mut Vec<HeldSecret>, secret: HeldSecret) {
+    held.retain(|h| h.of != secret.of);
+    if held.len() >= SECRETS_HELD {
+        held.remove(0);
+    }
+    held.push(secret);
+}
+
 /// Most bytes of secrets in one message: a message is read into 64 KiB ([`recv`]).
 pub const SECRETS_PER_MESSAGE: usize = 32 * 1024;
 
@@ -520,6 +534,23 @@ mod tests {
                 "t".repeat(40)
             ))
         );
+    }
+
+    #[test]
+    fn a_keeper_holds_the_newest_secret_per_repository_and_a_bounded_number() {
+        let mut kept = Vec::new();
+        for i in 0..SECRETS_HELD {
+            hold(&mut kept, held(i, 4));
+        }
+        // A newer secret for a repository replaces its older one, and goes last.
+        hold(&mut kept, held(3, 9));
+        assert_eq!(kept.len(), SECRETS_HELD);
+        assert_eq!(kept.last().unwrap(), &held(3, 9));
+        assert!(!kept.contains(&held(3, 4)));
+        // One more repository: the oldest goes.
+        hold(&mut kept, held(SECRETS_HELD, 4));
+        assert_eq!(kept.len(), SECRETS_HELD);
+        assert_eq!(kept[0], held(1, 4));
     }
 
     #[test]
