@@ -1545,26 +1545,8 @@ fn read_every_file(dir: &Path) -> (u64, u64) {
 
 /// The process at the other end of a connection to the unix socket `path`.
 fn socket_peer_pid(path: &Path) -> i32 {
-    use std::os::fd::AsRawFd;
     let s = std::os::unix::net::UnixStream::connect(path).expect("the socket answers");
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt into a correctly sized local struct.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast::<libc::c_void>(),
-            &mut len,
-        )
-    };
-    assert_eq!(r, 0, "SO_PEERCRED");
-    cred.pid
+    pkgfs::keeper::wire::peer(&s).expect("SO_PEERCRED").pid
 }
 
 /// `pkgfs reload` of a store that serves the CRI proxy: the new server waits for the

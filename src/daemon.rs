@@ -397,7 +397,13 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     let mut packages = Packages::new(sources.clone(), load_options(cfg));
     let watcher = watch_sources(cfg, &packages)?;
     let under_keeper = keeper.is_some();
-    let (fs, activity, store, mut cri) = if cfg.store {
+    // A store's pull secrets (its CRI proxy's) cross to and from its keeper.
+    let keychain = if cfg.store {
+        Some(packages.registries()?.keychain().clone())
+    } else {
+        None
+    };
+    let (fs, activity, store, mut cri) = if let Some(chain) = &keychain {
         let (fs, store) = open_store(cfg, &packages)?;
         // Under a keeper, the server this one replaces may still answer on the proxy's
         // socket until this one has taken over: the proxy starts after that. A socket
@@ -408,28 +414,22 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
             }
             None
         } else {
-            start_cri_proxy(cfg, &packages, None)?
+            start_cri_proxy(cfg, chain, None)?
         };
         (fs, Arc::default(), Some(store), cri)
     } else {
         let (fs, activity) = first_scan(cfg, &mut packages, watcher.is_some())?;
         (fs, activity, None, None)
     };
-    // A store's pull secrets (its CRI proxy's) cross to and from its keeper.
-    let keychain = if cfg.store {
-        Some(packages.registries()?.keychain().clone())
-    } else {
-        None
-    };
     let (session, kernel, rings, kept) = serve(cfg, &fs, keeper, keychain.as_ref())?;
-    if cfg.store && under_keeper {
+    if let Some(chain) = keychain.as_ref().filter(|_| under_keeper) {
         // A server that follows another waits for it to let go of the socket (the
         // keeper stops it once this one serves); the first takes it or fails now.
         let wait = kept
             .as_ref()
             .is_some_and(|k| k.follows)
             .then_some(CRI_SOCKET_WAIT);
-        cri = start_cri_proxy(cfg, &packages, wait)?;
+        cri = start_cri_proxy(cfg, chain, wait)?;
     }
     let _cri = cri;
     if let Some(k) = kept.clone() {
@@ -778,20 +778,19 @@ fn refuse_a_strangers_socket(listen: &Path) -> Result<(), DaemonError> {
 /// proxy's socket (it ends once the new server serves the mount).
 const CRI_SOCKET_WAIT: Duration = Duration::from_secs(60);
 
-/// `pkgfs store --cri-image-proxy`: the CRI image service on its socket, feeding the
-/// store's registries' keychain; served until the returned proxy is dropped. `wait`:
+/// `pkgfs store --cri-image-proxy`: the CRI image service on its socket, feeding
+/// `keychain` (the store's registries'); served until the returned proxy is dropped. `wait`:
 /// how long a live process answering on the socket is waited for to let go (none:
 /// refused at once).
 fn start_cri_proxy(
     cfg: &MountConfig,
-    packages: &Packages,
+    keychain: &Arc<Keychain>,
     wait: Option<Duration>,
 ) -> Result<Option<crate::snapshot::cri::CriProxy>, DaemonError> {
     let Some(c) = &cfg.cri_proxy else {
         return Ok(None);
     };
-    let keychain = packages.registries()?.keychain().clone();
-    crate::snapshot::cri::CriProxy::start(&c.listen, &c.upstream, keychain, wait)
+    crate::snapshot::cri::CriProxy::start(&c.listen, &c.upstream, keychain.clone(), wait)
         .map(Some)
         .map_err(|source| DaemonError::Start {
             what: "the CRI image-service proxy",
