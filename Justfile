@@ -139,10 +139,12 @@ bench-crates WORKDIR="/var/tmp/pkgfs-bench":
     python3 bench/crates.py {{WORKDIR}} docs/bench/crates.json
 
 # Cold walks of the Linux tree: find (names only) and find -size (a stat of every file) in
-# fresh mounts, against the kernel's squashfs, squashfuse_ll and ext4 (needs bench-corpus).
+# fresh mounts, against the kernel's squashfs, squashfuse_ll and ext4 (needs bench-corpus),
+# under each host setting this kernel has (as is, fuse.wake_here, guest halt polling; put
+# back as found), with a cold read-all too.
 bench-walks WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release
-    python3 bench/walks.py {{WORKDIR}} docs/bench/walks.json
+    python3 bench/walks.py {{WORKDIR}} docs/bench/walks-host.json --read-all --only ext4,kernel-squashfs,squashfuse_ll,pkgfs,pkgfs-no-keeper
 
 # What a server's death costs readers (the keeper restarts it): the longest stall a reader
 # of the mount sees and the keeper's pause, against a warm mount of the same sources, for

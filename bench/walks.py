@@ -17,6 +17,14 @@ pkgfs --no-kept-tree (every central directory read and folded at each mount),
 pkgfs --full-entries (every listing entry with its attributes: before plain entries),
 and pkgfs --no-keeper (FUSE over io_uring if the kernel's fuse module has enable_uring
 on: the report says which transport served). `--only SYSTEM,...` runs only those.
+`--read-all` adds a third fresh mount a step: `tar cf - .` of the whole tree, cold.
+
+Host settings (docs/SEMANTICS.md, "Host settings"): every system is measured under each
+setting `--settings` names (default: `as-is`, then each of the others this kernel has),
+set before each of its steps and put back as found at the end:
+  as-is      the machine as it is
+  wake-here  fuse.wake_here=Y (a FUSE round trip's wake-ups stay on the waking CPU)
+  halt-poll  haltpoll.guest_halt_poll_ns=200000 (an idle vCPU polls 200 us first)
 Results go to OUT.json; a summary to standard output.
 """
 
@@ -51,6 +59,32 @@ SYSTEMS = {
     "pkgfs-full-entries": f"'{PKGFS}' mount --index-cache '{INDEX}' --full-entries '{PKGS}' '{MNT}'",
     "pkgfs-no-keeper": f"'{PKGFS}' mount --index-cache '{INDEX}' --no-keeper '{PKGS}' '{MNT}'",
 }
+
+
+SETTINGS = {
+    "as-is": {},
+    "wake-here": {"/sys/module/fuse/parameters/wake_here": "Y"},
+    "halt-poll": {"/sys/module/haltpoll/parameters/guest_halt_poll_ns": "200000"},
+}
+PARAMS = sorted({p for s in SETTINGS.values() for p in s})
+
+
+def read_param(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+def write_param(path, value):
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def apply(setting, found):
+    """The machine as found, then `setting`'s parameters on top."""
+    for path, value in found.items():
+        write_param(path, value)
+    for path, value in SETTINGS[setting].items():
+        write_param(path, value)
 
 
 def root(system):
@@ -93,36 +127,54 @@ def main():
     if not os.access(PKGFS, os.X_OK):
         raise SystemExit("build the release binary first (cargo build --release)")
     os.makedirs(MNT, exist_ok=True)
-    only = common.arg(sys.argv[3:], "--only", None, str)
+    args = sys.argv[3:]
+    only = common.arg(args, "--only", None, str)
     systems = [s for s in SYSTEMS if not only or s in only.split(",")]
+    found = {p: read_param(p) for p in PARAMS if os.path.exists(p)}
+    named = common.arg(args, "--settings", None, str)
+    settings = named.split(",") if named else [
+        s for s in SETTINGS if all(p in found for p in SETTINGS[s])]
+    for s in settings:
+        missing = [p for p in SETTINGS[s] if p not in found]
+        if s not in SETTINGS or missing:
+            raise SystemExit(f"setting {s}: unknown, or this kernel lacks {missing}")
+    steps = ["find", "find_size"] + (["read_all"] if "--read-all" in args else [])
+    commands = {"find": "find '{}' > /dev/null", "find_size": "find '{}' -size +0 > /dev/null",
+                "read_all": "tar cf - -C '{}' . | wc -c > /dev/null"}
     # The tree the pkgfs mounts load, kept by a first mount of this build.
     subprocess.run(["rm", "-rf", INDEX], check=True)
     sh(SYSTEMS["pkgfs"])
     unmount(MNT)
-    results = {s: {"mount": [], "find": [], "find_size": []} for s in systems}
-    for r in range(ROUNDS):
-        for s in systems:
-            res = results[s]
-            res["mount"].append(mount(s))
-            res["transport"] = transport(s)
-            res["find"].append(timed(f"find '{root(s)}' > /dev/null"))
-            done(s)
-            mount(s)
-            res["find_size"].append(timed(f"find '{root(s)}' -size +0 > /dev/null"))
-            done(s)
-            log(f"round {r + 1} {s}: mount {res['mount'][-1]:.3f} s, find "
-                f"{res['find'][-1]:.3f} s, find -size {res['find_size'][-1]:.3f} s")
+    results = {h: {s: {k: [] for k in ["mount"] + steps} for s in systems} for h in settings}
+    try:
+        for r in range(ROUNDS):
+            for h in settings:
+                apply(h, found)
+                for s in systems:
+                    res = results[h][s]
+                    for i, step in enumerate(steps):
+                        m = mount(s)
+                        if i == 0:
+                            res["mount"].append(m)
+                            res["transport"] = transport(s)
+                        res[step].append(timed(commands[step].format(root(s))))
+                        done(s)
+                    log(f"round {r + 1} [{h}] {s}: " + ", ".join(
+                        f"{k} {res[k][-1]:.3f} s" for k in ["mount"] + steps))
+    finally:
+        apply("as-is", found)
     summary = {}
-    for s, res in results.items():
-        summary[s] = {k: statistics.median(v) for k, v in res.items() if isinstance(v, list)}
-    ksq = summary.get("kernel-squashfs") or next(iter(summary.values()))
-    for s, m in summary.items():
-        print(f"{s:20} mount {m['mount']:.3f} s  find {m['find']:.3f} s "
-              f"({m['find'] / ksq['find']:.2f}x kernel squashfs)  find -size "
-              f"{m['find_size']:.3f} s ({m['find_size'] / ksq['find_size']:.2f}x)"
-              + (f"  [{results[s]['transport']}]" if results[s].get("transport") else ""))
+    for h in settings:
+        summary[h] = {s: {k: statistics.median(v) for k, v in res.items() if isinstance(v, list)}
+                      for s, res in results[h].items()}
+        ksq = summary[h].get("kernel-squashfs") or next(iter(summary[h].values()))
+        print(f"[{h}]")
+        for s, m in summary[h].items():
+            print(f"  {s:20} mount {m['mount']:.3f} s  " + "  ".join(
+                f"{k} {m[k]:.3f} s ({m[k] / ksq[k]:.2f}x kernel squashfs)" for k in steps)
+                + (f"  [{results[h][s]['transport']}]" if results[h][s].get("transport") else ""))
     with open(OUT, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "rounds": ROUNDS,
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "rounds": ROUNDS, "found": found,
                    "results": results, "medians": summary}, f, indent=1)
 
 

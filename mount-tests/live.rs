@@ -421,6 +421,90 @@ fn no_watch_mounts_a_fixed_set() {
     assert!(String::from_utf8_lossy(&st.stdout).contains("fixed set"));
 }
 
+/// Sets a module parameter for the life of the guard and puts the old value back, even
+/// on panic.
+struct Param(PathBuf, String);
+
+impl Param {
+    fn set(path: &Path, value: &str) -> Param {
+        let old = fs::read_to_string(path).unwrap().trim().to_string();
+        fs::write(path, value).unwrap();
+        Param(path.to_path_buf(), old)
+    }
+}
+
+impl Drop for Param {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.0, &self.1);
+    }
+}
+
+#[test]
+fn status_reports_the_host_settings_a_round_trip_depends_on() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    install(&dir.path().join("a.zip"), &[("x", b"x")]);
+    let wake = Path::new("/sys/module/fuse/parameters/wake_here");
+    let poll = fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if !wake.exists() {
+        // A kernel without the parameter: the report says nothing is known of it.
+        let m = Mount::new(&[dir.path()], &[]);
+        let status = crate::common::status_json(&m.path());
+        assert_eq!(
+            status["host"]["guest_halt_poll_ns"].as_u64(),
+            poll,
+            "{status}"
+        );
+        assert!(status["host"]["fuse_wake_here"].is_null(), "{status}");
+        return;
+    }
+    for value in ["Y", "N"] {
+        let set = Param::set(wake, value);
+        let mut m = Mount::new(&[dir.path()], &[]);
+        let on = value == "Y";
+        // The report reads the setting afresh: flip it under the running mount.
+        for now in [on, !on] {
+            let _flip = (now != on).then(|| Param::set(wake, if now { "Y" } else { "N" }));
+            let status = crate::common::status_json(&m.path());
+            assert_eq!(
+                status["host"]["fuse_wake_here"].as_bool(),
+                Some(now),
+                "{status}"
+            );
+            assert_eq!(
+                status["host"]["guest_halt_poll_ns"].as_u64(),
+                poll,
+                "{status}"
+            );
+            let text = String::from_utf8(run(pkgfs().arg("status").arg(m.path())).stdout).unwrap();
+            let host = &text[text.find("\nhost: ").expect(&text)..];
+            let host = host.split("\nrequests:").next().unwrap();
+            let state = if now { "on" } else { "off" };
+            assert!(host.contains(&format!("fuse.wake_here {state}")), "{host}");
+            // The advice comes only while it is off and the guest does not poll.
+            let advised = !now && poll.unwrap_or(0) == 0;
+            assert_eq!(host.contains("advice: "), advised, "{host}");
+            assert_eq!(host.contains("echo Y >"), advised, "{host}");
+        }
+        // The log names it once, at mount, as the setting was then (the daemon writes
+        // it before it waits for the end, so after unmounting the log is complete).
+        m.unmount();
+        drop(set);
+        let log = m.log_text();
+        let advised = !on && poll.unwrap_or(0) == 0;
+        assert_eq!(
+            log.matches("host: each FUSE round trip wakes an idle CPU")
+                .count(),
+            usize::from(advised),
+            "{log}"
+        );
+    }
+}
+
 #[test]
 fn status_reports_packages_conflicts_cache_and_requests() {
     if !require_fuse() {

@@ -88,7 +88,7 @@ enum CliCommand {
     Check(CheckArgs),
     /// Show what a running mount serves and how it is doing: active packages (entries,
     /// conflicts won and lost), skipped archives, cache, bytes read and decompressed,
-    /// request counts, errors. Given a `pkgfs snapshotter`'s socket: its snapshots, and
+    /// request counts, errors, the host settings a FUSE round trip depends on. Given a `pkgfs snapshotter`'s socket: its snapshots, and
     /// per layer lazy or unpacked, and why.
     Status(StatusArgs),
     /// Write DIR (or convert a tar archive) as a pkgfs package: a seekable-zstd tar with

@@ -482,6 +482,13 @@ pub fn run_foreground(cfg: &MountConfig, keeper: Option<OwnedFd>) -> Result<(), 
     if std::env::var_os(READY_ENV).is_some() {
         detach_output(cfg.log_file.as_deref());
     }
+    if !kept.as_ref().is_some_and(|k| k.follows) {
+        // Into the log (after the quiet start), once a mount: not again by each server
+        // a keeper starts.
+        if let Some(advice) = crate::transport::host::HostSettings::read().advice() {
+            info!("host: {advice}");
+        }
+    }
     wait_for_end(cfg, session, &signals, kept.is_some())
 }
 

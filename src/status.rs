@@ -239,6 +239,8 @@ struct Report {
     errors: u64,
     transport: &'static str,
     io_uring_requests: u64,
+    /// The host's settings that decide what a FUSE round trip costs.
+    host: crate::transport::host::HostSettings,
     requests: Requests,
     remote: Option<RemoteReport>,
     store: Option<Vec<StoreLayerRow>>,
@@ -364,6 +366,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         errors: ops.errors.load(Relaxed),
         transport: info.rings.transport(),
         io_uring_requests: info.rings.requests.load(Relaxed),
+        host: crate::transport::host::HostSettings::read(),
         requests: requests(ops, &fs.entries),
         remote: info.remote.as_deref().map(remote_report),
         store: info.store.as_ref().map(|s| s.layers()),
@@ -698,6 +701,15 @@ fn text_work(o: &mut String, r: &Report) {
         o,
         "transport: {}; {} requests through io_uring",
         r.transport, r.io_uring_requests
+    );
+    let _ = writeln!(
+        o,
+        "host: {}{}",
+        r.host.describe(),
+        r.host
+            .advice()
+            .map(|a| format!("\n  advice: {a}"))
+            .unwrap_or_default()
     );
     let q = &r.requests;
     let _ = writeln!(

@@ -6,9 +6,11 @@
 //! and [`uring`] (FUSE over io_uring). [`session`] mounts and unmounts, and adopts a
 //! connection handed over by a keeper; [`device`] is the little of the protocol a keeper
 //! speaks itself on the raw descriptor (keep INIT, ask for a resend, refuse with `EIO`).
+//! [`host`] reads the host's kernel settings that decide what a round trip costs.
 
 pub mod device;
 pub mod fuse;
+pub mod host;
 pub mod ops;
 pub mod session;
 pub mod uring;
