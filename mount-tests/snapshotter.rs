@@ -191,6 +191,8 @@ struct Rig {
     snap_args: Vec<String>,
     /// A `pkgfs store` the rig mounted (unmounted last).
     store: Option<PathBuf>,
+    /// TOML appended to containerd's configuration.
+    containerd_extra: String,
 }
 
 impl Rig {
@@ -206,6 +208,7 @@ impl Rig {
             dir,
             snap_args: Vec::new(),
             store: None,
+            containerd_extra: String::new(),
         }
     }
 
@@ -333,8 +336,9 @@ disabled_plugins = [{cri_plugin}"io.containerd.internal.v1.opt",
 [proxy_plugins.pkgfs]
   type = "snapshot"
   address = "{d}/s.sock"
-{cri}"#,
+{extra}{cri}"#,
             d = d.display(),
+            extra = self.containerd_extra,
             cri = cri.unwrap_or("")
         );
         std::fs::write(d.join("config.toml"), config).expect("config");
@@ -1296,6 +1300,185 @@ fn plain_pulls_are_unpacked_and_say_why(rig: &Rig, image: &str, layers: usize) {
         CTR_LIMIT,
     );
     emptied(rig);
+}
+
+/// nerdctl (`nerdctl/make_nerdctl.sh`: containerd/nerdctl built from the Go module
+/// proxy), built once under the target directory.
+fn nerdctl() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = images().with_file_name("nerdctl");
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = ok(
+            Path::new("/tmp"),
+            Command::new("bash")
+                .arg(repo.join("mount-tests/nerdctl/make_nerdctl.sh"))
+                .arg(&dir),
+            Duration::from_secs(1500),
+        );
+        PathBuf::from(out.trim())
+    })
+}
+
+/// nerdctl sends the labels that name an image's layers only to snapshotters it knows
+/// by name (`stargz`, `soci`, `nydus`, `overlaybd`, `cvmfs-snapshotter`), and pulls
+/// into the one of that exact name. So pkgfs's snapshotter is configured in containerd
+/// a second time, as the proxy plugin `stargz` (docs/design/snapshotter.md): `nerdctl
+/// --snapshotter stargz pull` of an eStargz and a zstd:chunked image then downloads
+/// under 10 % of the layer bytes, containerd's content store holds no layer, `pkgfs
+/// status` says every layer is read lazily, and a container runs on it (`ctr run`).
+/// A plain pull under another name is unpacked, as for `ctr`.
+#[test]
+fn nerdctl_pulls_lazily_through_pkgfs_named_as_a_snapshotter_it_knows() {
+    if !require_tools(&["containerd", "ctr", "docker-registry", "skopeo", "go"]) {
+        return;
+    }
+    let nerdctl = nerdctl();
+    let reg = Registry::start(Auth::Anonymous);
+    let tags = [
+        ("oci-estargz:latest", "esgz"),
+        ("oci-zstd-chunked:latest", "zc"),
+    ];
+    for (from, tag) in tags {
+        reg.push(from, &format!("pkgfs/debian:{tag}"), None);
+    }
+    let mut rig = Rig::new();
+    let store = rig.start_store(|_| {});
+    rig.start_snapshotter("snap.log");
+    rig.containerd_extra = format!(
+        "[proxy_plugins.stargz]\n  type = \"snapshot\"\n  address = \"{}\"\n",
+        rig.snap_sock().display()
+    );
+    rig.start_containerd(true);
+    let data_root = rig.path().join("nerdctl");
+    for (_, tag) in tags {
+        let ns = format!("nerdctl-{tag}");
+        let name = format!("pkgfs/debian:{tag}");
+        let image = format!("{}/{name}", reg.host());
+        let (manifest, _) = manifest_and_config(&reg, &name);
+        let layers: Vec<(String, u64)> = manifest["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let digest = l["digest"].as_str().unwrap().to_string();
+                (digest, l["size"].as_u64().unwrap())
+            })
+            .collect();
+        let layer_bytes: u64 = layers.iter().map(|l| l.1).sum();
+        let before = reg.blob_gets().1;
+        ok(
+            rig.path(),
+            Command::new(nerdctl)
+                .arg("--address")
+                .arg(rig.sock())
+                .arg("--data-root")
+                .arg(&data_root)
+                .args([
+                    "--namespace",
+                    &ns,
+                    "--snapshotter",
+                    "stargz",
+                    "--insecure-registry",
+                    "pull",
+                    "--quiet",
+                    &image,
+                ]),
+            CTR_LIMIT,
+        );
+        let fetched = reg.blob_gets().1 - before;
+        eprintln!("nerdctl {tag}: the pull fetched {fetched} of {layer_bytes} layer bytes");
+        assert!(
+            fetched * 10 < layer_bytes,
+            "{tag}: {fetched} of {layer_bytes} bytes"
+        );
+        let content = ok(
+            rig.path(),
+            &mut rig.ctr_in(&ns, &["content", "ls", "-q"]),
+            CTR_LIMIT,
+        );
+        for (digest, _) in &layers {
+            assert!(!content.contains(digest.as_str()), "{tag}: {content}");
+        }
+        let st: serde_json::Value = serde_json::from_str(&ok(
+            rig.path(),
+            pkgfs().arg("status").arg("--json").arg(rig.snap_sock()),
+            CTR_LIMIT,
+        ))
+        .unwrap();
+        assert_eq!(st["lazy"], layers.len(), "{tag}: {st}");
+        assert_eq!(st["unpacked"], 0, "{tag}: {st}");
+        assert_eq!(st["store"], store.to_str().unwrap(), "{st}");
+        for row in st["snapshots"].as_array().unwrap() {
+            assert_eq!(row["how"], "lazy", "{row}");
+            assert_eq!(row["reference"], image.as_str(), "{row}");
+        }
+        // A container on it, through the same plugin name.
+        let out = ok(
+            rig.path(),
+            &mut rig.ctr_in(
+                &ns,
+                &[
+                    "run",
+                    "--rm",
+                    "--snapshotter",
+                    "stargz",
+                    &image,
+                    &format!("run-{tag}"),
+                    "/usr/local/bin/pkgfs-selftest",
+                ],
+            ),
+            CTR_LIMIT,
+        );
+        assert_eq!(
+            out,
+            std::fs::read_to_string(images().join("reference.selftest")).unwrap(),
+            "{tag}"
+        );
+        ok(
+            rig.path(),
+            &mut rig.ctr_in(&ns, &["images", "rm", "--sync", &image]),
+            CTR_LIMIT,
+        );
+        emptied(&rig);
+    }
+    // Under a name nerdctl does not know, the same pull sends no labels naming the
+    // layers: containerd downloads and unpacks them, and the snapshotter says why.
+    let image = format!("{}/pkgfs/debian:esgz", reg.host());
+    let before = reg.blob_gets().1;
+    ok(
+        rig.path(),
+        Command::new(nerdctl)
+            .arg("--address")
+            .arg(rig.sock())
+            .arg("--data-root")
+            .arg(&data_root)
+            .args([
+                "--namespace",
+                "nerdctl-plain",
+                "--snapshotter",
+                "pkgfs",
+                "--insecure-registry",
+                "pull",
+                "--quiet",
+                &image,
+            ]),
+        CTR_LIMIT,
+    );
+    let st: serde_json::Value = serde_json::from_str(&ok(
+        rig.path(),
+        pkgfs().arg("status").arg("--json").arg(rig.snap_sock()),
+        CTR_LIMIT,
+    ))
+    .unwrap();
+    assert_eq!(st["lazy"], 0, "{st}");
+    assert!(st["unpacked"].as_u64().unwrap() > 0, "{st}");
+    assert!(reg.blob_gets().1 - before > 0, "the layers were downloaded");
+    ok(
+        rig.path(),
+        &mut rig.ctr_in("nerdctl-plain", &["images", "rm", "--sync", &image]),
+        CTR_LIMIT,
+    );
 }
 
 /// crictl (`cri/make_crictl.sh`: kubernetes-sigs/cri-tools built from the Go module
