@@ -133,10 +133,12 @@ bench-verify WORKDIR="/var/tmp/pkgfs-bench":
 
 # A package cache of gzip tarballs read whole (this machine's cargo cache, one .crate a
 # package): the extracted tree against pkgfs --layout each (first mount and indexes
-# cached) and merged, with gzip's decode limit (a few minutes; release build first).
+# cached) and merged, with gzip's decode limit (a few minutes; release build first); again
+# with the host's fuse.wake_here on where the kernel has it (put back after).
 bench-crates WORKDIR="/var/tmp/pkgfs-bench":
     cargo build --release
     python3 bench/crates.py {{WORKDIR}} docs/bench/crates.json
+    if [ -e /sys/module/fuse/parameters/wake_here ]; then python3 bench/crates.py {{WORKDIR}} docs/bench/crates-wake-here.json --setting wake-here; fi
 
 # Cold walks of the Linux tree: find (names only) and find -size (a stat of every file) in
 # fresh mounts, against the kernel's squashfs, squashfuse_ll and ext4 (needs bench-corpus),

@@ -1,5 +1,6 @@
 """Helpers the benchmark scripts share: logging, shell commands, dropping the page
-cache, emptying a cache directory fairly, and unmounting a mountpoint for sure."""
+cache, emptying a cache directory fairly, unmounting a mountpoint for sure, and the host
+settings a FUSE round trip depends on (docs/SEMANTICS.md, "Host settings")."""
 
 import atexit
 import os
@@ -88,3 +89,36 @@ def wait_listening(port, what):
         except OSError:
             time.sleep(0.05)
     raise SystemExit(f"{what} does not listen on {port}")
+
+
+# Host settings a FUSE round trip depends on, by name: the module parameters each sets.
+HOST_SETTINGS = {
+    "as-is": {},
+    "wake-here": {"/sys/module/fuse/parameters/wake_here": "Y"},
+    "halt-poll": {"/sys/module/haltpoll/parameters/guest_halt_poll_ns": "200000"},
+}
+
+
+def host_params():
+    """The parameters HOST_SETTINGS touch that this kernel has, with their values now."""
+    found = {}
+    for path in sorted({p for s in HOST_SETTINGS.values() for p in s}):
+        if os.path.exists(path):
+            with open(path) as f:
+                found[path] = f.read().strip()
+    return found
+
+
+def host_settings_here(found):
+    """The settings this kernel can take, `as-is` first."""
+    return [s for s in HOST_SETTINGS if all(p in found for p in HOST_SETTINGS[s])]
+
+
+def apply_host_setting(setting, found):
+    """The machine as `found`, then `setting`'s parameters on top."""
+    if setting not in HOST_SETTINGS or setting not in host_settings_here(found):
+        raise SystemExit(f"host setting {setting}: unknown, or this kernel lacks its parameter")
+    for values in (found, HOST_SETTINGS[setting]):
+        for path, value in values.items():
+            with open(path, "w") as f:
+                f.write(value)

@@ -17,7 +17,9 @@ per package), copied into WORKDIR/crates/store. Each step reads the whole tree w
   merged-cached `pkgfs mount` (one merged tree: each crate's own NAME-VERSION/ top
                 directory keeps them apart), index cached
 and, page cache warm, the decode limits: `gzip -dc` of every archive on one thread and
-on two (`xargs -P2`), and `cat` of every archive cold (the I/O). Results go to OUT.json;
+on two (`xargs -P2`), and `cat` of every archive cold (the I/O). `--setting NAME` runs
+it all under one host setting (common.HOST_SETTINGS: as-is, wake-here, halt-poll; docs/
+SEMANTICS.md "Host settings"), put back as found at the end. Results go to OUT.json;
 a summary to standard output.
 """
 
@@ -120,14 +122,20 @@ def main():
         "cat-cold": io_only,
     }
     runs = {k: [] for k in steps}
-    for r in range(ROUNDS):
-        for name, step in steps.items():
-            s = step()
-            runs[name].append(round(s, 3))
-            log(f"round {r + 1} {name}: {s:.3f} s")
+    found = common.host_params()
+    setting = common.arg(sys.argv[3:], "--setting", "as-is", str)
+    common.apply_host_setting(setting, found)
+    try:
+        for r in range(ROUNDS):
+            for name, step in steps.items():
+                s = step()
+                runs[name].append(round(s, 3))
+                log(f"round {r + 1} {name}: {s:.3f} s")
+    finally:
+        common.apply_host_setting("as-is", found)
     med = {k: statistics.median(v) for k, v in runs.items()}
     base = med["extracted"]
-    out = {"facts": facts, "runs": runs, "median": med,
+    out = {"facts": facts, "setting": setting, "host": found, "runs": runs, "median": med,
            "ratio_to_extracted": {k: round(v / base, 3) for k, v in med.items()}}
     with open(OUT, "w") as f:
         json.dump(out, f, indent=1)

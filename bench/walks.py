@@ -61,32 +61,6 @@ SYSTEMS = {
 }
 
 
-SETTINGS = {
-    "as-is": {},
-    "wake-here": {"/sys/module/fuse/parameters/wake_here": "Y"},
-    "halt-poll": {"/sys/module/haltpoll/parameters/guest_halt_poll_ns": "200000"},
-}
-PARAMS = sorted({p for s in SETTINGS.values() for p in s})
-
-
-def read_param(path):
-    with open(path) as f:
-        return f.read().strip()
-
-
-def write_param(path, value):
-    with open(path, "w") as f:
-        f.write(value)
-
-
-def apply(setting, found):
-    """The machine as found, then `setting`'s parameters on top."""
-    for path, value in found.items():
-        write_param(path, value)
-    for path, value in SETTINGS[setting].items():
-        write_param(path, value)
-
-
 def root(system):
     return TREE if SYSTEMS[system] is None else MNT
 
@@ -130,14 +104,12 @@ def main():
     args = sys.argv[3:]
     only = common.arg(args, "--only", None, str)
     systems = [s for s in SYSTEMS if not only or s in only.split(",")]
-    found = {p: read_param(p) for p in PARAMS if os.path.exists(p)}
+    found = common.host_params()
     named = common.arg(args, "--settings", None, str)
-    settings = named.split(",") if named else [
-        s for s in SETTINGS if all(p in found for p in SETTINGS[s])]
+    settings = named.split(",") if named else common.host_settings_here(found)
     for s in settings:
-        missing = [p for p in SETTINGS[s] if p not in found]
-        if s not in SETTINGS or missing:
-            raise SystemExit(f"setting {s}: unknown, or this kernel lacks {missing}")
+        if s not in common.host_settings_here(found):
+            raise SystemExit(f"host setting {s}: unknown, or this kernel lacks its parameter")
     steps = ["find", "find_size"] + (["read_all"] if "--read-all" in args else [])
     commands = {"find": "find '{}' > /dev/null", "find_size": "find '{}' -size +0 > /dev/null",
                 "read_all": "tar cf - -C '{}' . | wc -c > /dev/null"}
@@ -149,7 +121,7 @@ def main():
     try:
         for r in range(ROUNDS):
             for h in settings:
-                apply(h, found)
+                common.apply_host_setting(h, found)
                 for s in systems:
                     res = results[h][s]
                     for i, step in enumerate(steps):
@@ -162,7 +134,7 @@ def main():
                     log(f"round {r + 1} [{h}] {s}: " + ", ".join(
                         f"{k} {res[k][-1]:.3f} s" for k in ["mount"] + steps))
     finally:
-        apply("as-is", found)
+        common.apply_host_setting("as-is", found)
     summary = {}
     for h in settings:
         summary[h] = {s: {k: statistics.median(v) for k, v in res.items() if isinstance(v, list)}
