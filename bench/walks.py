@@ -15,8 +15,9 @@ squashfuse_ll, pkgfs (its defaults: a keeper, /dev/fuse, plain directory entries
 tree kept by a mount before the rounds in its own index cache, WORKDIR/walks-index),
 pkgfs --no-kept-tree (every central directory read and folded at each mount),
 pkgfs --full-entries (every listing entry with its attributes: before plain entries),
-and pkgfs --no-keeper (FUSE over io_uring if the kernel's fuse module has enable_uring
-on: the report says which transport served). `--only SYSTEM,...` runs only those.
+pkgfs --no-keeper (FUSE over io_uring if the kernel's fuse module has enable_uring
+on: the report says which transport served), and pkgfs-packages (the same tree as 609
+pkgfs packages, seekable zstd, bench/corpus.sh's pkgs-zst-all). `--only SYSTEM,...` runs only those.
 `--read-all` adds a third fresh mount a step: `tar cf - .` of the whole tree, cold.
 
 Host settings (docs/SEMANTICS.md, "Host settings"): every system is measured under each
@@ -47,6 +48,7 @@ PKGFS = os.path.join(HERE, "target/release/pkgfs")
 TREE = os.path.join(WORK, "linux")
 SQFS = os.path.join(WORK, "linux.sqfs")
 PKGS = os.path.join(WORK, "pkgs-zip-all")
+ZST = os.path.join(WORK, "pkgs-zst-all")
 MNT = os.path.join(WORK, "walks-mnt")
 INDEX = os.path.join(WORK, "walks-index")
 
@@ -58,6 +60,7 @@ SYSTEMS = {
     "pkgfs-folded": f"'{PKGFS}' mount --index-cache '{INDEX}' --no-kept-tree '{PKGS}' '{MNT}'",
     "pkgfs-full-entries": f"'{PKGFS}' mount --index-cache '{INDEX}' --full-entries '{PKGS}' '{MNT}'",
     "pkgfs-no-keeper": f"'{PKGFS}' mount --index-cache '{INDEX}' --no-keeper '{PKGS}' '{MNT}'",
+    "pkgfs-packages": f"'{PKGFS}' mount --index-cache '{INDEX}' '{ZST}' '{MNT}'",
 }
 
 
@@ -115,8 +118,9 @@ def main():
                 "read_all": "tar cf - -C '{}' . | wc -c > /dev/null"}
     # The tree the pkgfs mounts load, kept by a first mount of this build.
     subprocess.run(["rm", "-rf", INDEX], check=True)
-    sh(SYSTEMS["pkgfs"])
-    unmount(MNT)
+    for prep in ["pkgfs"] + (["pkgfs-packages"] if "pkgfs-packages" in systems else []):
+        sh(SYSTEMS[prep])
+        unmount(MNT)
     results = {h: {s: {k: [] for k in ["mount"] + steps} for s in systems} for h in settings}
     try:
         for r in range(ROUNDS):
@@ -139,11 +143,12 @@ def main():
     for h in settings:
         summary[h] = {s: {k: statistics.median(v) for k, v in res.items() if isinstance(v, list)}
                       for s, res in results[h].items()}
-        ksq = summary[h].get("kernel-squashfs") or next(iter(summary[h].values()))
+        ref = "kernel-squashfs" if "kernel-squashfs" in summary[h] else next(iter(summary[h]))
+        ksq = summary[h][ref]
         print(f"[{h}]")
         for s, m in summary[h].items():
             print(f"  {s:20} mount {m['mount']:.3f} s  " + "  ".join(
-                f"{k} {m[k]:.3f} s ({m[k] / ksq[k]:.2f}x kernel squashfs)" for k in steps)
+                f"{k} {m[k]:.3f} s ({m[k] / ksq[k]:.2f}x {ref})" for k in steps)
                 + (f"  [{results[h][s]['transport']}]" if results[h][s].get("transport") else ""))
     with open(OUT, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "rounds": ROUNDS, "found": found,
