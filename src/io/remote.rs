@@ -53,9 +53,13 @@ const PREFETCHES: usize = 64;
 /// read that arrives while one is on the wire waits for at most this much of it (42 ms
 /// at 100 Mbit/s).
 const BACKGROUND_PIECE: u64 = 512 << 10;
-/// Such pieces in flight at most (all objects): 1 MiB, what a 100 Mbit/s path of 80 ms
-/// round trip holds, so the background fetch still fills the link between reads.
+/// Such pieces in flight at first and at least (all objects): 1 MiB, what a 100 Mbit/s
+/// path of 80 ms round trip holds, so the background fetch still fills the link between
+/// reads. The window grows from here while pieces cross in no more than a round trip
+/// ([`Pacer`]).
 const BACKGROUND_FLIGHTS: usize = 2;
+/// The background window at most: 32 MiB a round trip (800 MB/s at 40 ms).
+const BACKGROUND_MAX_FLIGHTS: usize = 64;
 /// A start's record fetched ahead ([`Blob::fetch_in_order`]): requests in flight at
 /// most, their bytes at most, and the largest. A megabyte is what a 100 Mbit/s path of
 /// 80 ms round trip holds: the link is full, and a read the record does not hold (or a
@@ -238,12 +242,80 @@ pub struct Remote {
     pub disk: Option<Arc<DiskCache>>,
     /// Background fetches (read-ahead advice) in flight at most.
     prefetch: Arc<tokio::sync::Semaphore>,
-    /// Pieces of whole-blob background fetches in flight at most.
-    background: Arc<tokio::sync::Semaphore>,
+    /// Pieces of whole-blob background fetches in flight at most, paced by how long
+    /// pieces take.
+    background: Arc<Pacer>,
     /// Reads waiting for the source now: whole-blob background fetches wait for none.
     foreground: Arc<Foreground>,
     /// The memory budget of kept extents, all objects.
     kept_budget: Arc<KeptBudget>,
+}
+
+/// The window of whole-blob background fetches: how many pieces may be on the wire at
+/// once, over all blobs, paced by the time pieces take (delay-based, as LEDBAT paces
+/// background transfers).
+///
+/// Why: a window fixed for a node's 100 Mbit/s link (two 512 KiB pieces) keeps reads from
+/// queueing behind a layer there, but caps a fast link at 1 MiB a round trip: at 40 ms
+/// with no bandwidth limit a cold zstd:chunked mount started python in 1.6 s instead of
+/// 0.78 s (docs/BENCHMARKS.md). The time a piece takes tells which link this is: as long
+/// as pieces take about the quickest piece's time (a round trip and the piece's own
+/// transfer), the link has room, and the window grows by one; once a piece takes more
+/// than twice that, pieces queue on the link (which reads would queue behind too), and
+/// the window gives back one place, never below [`BACKGROUND_FLIGHTS`].
+#[derive(Debug)]
+struct Pacer {
+    slots: Arc<tokio::sync::Semaphore>,
+    state: Mutex<PacerState>,
+}
+
+#[derive(Debug)]
+struct PacerState {
+    /// The quickest piece yet (of those that moved a whole piece).
+    quickest: Option<Duration>,
+    /// Places in the window now.
+    window: usize,
+}
+
+impl Pacer {
+    fn new() -> Pacer {
+        Pacer {
+            slots: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_FLIGHTS)),
+            state: Mutex::new(PacerState {
+                quickest: None,
+                window: BACKGROUND_FLIGHTS,
+            }),
+        }
+    }
+
+    /// A place in the window.
+    async fn place(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.slots.clone().acquire_owned().await.ok()
+    }
+
+    /// A piece that held `permit` ended after `took`; `whole`: it moved a whole piece
+    /// (a piece mostly held or under way already says nothing of the link).
+    fn ended(&self, permit: tokio::sync::OwnedSemaphorePermit, took: Duration, whole: bool) {
+        let mut st = crate::sync::lock(&self.state);
+        if !whole {
+            return;
+        }
+        let quickest = st.quickest.map_or(took, |q| q.min(took));
+        st.quickest = Some(quickest);
+        if took <= quickest.mul_f32(1.5) && st.window < BACKGROUND_MAX_FLIGHTS {
+            st.window += 1;
+            self.slots.add_permits(1);
+        } else if took > quickest * 2 && st.window > BACKGROUND_FLIGHTS {
+            st.window -= 1;
+            permit.forget();
+        }
+    }
+
+    /// Places in the window now.
+    #[cfg(test)]
+    fn window(&self) -> usize {
+        crate::sync::lock(&self.state).window
+    }
 }
 
 /// Reads waiting for the source, so that background fetches can keep out of their way.
@@ -323,7 +395,7 @@ impl Remote {
             stats,
             disk,
             prefetch: Arc::new(tokio::sync::Semaphore::new(PREFETCHES)),
-            background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_FLIGHTS)),
+            background: Arc::new(Pacer::new()),
             foreground: Arc::new(Foreground::default()),
             kept_budget: Arc::new(KeptBudget::new(KEPT_BYTES)),
         }))
@@ -886,7 +958,7 @@ impl Prefetcher {
     }
 
     /// Fetch the `holes` in pieces of [`BACKGROUND_PIECE`], each started only while no
-    /// read waits for the source, at most [`BACKGROUND_FLIGHTS`] at once (all blobs).
+    /// read waits for the source, as many at once (all blobs) as the [`Pacer`]'s window.
     async fn behind_reads(self, holes: Vec<(u64, u64)>) {
         let remote = self.remote.clone();
         for (s, e) in holes {
@@ -894,7 +966,7 @@ impl Prefetcher {
             while a < e {
                 let b = (a + BACKGROUND_PIECE).min(e);
                 remote.foreground.idle().await;
-                let Ok(permit) = remote.background.clone().acquire_owned().await else {
+                let Some(permit) = remote.background.place().await else {
                     return;
                 };
                 // The permit may have taken a while: the link must still be free.
@@ -902,10 +974,13 @@ impl Prefetcher {
                 let pieces = register_flights(&self.kept, a, b);
                 let p = self.clone();
                 remote.rt.spawn(async move {
+                    let start = std::time::Instant::now();
+                    let moved: u64 = pieces.iter().map(|(s, e, _)| e - s).sum();
                     for (s, e, f) in pieces {
                         p.fetch(s, e, f).await;
                     }
-                    drop(permit);
+                    let whole = moved == BACKGROUND_PIECE;
+                    p.remote.background.ended(permit, start.elapsed(), whole);
                 });
                 a = b;
             }
@@ -1631,6 +1706,42 @@ mod tests {
             assert_eq!(waiting, 0, "a piece started while a read waited: {asked:?}");
             assert!(e - s <= BACKGROUND_PIECE, "{asked:?}");
         }
+    }
+
+    #[test]
+    fn the_background_window_grows_while_pieces_cross_in_a_round_trip_and_shrinks_when_they_queue()
+    {
+        let pacer = Pacer::new();
+        let ms = Duration::from_millis;
+        // Every place taken, then given back after a piece: the places there are always
+        // the window.
+        let piece = |took, whole| {
+            let permit = pacer.slots.clone().try_acquire_owned().expect("a place");
+            pacer.ended(permit, took, whole);
+            assert_eq!(pacer.slots.available_permits(), pacer.window());
+        };
+        assert_eq!(pacer.window(), BACKGROUND_FLIGHTS);
+        // A fast link: pieces take about a round trip, the window grows to its top.
+        piece(ms(40), true);
+        assert_eq!(pacer.window(), BACKGROUND_FLIGHTS + 1);
+        for _ in 0..2 * BACKGROUND_MAX_FLIGHTS {
+            piece(ms(45), true);
+        }
+        assert_eq!(pacer.window(), BACKGROUND_MAX_FLIGHTS);
+        // A piece mostly held already says nothing of the link.
+        piece(ms(500), false);
+        assert_eq!(pacer.window(), BACKGROUND_MAX_FLIGHTS);
+        // Pieces queue on the link (each takes over twice the quickest): one place back
+        // a piece, never below the floor.
+        piece(ms(100), true);
+        assert_eq!(pacer.window(), BACKGROUND_MAX_FLIGHTS - 1);
+        for _ in 0..2 * BACKGROUND_MAX_FLIGHTS {
+            piece(ms(200), true);
+        }
+        assert_eq!(pacer.window(), BACKGROUND_FLIGHTS);
+        // Between the two (a piece's own transfer on a slow link): the window stays.
+        piece(ms(70), true);
+        assert_eq!(pacer.window(), BACKGROUND_FLIGHTS);
     }
 
     #[test]
