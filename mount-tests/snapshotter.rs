@@ -1302,21 +1302,30 @@ fn plain_pulls_are_unpacked_and_say_why(rig: &Rig, image: &str, layers: usize) {
     emptied(rig);
 }
 
+/// A client built from the Go module proxy by `mount-tests/SCRIPT` into
+/// `target/NAME` (once: the script keeps a stamp); its binary.
+fn go_tool(script: &str, name: &str, limit: Duration) -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = ok(
+        Path::new("/tmp"),
+        Command::new("bash")
+            .arg(repo.join("mount-tests").join(script))
+            .arg(images().with_file_name(name)),
+        limit,
+    );
+    PathBuf::from(out.trim())
+}
+
 /// nerdctl (`nerdctl/make_nerdctl.sh`: containerd/nerdctl built from the Go module
 /// proxy), built once under the target directory.
 fn nerdctl() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = images().with_file_name("nerdctl");
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = ok(
-            Path::new("/tmp"),
-            Command::new("bash")
-                .arg(repo.join("mount-tests/nerdctl/make_nerdctl.sh"))
-                .arg(&dir),
+        go_tool(
+            "nerdctl/make_nerdctl.sh",
+            "nerdctl",
             Duration::from_secs(1500),
-        );
-        PathBuf::from(out.trim())
+        )
     })
 }
 
@@ -1485,18 +1494,7 @@ fn nerdctl_pulls_lazily_through_pkgfs_named_as_a_snapshotter_it_knows() {
 /// proxy), built once under the target directory.
 fn crictl() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = images().with_file_name("crictl");
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = ok(
-            Path::new("/tmp"),
-            Command::new("bash")
-                .arg(repo.join("mount-tests/cri/make_crictl.sh"))
-                .arg(&dir),
-            Duration::from_secs(900),
-        );
-        PathBuf::from(out.trim())
-    })
+    BIN.get_or_init(|| go_tool("cri/make_crictl.sh", "crictl", Duration::from_secs(900)))
 }
 
 /// kubelet's image pull secrets reach the store (`pkgfs store --cri-image-proxy`):
