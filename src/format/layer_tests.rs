@@ -499,3 +499,82 @@ fn a_layer_read_without_a_pass_is_hashed_whole_once() {
     };
     assert!(err.contains("does not match its digest"), "{err}");
 }
+
+/// A blob that notes, in one log shared with others, each read and each read-ahead
+/// advice it is given, under its own name.
+#[derive(Debug)]
+struct Noted {
+    inner: Bytes,
+    tag: &'static str,
+    log: Arc<std::sync::Mutex<Vec<(&'static str, &'static str)>>>,
+}
+
+impl Blob for Noted {
+    fn name(&self) -> &std::path::Path {
+        self.inner.name()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> crate::error::Result<()> {
+        self.log.lock().unwrap().push((self.tag, "read"));
+        self.inner.read_exact_at(buf, offset)
+    }
+    fn will_need(&self, _ranges: &[(u64, u64)]) {
+        self.log.lock().unwrap().push((self.tag, "advice"));
+    }
+    fn version(&self) -> &str {
+        self.inner.version()
+    }
+    fn mtime(&self) -> i64 {
+        0
+    }
+}
+
+/// A gzip layer whose index is to be made from its SOCI zTOC has the zTOC asked for
+/// before anything of the layer is read (the probes for its format cost round trips
+/// the zTOC's transfer can run under); once an index made from that zTOC is kept,
+/// nothing is asked.
+#[test]
+fn a_layers_ztoc_is_asked_for_before_its_format_is_probed() {
+    let tar = tar_of(&[("f", b"a gzip layer with a zTOC\n")]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&tar).unwrap();
+    let gz = gz.finish().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = format::IndexCache::new(dir.path().join("cache"));
+    let cx = OpenContext {
+        index_cache: Some(&cache),
+        ..OpenContext::default()
+    };
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let noted = |tag, bytes: Vec<u8>| -> Arc<dyn Blob> {
+        Arc::new(Noted {
+            inner: Bytes::new(tag, bytes),
+            tag,
+            log: log.clone(),
+        })
+    };
+    // Not a zTOC the parser takes: the layer falls back to a pass, which is no matter
+    // here (what is asked for first is).
+    let ztoc = b"not really a zTOC".to_vec();
+    let mut check = check(&gz, None, None);
+    check.ztoc = Some(format::ZtocRef {
+        blob: noted("ztoc", ztoc.clone()),
+        digest: sha(&ztoc),
+    });
+    let layer = noted("layer", gz.clone());
+    assert!(format::open_layer(layer.clone(), &check, &cx).is_ok());
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(seen.first(), Some(&("ztoc", "advice")), "{seen:?}");
+    assert!(seen.contains(&("ztoc", "read")), "{seen:?}");
+
+    // Kept: the zTOC is not wanted.
+    let z = check.ztoc.as_ref().unwrap();
+    let kept = cache.key("tar.gz ztoc", &*layer, &z.digest.to_string());
+    cache.store(&kept, b"an index made from it").unwrap();
+    log.lock().unwrap().clear();
+    let _ = format::open_layer(layer, &check, &cx);
+    let seen = log.lock().unwrap().clone();
+    assert!(!seen.contains(&("ztoc", "advice")), "{seen:?}");
+}

@@ -467,6 +467,7 @@ pub fn open_layer(
         layer: Some(check),
         ..*cx
     };
+    targz::will_read_ztoc(&*blob, &cx);
     let r = open_checked(blob.clone(), check, &cx);
     if let Err(OpenError::Bad(Error::Corrupt(_))) = &r {
         // Bytes that fail their digest (or do not decode) are never kept for another
