@@ -14,6 +14,7 @@ use std::time::Duration;
 #[cfg(target_os = "macos")]
 use std::time::SystemTime;
 
+use log::debug;
 use log::error;
 use log::warn;
 
@@ -133,8 +134,15 @@ impl ReplyRaw {
         assert!(self.sender.is_some());
         let sender = self.sender.take().unwrap();
         let res = response.with_iovec(self.unique, |iov| sender.send(iov));
-        if let Err(err) = res {
-            error!("Failed to send FUSE reply: {err}");
+        match res {
+            Ok(()) => {}
+            // The kernel holds no request of this number any more: the usual case is the
+            // ENOSYS answer to an INTERRUPT whose request was answered first. libfuse
+            // ignores ENOENT from a reply the same way (pkgfs change, see PKGFS.md).
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                debug!("reply to request {:?} not taken: {err}", self.unique);
+            }
+            Err(err) => error!("Failed to send FUSE reply: {err}"),
         }
     }
     pub(crate) fn send_ll(mut self, response: &impl Response) {
