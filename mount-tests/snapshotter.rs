@@ -499,6 +499,40 @@ fn mountpoint(rig: &Rig, snapshotter: &str) -> PathBuf {
     rig.path().join(format!("m-{snapshotter}"))
 }
 
+/// After a lazy pull of `image` into namespace `ns`: containerd's content store holds
+/// none of its `layers` (the manifest and config only), and `pkgfs status` of the
+/// snapshotter says every layer is read lazily from `store`, for `image`.
+fn assert_pulled_lazily(
+    rig: &Rig,
+    ns: &str,
+    tag: &str,
+    layers: &[(String, u64)],
+    store: &Path,
+    image: &str,
+) {
+    let content = ok(
+        rig.path(),
+        &mut rig.ctr_in(ns, &["content", "ls", "-q"]),
+        CTR_LIMIT,
+    );
+    for (digest, _) in layers {
+        assert!(!content.contains(digest.as_str()), "{tag}: {content}");
+    }
+    let st: serde_json::Value = serde_json::from_str(&ok(
+        rig.path(),
+        pkgfs().arg("status").arg("--json").arg(rig.snap_sock()),
+        CTR_LIMIT,
+    ))
+    .unwrap();
+    assert_eq!(st["lazy"], layers.len(), "{tag}: {st}");
+    assert_eq!(st["unpacked"], 0, "{tag}: {st}");
+    assert_eq!(st["store"], store.to_str().unwrap(), "{st}");
+    for row in st["snapshots"].as_array().unwrap() {
+        assert_eq!(row["how"], "lazy", "{row}");
+        assert_eq!(row["reference"], image, "{row}");
+    }
+}
+
 /// `ctr snapshots ls` as (key → (parent, kind)).
 fn snapshot_rows(text: &str) -> BTreeMap<String, (String, String)> {
     text.lines()
@@ -1020,29 +1054,9 @@ fn containerd_pulls_lazily_through_the_layer_store() {
                 "{tag}: {fetched} of {layer_bytes} bytes"
             );
         }
-        // containerd holds no layer: its content store has the manifest and config only.
-        let content = ok(
-            rig.path(),
-            &mut rig.ctr_in(&ns, &["content", "ls", "-q"]),
-            CTR_LIMIT,
-        );
-        for (digest, _) in &layers {
-            assert!(!content.contains(digest.as_str()), "{tag}: {content}");
-        }
-        // `pkgfs status SOCKET` says each layer is read lazily, and from where.
-        let st: serde_json::Value = serde_json::from_str(&ok(
-            rig.path(),
-            pkgfs().arg("status").arg("--json").arg(rig.snap_sock()),
-            CTR_LIMIT,
-        ))
-        .unwrap();
-        assert_eq!(st["lazy"], layers.len(), "{tag}: {st}");
-        assert_eq!(st["unpacked"], 0, "{tag}: {st}");
-        assert_eq!(st["store"], store.to_str().unwrap(), "{st}");
-        for row in st["snapshots"].as_array().unwrap() {
-            assert_eq!(row["how"], "lazy", "{row}");
-            assert_eq!(row["reference"], image.as_str(), "{row}");
-        }
+        // containerd holds no layer; `pkgfs status SOCKET` says each is read lazily,
+        // and from where.
+        assert_pulled_lazily(&rig, &ns, tag, &layers, &store, &image);
         // Every layer a committed remote snapshot, named by its digest, using no disk.
         let rows = snapshot_rows(&ok(
             rig.path(),
@@ -1401,27 +1415,7 @@ fn nerdctl_pulls_lazily_through_pkgfs_named_as_a_snapshotter_it_knows() {
             fetched * 10 < layer_bytes,
             "{tag}: {fetched} of {layer_bytes} bytes"
         );
-        let content = ok(
-            rig.path(),
-            &mut rig.ctr_in(&ns, &["content", "ls", "-q"]),
-            CTR_LIMIT,
-        );
-        for (digest, _) in &layers {
-            assert!(!content.contains(digest.as_str()), "{tag}: {content}");
-        }
-        let st: serde_json::Value = serde_json::from_str(&ok(
-            rig.path(),
-            pkgfs().arg("status").arg("--json").arg(rig.snap_sock()),
-            CTR_LIMIT,
-        ))
-        .unwrap();
-        assert_eq!(st["lazy"], layers.len(), "{tag}: {st}");
-        assert_eq!(st["unpacked"], 0, "{tag}: {st}");
-        assert_eq!(st["store"], store.to_str().unwrap(), "{st}");
-        for row in st["snapshots"].as_array().unwrap() {
-            assert_eq!(row["how"], "lazy", "{row}");
-            assert_eq!(row["reference"], image.as_str(), "{row}");
-        }
+        assert_pulled_lazily(&rig, &ns, tag, &layers, &store, &image);
         // A container on it, through the same plugin name.
         let out = ok(
             rig.path(),

@@ -15,19 +15,10 @@ REPO=$(cd "$HERE/../.." && pwd)
 OUT=${1:-$REPO/target/crictl}
 CRICTL=sigs.k8s.io/cri-tools/cmd/crictl@v1.37.0
 STAMP="pkgfs crictl v1 $CRICTL"
-complete() { [[ -f $OUT/.complete && $(<"$OUT/.complete") == "$STAMP" && -x $OUT/bin/crictl ]]; }
-if complete; then echo "$OUT/bin/crictl"; exit 0; fi
-mkdir -p "$(dirname "$OUT")"
-exec 9>"$OUT.lock"
-flock 9
-if complete; then echo "$OUT/bin/crictl"; exit 0; fi
+# shellcheck source=../lib/cached_build.sh
+source "$HERE/../lib/cached_build.sh"
+cached_build_begin crictl "$STAMP"
 
 command -v go >/dev/null || { echo "make_crictl.sh: needs Go (the Go module proxy)" >&2; exit 1; }
-NEW=$OUT.new
-rm -rf "$NEW"
-mkdir -p "$NEW/bin"
 GOBIN=$NEW/bin CGO_ENABLED=0 go install -trimpath -ldflags=-s "$CRICTL" >&2
-echo "$STAMP" >"$NEW/.complete"
-rm -rf "$OUT"
-mv "$NEW" "$OUT"
-echo "$OUT/bin/crictl"
+cached_build_end

@@ -20,23 +20,14 @@ OUT=${1:-$REPO/target/nerdctl}
 MODULE=github.com/containerd/nerdctl/v2
 VERSION=v2.0.5
 STAMP="pkgfs nerdctl v1 $MODULE@$VERSION"
-complete() { [[ -f $OUT/.complete && $(<"$OUT/.complete") == "$STAMP" && -x $OUT/bin/nerdctl ]]; }
-if complete; then echo "$OUT/bin/nerdctl"; exit 0; fi
-mkdir -p "$(dirname "$OUT")"
-exec 9>"$OUT.lock"
-flock 9
-if complete; then echo "$OUT/bin/nerdctl"; exit 0; fi
+# shellcheck source=../lib/cached_build.sh
+source "$HERE/../lib/cached_build.sh"
+cached_build_begin nerdctl "$STAMP"
 
 command -v go >/dev/null || { echo "make_nerdctl.sh: needs Go (the Go module proxy)" >&2; exit 1; }
-NEW=$OUT.new
-rm -rf "$NEW"
-mkdir -p "$NEW/bin"
 dir=$(cd "$NEW" && go mod download -json "$MODULE@$VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
 cp -r "$dir" "$NEW/src"
 chmod -R u+w "$NEW/src"
 (cd "$NEW/src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags=-s -o "$NEW/bin/nerdctl" ./cmd/nerdctl) >&2
 rm -rf "$NEW/src"
-echo "$STAMP" >"$NEW/.complete"
-rm -rf "$OUT"
-mv "$NEW" "$OUT"
-echo "$OUT/bin/nerdctl"
+cached_build_end
