@@ -694,6 +694,30 @@ fn mounting_600_archives_reads_only_their_indexes() {
     }
     let m = Mount::foreground(&[&pkgs], &[]);
     let pid = m.server_pid();
+    // The server's descriptor table was grown before its threads started (each growth
+    // after waits an RCU grace period: io::blob::reserve_descriptor_slots), so it holds
+    // a descriptor for each of the 600 packages without growing.
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let slots: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("FDSize:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let soft: usize = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let want = pkgfs::io::blob::RESERVED_SLOTS.min(soft);
+    assert!(
+        slots >= want,
+        "the server's table has {slots} slots, not {want}"
+    );
     let io = fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
     let rchar: u64 = io
         .lines()

@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, SystemTime};
 
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use crate::config::MountConfig;
 use crate::format::IndexCache;
@@ -371,7 +371,9 @@ fn spawn(
 ///
 /// The start-up order, each stage a function below, and why it comes where it does:
 /// 1. [`prepare_process`]: SIGINT/SIGTERM/SIGHUP blocked before any thread exists (every
-///    thread inherits the mask, so only the final `sigwait` sees them); the descriptor
+///    thread inherits the mask, so only the final `sigwait` sees them), and the
+///    descriptor table grown while no other thread shares it (later growths wait an RCU
+///    grace period each: [`crate::io::blob::reserve_descriptor_slots`]); the descriptor
 ///    limit raised and the allocator tuned before archives are opened.
 /// 2. [`watch_sources`]: the watcher exists before the first scan, so a package
 ///    installed while the scan runs is not missed.
@@ -505,10 +507,13 @@ fn all_sources(cfg: &MountConfig) -> Vec<PathBuf> {
     sources
 }
 
-/// Stage 1: the signal mask (before any thread), the descriptor limit, the allocator.
+/// Stage 1: the signal mask and the descriptor table's size (both before any thread),
+/// the descriptor limit, the allocator.
 fn prepare_process() -> libc::sigset_t {
     let set = block_signals();
     raise_fd_limit();
+    let slots = crate::io::blob::reserve_descriptor_slots();
+    debug!("descriptor table: {slots:?} slots");
     tune_allocator();
     set
 }

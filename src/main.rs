@@ -13,6 +13,11 @@ fn main() -> ExitCode {
         Ok(started) => started,
         Err(code) => return code,
     };
+    if !matches!(command, Command::Mount(_)) {
+        // The offline tools open packages on threads too; a mount grows its table
+        // once its descriptor limit is raised (daemon's stage 1).
+        pkgfs::io::blob::reserve_descriptor_slots();
+    }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let result: Outcome = match command {
         Command::Mount(cfg) => done(daemon::mount(&cfg, &args)),

@@ -152,6 +152,53 @@ pub fn descriptor_budget() -> usize {
     (soft.min(1 << 20) as usize).saturating_sub(128).max(16)
 }
 
+/// Descriptor slots [`reserve_descriptor_slots`] grows a process's table to (8 bytes
+/// each in the kernel: 64 KiB), or the soft limit if that is lower.
+pub const RESERVED_SLOTS: usize = 8192;
+
+/// Grow this process's descriptor table to [`RESERVED_SLOTS`] now, while it has one
+/// thread; returns the slots it holds after (`None` if no descriptor was open to copy).
+///
+/// Why: the kernel's table starts with 64 slots and is grown as descriptors pass its
+/// size, and while other threads share it every growth waits for an RCU grace period
+/// (`expand_fdtable` calls `synchronize_rcu`), 10–20 ms on a 2-vCPU guest. A mount of
+/// 609 packages opens one descriptor each, with its listing's threads running: its
+/// 65th descriptor waited 14–21 ms, a third of the cold mount (docs/design/cold-walks.md).
+/// A table grown before any thread exists grows at once. Call it after the descriptor
+/// limit is raised (the slot must be under the soft limit). Beyond the slots reserved,
+/// a mount that opens more descriptors waits a grace period per doubling, as before.
+pub fn reserve_descriptor_slots() -> Option<usize> {
+    // SAFETY: getrlimit fills a local struct; fcntl(F_DUPFD_CLOEXEC) copies an open
+    // descriptor to the lowest free one at or above the slot, which is then closed
+    // (nothing else holds it: the process has one thread).
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        let soft = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur
+        } else {
+            1024
+        };
+        let slot = RESERVED_SLOTS.min(usize::try_from(soft).unwrap_or(RESERVED_SLOTS)) - 1;
+        let slot = libc::c_int::try_from(slot).ok()?;
+        let copy = (0..=2).find_map(|fd| {
+            let c = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, slot);
+            (c >= 0).then_some(c)
+        })?;
+        libc::close(copy);
+    }
+    descriptor_slots()
+}
+
+/// The descriptor slots this process's table holds now (`FDSize` in
+/// `/proc/self/status`).
+pub fn descriptor_slots() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("FDSize:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The open local files that may be closed to save descriptors, least recently used
 /// first, and how many may be open.
 struct Descriptors {
@@ -611,6 +658,23 @@ impl Blob for Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_descriptor_table_is_grown_to_the_slots_reserved() {
+        // SAFETY: getrlimit fills a local struct.
+        let soft = unsafe {
+            let mut lim: libc::rlimit = std::mem::zeroed();
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+            usize::try_from(lim.rlim_cur).unwrap()
+        };
+        let want = RESERVED_SLOTS.min(soft);
+        let slots = reserve_descriptor_slots().unwrap();
+        assert!(slots >= want, "{slots} slots, {want} reserved");
+        assert_eq!(descriptor_slots(), Some(slots));
+        // Nothing is left open at the slot: the next descriptor is a low one.
+        let f = std::fs::File::open("/dev/null").unwrap();
+        assert!(std::os::fd::AsRawFd::as_raw_fd(&f) < 1000);
+    }
 
     #[test]
     fn a_local_file_reads_exactly_and_refuses_to_serve_a_changed_file() {
