@@ -15,7 +15,8 @@
 //!   change and the scan runs as before, its result kept in place of the old record.
 //! - **Read while the packages are listed**: the record is read, checked and parsed on
 //!   a thread of its own (`pkgfs-kept`) from before the listing; once the packages are
-//!   `stat`ed, what it was made from is compared, and only then are packages opened.
+//!   `stat`ed, what it was made from is compared, and only then are packages opened,
+//!   while the rest of the record is parsed.
 //! - **Kept only when the scan is whole**: local packages only (no image, remote
 //!   object or seal: those have their own caches and checks), a layout that folds
 //!   (by-name layouts are lazy already), no work left behind (python's bytecode
@@ -161,6 +162,19 @@ impl Keeping {
             }
             Ahead::Parsed(Ok(_)) => return None,
         }
+        // While the record is parsed: the packages, opened (their stamps checked as they
+        // are taken); the opens (about 2.5 ms for 609) overlap the parse.
+        let opened: Vec<Option<Arc<dyn Blob>>> = listed
+            .candidates
+            .iter()
+            .map(|c| match crate::io::blob::LocalFile::open(&c.path) {
+                Ok(b) => Some(b as Arc<dyn Blob>),
+                Err(e) => {
+                    debug!("{}: {e}: the tree kept is not used", c.path.display());
+                    None
+                }
+            })
+            .collect();
         let parsed = match ahead.recv().ok()? {
             Ahead::Parsed(Ok(p)) => p,
             Ahead::Parsed(Err(e)) | Ahead::Inputs(Err(e)) => {
@@ -169,7 +183,7 @@ impl Keeping {
             }
             Ahead::Inputs(Ok(_)) => return None,
         };
-        match resolve(*parsed, listed, opts) {
+        match resolve(*parsed, listed, opened, opts) {
             Ok(Some(k)) => {
                 // Used: not among the records a later store clears away.
                 let now = std::time::SystemTime::now();
@@ -600,7 +614,12 @@ fn parse(d: &mut Dec) -> Decoded<Parsed> {
 /// A parsed record over the packages of `listed`, each opened and checked to be the
 /// version the record was made from: `Ok(None)` if one changed between its `stat` and
 /// its open.
-fn resolve(p: Parsed, listed: &Listed, opts: &LoadOptions) -> Decoded<Option<KeptScan>> {
+fn resolve(
+    p: Parsed,
+    listed: &Listed,
+    opened: Vec<Option<Arc<dyn Blob>>>,
+    opts: &LoadOptions,
+) -> Decoded<Option<KeptScan>> {
     let mut layers = Vec::with_capacity(p.layers.len());
     let mut report = LoadReport {
         kept: true,
@@ -624,12 +643,9 @@ fn resolve(p: Parsed, listed: &Listed, opts: &LoadOptions) -> Decoded<Option<Kep
                     .get(idx)
                     .ok_or(Damaged("package number"))?;
                 let stamp = listed.stamps.get(idx).and_then(Option::as_ref);
-                let blob: Arc<dyn Blob> = match crate::io::blob::LocalFile::open(&cand.path) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        debug!("{}: {e}: the tree kept is not used", cand.path.display());
-                        return Ok(None);
-                    }
+                let Some(blob) = opened.get(idx).cloned().flatten() else {
+                    // Not opened (said why above).
+                    return Ok(None);
                 };
                 if Some(blob.version()) != stamp.map(String::as_str) {
                     debug!("{} changed: the tree kept is not used", cand.path.display());
