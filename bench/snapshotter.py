@@ -281,6 +281,10 @@ def main():
                "--address", snap_sock, "--store", store],
               stderr=open(os.path.join(SCRATCH, "snapshotter.log"), "w"))
     Containerd.wait_socket(snap_sock, "pkgfs snapshotter")
+    # containerd dialled the plugin while it was not up yet (ensure_estargz above), and
+    # retries only after a back-off: a run whose first system is pkgfs's (`--only`)
+    # failed to pull. Started again, it dials afresh.
+    ctrd.restart()
 
     cache = os.path.join(SCRATCH, "store-cache")
     starts = os.path.join(SCRATCH, "starts")  # records of starts, kept for -again
