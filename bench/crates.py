@@ -16,8 +16,16 @@ per package), copied into WORKDIR/crates/store. Each step reads the whole tree w
   each-cached   the same with the index cache of the first run
   merged-cached `pkgfs mount` (one merged tree: each crate's own NAME-VERSION/ top
                 directory keeps them apart), index cached
+  each-cached-walk-again
+                the same mount walked a second time, the kernel's caches dropped and
+                the daemon's decoded blocks kept (`--cache-size 2G`): the walk through
+                FUSE with next to no decoding, this walk's floor
 and, page cache warm, the decode limits: `gzip -dc` of every archive on one thread and
-on two (`xargs -P2`), and `cat` of every archive cold (the I/O). `--setting NAME` runs
+on two (`xargs -P2`); pkgfs's own decoders on both cores (issue 37's limit: "every
+member inflated by the project's own decoder on both cores"; examples/inflate_limit.rs,
+each archive's stream inflated whole: `own-decoder` is zlib-rs streaming, what a gzip
+tarball's reads decode with, `own-one-call` libdeflate); and `cat` of every archive
+cold (the I/O). `--setting NAME` runs
 it all under one host setting (common.HOST_SETTINGS: as-is, wake-here, halt-poll; docs/
 SEMANTICS.md "Host settings"), put back as found at the end. Results go to OUT.json;
 a summary to standard output.
@@ -45,6 +53,7 @@ STORE = os.path.join(WORK, "store")
 TREE = os.path.join(WORK, "extracted")
 MNT = os.path.join(WORK, "mnt")
 CACHE = os.path.join(WORK, "index-cache")
+INFLATE = os.path.join(HERE, "target/release/examples/inflate_limit")
 
 
 def make_store():
@@ -92,6 +101,31 @@ def mounted_read(args, fresh_cache):
         common.unmount(MNT)
 
 
+def walk_again(args):
+    """Seconds for a second cold walk of one mount: the kernel's caches dropped, the
+    daemon's decoded blocks kept (a budget that holds them all), so what is left is the
+    walk through FUSE with next to no decoding."""
+    common.unmount(MNT)
+    sh(f"'{PKGFS}' mount --index-cache '{CACHE}' --cache-size 2G {args} '{STORE}' '{MNT}'")
+    try:
+        sh(f"cd '{MNT}' && tar cf - . | wc -c")
+        drop_caches()
+        t0 = time.monotonic()
+        sh(f"cd '{MNT}' && tar cf - . | wc -c")
+        return time.monotonic() - t0
+    finally:
+        common.unmount(MNT)
+
+
+def own_decoder(threads, which):
+    """Seconds for pkgfs's own deflate decoders to inflate every archive whole on
+    `threads` threads, warm (examples/inflate_limit.rs): `streaming` (zlib-rs, what a
+    gzip tarball's reads decode with) or `one_call` (libdeflate)."""
+    out = subprocess.run(["bash", "-c", f"'{INFLATE}' --threads {threads} '{STORE}'/*.crate"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)[f"{which}_s"]
+
+
 def decode(threads):
     sh(f"cat '{STORE}'/*.crate > /dev/null")
     t0 = time.monotonic()
@@ -109,6 +143,8 @@ def io_only():
 def main():
     if not os.access(PKGFS, os.X_OK):
         raise SystemExit(f"{PKGFS} missing: cargo build --release")
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "inflate_limit"],
+                   cwd=HERE, check=True)
     facts = make_store()
     log(f"store: {facts}")
     each = "--layout each --strip-components 1"
@@ -117,8 +153,11 @@ def main():
         "each-first": lambda: mounted_read(each, True),
         "each-cached": lambda: mounted_read(each, False),
         "merged-cached": lambda: mounted_read("", False),
+        "each-cached-walk-again": lambda: walk_again(each),
         "gzip-1-thread-warm": lambda: decode(1),
         "gzip-2-threads-warm": lambda: decode(2),
+        "own-decoder-2-threads-warm": lambda: own_decoder(2, "streaming"),
+        "own-one-call-2-threads-warm": lambda: own_decoder(2, "one_call"),
         "cat-cold": io_only,
     }
     runs = {k: [] for k in steps}
