@@ -51,13 +51,17 @@ fn streaming(deflate: &[u8], buf: &mut [u8]) -> usize {
         if p.ended {
             return total;
         }
-        assert!(p.consumed > 0 || p.produced > 0, "the decoder made no progress");
+        assert!(
+            p.consumed > 0 || p.produced > 0,
+            "the decoder made no progress"
+        );
     }
 }
 
 fn one_call(deflate: &[u8], size: usize, out: &mut Vec<u8>) -> usize {
     let mut d = OneShot::new().expect("libdeflate decoder");
-    d.decode(deflate, out, size).expect("a valid deflate stream");
+    d.decode(deflate, out, size)
+        .expect("a valid deflate stream");
     out.len()
 }
 

@@ -233,6 +233,8 @@ struct Report {
     prefetched_files: u64,
     prefetched_bytes: u64,
     prefetch_failed: u64,
+    /// Times the kernel was seen to have dropped pages it had (read-ahead started over).
+    page_drops: u64,
     prefetch_hints: u64,
     prefetch_hints_taken: u64,
     prefetch_idle: bool,
@@ -360,6 +362,7 @@ fn gather(fs: &PkgFs, info: &MountInfo, activity: &Activity) -> Report {
         prefetched_files: ops.prefetched.load(Relaxed),
         prefetched_bytes: ops.prefetched_bytes.load(Relaxed),
         prefetch_failed: ops.prefetch_failed.load(Relaxed),
+        page_drops: ops.page_drops.load(Relaxed),
         prefetch_hints: ops.hints.load(Relaxed),
         prefetch_hints_taken: ops.hints_taken.load(Relaxed),
         prefetch_idle: ops.prefetch_idle.load(Relaxed),
@@ -729,10 +732,11 @@ fn text_work(o: &mut String, r: &Report) {
     );
     let _ = writeln!(
         o,
-        "prefetch: {} files ({}) pushed into the page cache ahead of readers, {} refused; {} of {} hints taken ({})",
+        "prefetch: {} files ({}) pushed into the page cache ahead of readers, {} refused, {} times again after the kernel dropped pages; {} of {} hints taken ({})",
         r.prefetched_files,
         mib(r.prefetched_bytes),
         r.prefetch_failed,
+        r.page_drops,
         r.prefetch_hints_taken,
         r.prefetch_hints,
         if r.prefetch_idle { "idle" } else { "busy" }

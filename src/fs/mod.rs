@@ -19,10 +19,10 @@ pub mod prefetch;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 
-use log::warn;
+use log::{debug, warn};
 
 use crate::error::{Error, Result};
 use crate::format::Archive;
@@ -158,6 +158,8 @@ pub struct OpStats {
     pub prefetched_bytes: AtomicU64,
     /// Pushes the kernel refused (the mount is going away).
     pub prefetch_failed: AtomicU64,
+    /// Times the kernel was seen to have dropped pages it had ([`PkgFs::epoch`]).
+    pub page_drops: AtomicU64,
     /// Hints sent to the read-ahead thread (misses and ends of listings).
     pub hints: AtomicU64,
     /// Hints the read-ahead thread has taken into account.
@@ -280,6 +282,8 @@ pub struct PkgFs {
     grown: std::sync::OnceLock<GrowHook>,
     /// Told of the retired inodes after every activation ([`PkgFs::on_retire`]).
     retiring: std::sync::OnceLock<RetireHook>,
+    /// The epoch of the kernel's page cache ([`PkgFs::epoch`]).
+    epoch: AtomicU32,
 }
 
 impl PkgFs {
@@ -325,6 +329,33 @@ impl PkgFs {
             changed: std::sync::OnceLock::new(),
             grown: std::sync::OnceLock::new(),
             retiring: std::sync::OnceLock::new(),
+            epoch: AtomicU32::new(1),
+        }
+    }
+
+    /// The epoch of the kernel's page cache. What pkgfs knows the kernel holds (files
+    /// read or pushed from their start, decoded ahead of a walk, asked of the disk:
+    /// `view::MemberState`) holds for one epoch. The kernel does not say when it drops
+    /// pages; a READ at offset 0 of a file it had whole in this epoch says so (memory
+    /// pressure, `drop_caches`, `POSIX_FADV_DONTNEED`), and pages are dropped together:
+    /// the epoch moves on and the directory read-ahead treats every file as new again.
+    /// Without it a tree walked a second time after its pages were dropped got no
+    /// read-ahead at all, and took twice as long as the first walk.
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Relaxed)
+    }
+
+    /// The kernel asked again for a file it had whole in epoch `seen`: a new epoch
+    /// (once, however many readers notice).
+    fn pages_dropped(&self, seen: u32) {
+        let next = seen.checked_add(1).unwrap_or(1);
+        if self
+            .epoch
+            .compare_exchange(seen, next, Relaxed, Relaxed)
+            .is_ok()
+        {
+            self.stats.page_drops.fetch_add(1, Relaxed);
+            debug!("the kernel dropped pages it had: read-ahead starts over (epoch {next})");
         }
     }
 
@@ -970,8 +1001,14 @@ impl PkgFs {
                 if offset == 0 {
                     // The kernel is reading the file from its start: it will have it.
                     if let Some(state) = v.tree.member_index(node).and_then(|i| v.member_state(i)) {
-                        state.requested.store(true, Relaxed);
-                        state.cached.store(true, Relaxed);
+                        let e = self.epoch();
+                        if state.requested.is(e) || state.pushed.is(e) {
+                            // It had the file whole: its pages were dropped.
+                            self.pages_dropped(e);
+                        }
+                        let e = self.epoch();
+                        state.requested.set(e);
+                        state.cached.set(e);
                     }
                 }
                 self.read_node(&v, l, ino, node, offset, size, Span::Whole)
@@ -1035,15 +1072,16 @@ impl PkgFs {
     /// about to be decoded: each archive is asked for its extents of them once they are
     /// sorted and merged ([`crate::io::advice`]: nothing if the walk visits them in
     /// archive order, which the kernel's own read-ahead follows). Each member is asked
-    /// for once (a walk plans the same files again each time the reader moves).
+    /// for once an epoch (a walk plans the same files again each time the reader moves).
     pub(crate) fn will_need(&self, v: &View, files: &[u64]) {
+        let epoch = self.epoch();
         let mut wanted: Vec<(u32, (u64, u64))> = files
             .iter()
             .filter_map(|&local| {
                 let n = v.tree.node(local)?;
                 let m = v.tree.member(n)?;
                 let state = v.member_state(v.tree.member_index(n)?)?;
-                if state.advised.swap(true, Relaxed) {
+                if state.advised.test_and_set(epoch) {
                     return None;
                 }
                 let layer = v.layers.get(m.archive as usize)?;

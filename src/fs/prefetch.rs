@@ -21,7 +21,9 @@
 //! so the two decode different files in parallel instead of the same one twice. A miss
 //! anywhere else (a random reader) starts over at the initial window, so random access
 //! costs little extra decoding. Files larger than the maximum are left to the kernel's
-//! readahead; a file is pushed at most once per generation, never after the kernel has
+//! readahead; a file is pushed at most once per generation and epoch of the page cache
+//! ([`PkgFs::epoch`]: the kernel asking again from the start for a file it had whole has
+//! dropped pages, and read-ahead starts over), never after the kernel has
 //! read it itself, and only if the kernel holds its inode (pkgfs notes which files it
 //! has given the kernel, by LOOKUP or READDIRPLUS): a reader that opens files by name
 //! without listing the directory gets no pushes and costs no decoding.
@@ -121,8 +123,8 @@ struct Window {
 }
 
 /// Whether every file from local node `from` up to (not including) `to` has been read or
-/// pushed (looking at no more than [`MAX_SCAN`] of them).
-fn read_between(view: &View, from: u64, to: u64) -> bool {
+/// pushed in `epoch` (looking at no more than [`MAX_SCAN`] of them).
+fn read_between(view: &View, from: u64, to: u64, epoch: u32) -> bool {
     to.saturating_sub(from) <= MAX_SCAN as u64
         && (from..to).all(|l| {
             let canon = view.tree.canonical(l);
@@ -131,7 +133,7 @@ fn read_between(view: &View, from: u64, to: u64) -> bool {
                     .tree
                     .member_index(n)
                     .and_then(|i| view.member_state(i))
-                    .is_some_and(|s| s.cached.load(Relaxed)),
+                    .is_some_and(|s| s.cached.is(epoch)),
                 _ => true,
             }
         })
@@ -151,6 +153,7 @@ const PAGE: u64 = 4096;
 /// the reader asks for the file itself (its READ holds the pages: a push would wait for
 /// its reply to no purpose) or when the data cannot be read (a real read reports that).
 /// Returns the bytes pushed, or the kernel's refusal.
+#[allow(clippy::too_many_arguments)]
 fn push_file(
     fs: &PkgFs,
     view: &View,
@@ -158,6 +161,7 @@ fn push_file(
     target: u64,
     n: &crate::tree::Node,
     state: &crate::tree::view::MemberState,
+    epoch: u32,
     store: &mut Store<'_>,
 ) -> std::io::Result<u64> {
     let mut off = 0u64;
@@ -166,7 +170,7 @@ fn push_file(
         let Ok(piece) = fs.read_node(view, canon, target, n, off, left, Span::Piece) else {
             break;
         };
-        if state.requested.load(Relaxed) || piece.is_empty() {
+        if state.requested.is(epoch) || piece.is_empty() {
             break;
         }
         let end = off + piece.len() as u64;
@@ -193,6 +197,9 @@ fn push_file(
     }
     // The kernel holds what was stored: the cache need not.
     fs.delivered_node(view, canon, 0, off);
+    if off == n.size {
+        state.pushed.set(epoch);
+    }
     Ok(off)
 }
 
@@ -207,18 +214,33 @@ pub struct Prefetcher {
     walk: Option<(u64, Instant)>,
     /// Where the walk under way has got to (global inode), for the [`Warmer`].
     walk_at: Option<u64>,
+    /// The page cache's epoch the windows were planned in ([`PkgFs::epoch`]).
+    epoch: u32,
 }
 
 impl Prefetcher {
     /// Read-ahead for `fs`, with windows up to `max` bytes (0: none).
     pub fn new(fs: Arc<PkgFs>, max: u64) -> Self {
         Prefetcher {
+            epoch: fs.epoch(),
             fs,
             max,
             windows: HashMap::new(),
             active: VecDeque::new(),
             walk: None,
             walk_at: None,
+        }
+    }
+
+    /// Windows say what was pushed in one epoch of the page cache: once the kernel has
+    /// dropped pages (a new epoch), they are forgotten and every directory starts afresh
+    /// (a walk under way goes on).
+    fn follow_epoch(&mut self) {
+        let e = self.fs.epoch();
+        if e != self.epoch {
+            self.epoch = e;
+            self.windows.clear();
+            self.active.clear();
         }
     }
 
@@ -278,6 +300,7 @@ impl Prefetcher {
 
     /// Directory `ino` was listed to its end: during a walk, push its first files now.
     pub fn listed(&mut self, ino: u64) {
+        self.follow_epoch();
         let Some(bytes) = self.walking() else {
             return;
         };
@@ -308,9 +331,11 @@ impl Prefetcher {
         if self.max == 0 {
             return;
         }
+        self.follow_epoch();
         let Ok((view, local)) = self.fs.find(ino) else {
             return;
         };
+        let epoch = self.fs.epoch();
         let Some(node) = view.tree.node(local) else {
             return;
         };
@@ -332,7 +357,7 @@ impl Prefetcher {
         let sequential = known.is_some_and(|w| {
             !w.blind
                 && w.start <= local
-                && (local <= w.cursor || read_between(&view, w.cursor, local))
+                && (local <= w.cursor || read_between(&view, w.cursor, local, epoch))
         });
         let known = known.is_some();
         log::trace!(
@@ -362,7 +387,7 @@ impl Prefetcher {
         // not read yet), during a walk: the walk goes on. Any other miss is random and
         // ends it.
         let bytes = match self.walking() {
-            Some(walk) if !known && read_between(&view, range.start, local) => {
+            Some(walk) if !known && read_between(&view, range.start, local, epoch) => {
                 self.walk_at = Some(ino);
                 walk
             }
@@ -377,8 +402,10 @@ impl Prefetcher {
     /// Push the next planned file with `store(inode, offset, data)`. Returns `false` when
     /// there is nothing left to push.
     pub fn step(&mut self, store: &mut Store<'_>) -> bool {
+        self.follow_epoch();
         let current = self.fs.view();
         let stats = &self.fs.stats;
+        let epoch = self.fs.epoch();
         while let Some(&dir) = self.active.front() {
             // Windows of an older top generation are dropped; a graft's generation
             // lives as long as its package is unchanged.
@@ -431,11 +458,11 @@ impl Prefetcher {
                 // count towards the kernel's: a reader ahead of the pushes does not make
                 // the window run on.
                 w.budget = w.budget.saturating_sub(n.size);
-                if state.cached.swap(true, Relaxed) {
+                if state.cached.test_and_set(epoch) {
                     continue;
                 }
                 let target = view.global(canon);
-                match push_file(&self.fs, &view, canon, target, n, state, store) {
+                match push_file(&self.fs, &view, canon, target, n, state, epoch, store) {
                     Ok(0) => {}
                     Ok(bytes) => {
                         stats.prefetched.fetch_add(1, Relaxed);
@@ -653,6 +680,7 @@ impl Warmer {
         self.plan.clear();
         let mut covered = 0u64;
         let mut advise_in: Option<Arc<View>> = None;
+        let epoch = self.fs.epoch();
         for a in &self.ahead {
             if covered >= target {
                 break;
@@ -663,11 +691,11 @@ impl Warmer {
             let Some(state) = a.view.member_state(a.member) else {
                 continue;
             };
-            if !state.cached.load(Relaxed) {
-                if covered < ahead && !state.warmed.load(Relaxed) {
+            if !state.cached.is(epoch) {
+                if covered < ahead && !state.warmed.is(epoch) {
                     self.plan.push((a.view.clone(), a.canon));
                 }
-                if !state.advised.load(Relaxed) {
+                if !state.advised.is(epoch) {
                     // One request of the disk a generation: flush the last one's.
                     if advise_in
                         .as_ref()
@@ -699,7 +727,7 @@ impl Warmer {
             let Some(state) = view.tree.member_index(n).and_then(|i| view.member_state(i)) else {
                 continue;
             };
-            if state.cached.load(Relaxed) || state.warmed.swap(true, Relaxed) {
+            if state.cached.is(epoch) || state.warmed.test_and_set(epoch) {
                 continue;
             }
             // Block by block: the blocks are what is wanted, not a copy of the file.
@@ -1100,11 +1128,15 @@ mod tests {
         assert_eq!(log.len(), 64);
         let log = push_log(&mut p, &fs, "d/f127");
         assert_eq!((names(&log)[0], log.len()), ("d/f129", 64));
-        // A random miss elsewhere starts over small (f006 to f013), and files already
-        // pushed or read are not pushed again (they fill the window): only f010, left to
-        // a reader that never came, is.
+        // A random miss elsewhere, on f010 (left to a reader that never came), starts
+        // over small (f011 to f018), and files already pushed are not pushed again:
+        // they fill the window.
+        let log = push_log(&mut p, &fs, "d/f010");
+        assert!(log.is_empty(), "{log:?}");
+        // A read from the start of f005, pushed whole: the kernel dropped its pages. In
+        // the new epoch the files after it are pushed again, a first window of them.
         let log = push_log(&mut p, &fs, "d/f005");
-        assert_eq!(names(&log), ["d/f010"]);
+        assert_eq!((names(&log)[0], log.len()), ("d/f006", 8));
         // The directory ends: the subdirectory and what is inside it are not pushed.
         let log = push_log(&mut p, &fs, "d/f193");
         assert_eq!(
@@ -1113,8 +1145,37 @@ mod tests {
         );
         assert_eq!(
             fs.stats.prefetched.load(Relaxed),
-            8 + 16 + 32 + 64 + 64 + 1 + 6
+            8 + 16 + 32 + 64 + 64 + 8 + 6
         );
+    }
+
+    /// The kernel asking again from the start for a file it had whole (read or pushed)
+    /// has dropped pages: a new epoch, in which a walk's listing and misses push the
+    /// files it had again.
+    #[test]
+    fn after_the_kernel_drops_pages_a_walk_is_pushed_again() {
+        let (fs, _f) = mount(40, 16 * 1024);
+        let mut p = Prefetcher::new(fs.clone(), 1 << 20);
+        let d = fs.resolve(b"d").unwrap();
+        let e = fs.epoch();
+        // A walk: a miss on f000 (eight files pushed), then a sequential one on f009.
+        assert_eq!(names(&push_log(&mut p, &fs, "d/f000"))[0], "d/f001");
+        assert!(!push_log(&mut p, &fs, "d/f009").is_empty());
+        // The same epoch: the directory listed again pushes nothing new.
+        p.listed(d);
+        assert!(drain(&mut p, &fs).is_empty());
+        assert_eq!((fs.epoch(), fs.stats.page_drops.load(Relaxed)), (e, 0));
+        // A file pushed whole is asked for from its start: the kernel dropped it.
+        fs.read(fs.resolve(b"d/f001").unwrap(), 0, 4096).unwrap();
+        assert_eq!((fs.epoch(), fs.stats.page_drops.load(Relaxed)), (e + 1, 1));
+        // Listed again in the walk, the directory's files are pushed again (all but the
+        // one just read).
+        p.listed(d);
+        let again = drain(&mut p, &fs);
+        assert_eq!(names(&again)[..2], ["d/f000", "d/f002"]);
+        // A file read from its start in this epoch and asked for again: one more.
+        fs.read(fs.resolve(b"d/f001").unwrap(), 0, 4096).unwrap();
+        assert_eq!((fs.epoch(), fs.stats.page_drops.load(Relaxed)), (e + 2, 2));
     }
 
     #[test]
@@ -1155,7 +1216,7 @@ mod tests {
             let (v, local) = fs.find(fs.resolve(name.as_bytes()).unwrap()).unwrap();
             let n = v.tree.node(local).unwrap();
             let i = v.tree.member_index(n).unwrap();
-            v.member_state(i).unwrap().advised.load(Relaxed)
+            v.member_state(i).unwrap().advised.is(fs.epoch())
         };
         let names: Vec<String> = (0..10).map(|i| format!("d/f{i:03}")).collect();
         let expect: Vec<bool> = (0..10).map(|i| (6..10).contains(&i)).collect();

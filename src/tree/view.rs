@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::error::Error;
@@ -83,21 +83,44 @@ impl Layer {
     }
 }
 
+/// A fact about a member that holds for one epoch of the kernel's page cache
+/// (`fs::PkgFs::epoch`): set in an epoch, it reads as unset once the epoch has moved on.
+/// Epochs start at 1; 0 is never.
+#[derive(Debug, Default)]
+pub struct Mark(AtomicU32);
+
+impl Mark {
+    /// Whether it was set in `epoch`.
+    pub fn is(&self, epoch: u32) -> bool {
+        self.0.load(Ordering::Relaxed) == epoch
+    }
+    /// Set it in `epoch`.
+    pub fn set(&self, epoch: u32) {
+        self.0.store(epoch, Ordering::Relaxed);
+    }
+    /// Set it in `epoch`; whether it was set in `epoch` already.
+    pub fn test_and_set(&self, epoch: u32) -> bool {
+        self.0.swap(epoch, Ordering::Relaxed) == epoch
+    }
+}
+
 /// What a generation knows of each member: whether the kernel has it, and what the
-/// directory read-ahead did with it. (What the read path learns of a member is its
-/// format's, kept with the archive.)
+/// directory read-ahead did with it, each for the page cache's current epoch. (What the
+/// read path learns of a member is its format's, kept with the archive.)
 #[derive(Debug, Default)]
 pub struct MemberState {
     /// The kernel has been given (or asked for) its data from the start: a read at
     /// offset 0 or a prefetch push (see `prefetch`).
-    pub cached: AtomicBool,
+    pub cached: Mark,
     /// The kernel has sent a READ for it at offset 0.
-    pub requested: AtomicBool,
+    pub requested: Mark,
+    /// A push stored the whole file into the kernel's page cache.
+    pub pushed: Mark,
     /// Decoded ahead of a walk (see `prefetch::Warmer`).
-    pub warmed: AtomicBool,
+    pub warmed: Mark,
     /// Its archive bytes have been asked of the disk ahead of decoding (see
     /// `fs::PkgFs::will_need`).
-    pub advised: AtomicBool,
+    pub advised: Mark,
     /// The kernel has been given an inode of it (LOOKUP or READDIRPLUS): only then can
     /// data be pushed into its page cache.
     pub known: AtomicBool,
