@@ -732,7 +732,7 @@ fn text_work(o: &mut String, r: &Report) {
     );
     let _ = writeln!(
         o,
-        "prefetch: {} files ({}) pushed into the page cache ahead of readers, {} refused, {} times again after the kernel dropped pages; {} of {} hints taken ({})",
+        "prefetch: {} files ({}) pushed into the page cache ahead of readers, {} refused, started over {} times after the kernel dropped pages; {} of {} hints taken ({})",
         r.prefetched_files,
         mib(r.prefetched_bytes),
         r.prefetch_failed,
