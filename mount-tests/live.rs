@@ -886,6 +886,22 @@ fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
     assert!(r["plain_entries"].as_u64().unwrap() * 2 >= files, "{r}");
     assert_eq!(r["lookup"], 0, "a names-only walk looks nothing up: {r}");
 
+    // One stat of a file the walk listed plain (in the last package: the first
+    // listings go full): listings go full, and the kernel is told to drop what it keeps
+    // of every listing handed out plain, on a thread. A walk that stats then gets full
+    // listings, not the plain ones back from the kernel's cache (a LOOKUP a file).
+    fs::symlink_metadata(mp.join("p3/d2/f0-x.txt")).unwrap();
+    within(
+        Duration::from_secs(10),
+        "the plain listings are dropped",
+        || {
+            let r = requests();
+            r["plain_relist_queued"].as_u64() > Some(0)
+                && r["plain_relisted"] == r["plain_relist_queued"]
+        },
+    );
+    let before = requests()["lookup"].as_u64().unwrap();
+
     // Every entry's d_ino is the inode stat gives (plain entries included).
     let out = run(Command::new("python3")
         .arg("-c")
@@ -902,7 +918,13 @@ fn plain_entries_list_walks_as_the_extraction_and_follow_activations() {
         .arg(&mp));
     let seen: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert_eq!(seen, names(&ext).len());
-    assert!(requests()["plain_switches"].as_u64().unwrap() >= 1);
+    let r = requests();
+    assert!(r["plain_switches"].as_u64().unwrap() >= 1);
+    assert_eq!(
+        r["lookup"].as_u64().unwrap(),
+        before,
+        "the stat walk after the switch looked nothing up: {r}"
+    );
     crate::common::trees_match(&ext, &mp, &["--no-dir-mtime"]);
 
     // A package replaced: its new names and bytes, listed and stat'ed.

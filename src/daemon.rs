@@ -1006,6 +1006,7 @@ fn serve(
         }
     }
     let kernel: Arc<dyn KernelCache> = Arc::new(KernelNotifier(session.notifier()));
+    fs.entries.set_kernel(kernel.clone());
     if cfg.prefetch_bytes > 0 {
         prefetch::start(fs.clone(), cfg.prefetch_bytes, hints, kernel.clone()).map_err(
             |source| DaemonError::Start {

@@ -194,6 +194,10 @@ struct Requests {
     plain_entries: u64,
     /// Lookups of names listed plain, each of which made listings full for a while.
     plain_switches: u64,
+    /// Cached listings of directories listed plain handed to be dropped at switches, and
+    /// how many the kernel was told to drop.
+    plain_relist_queued: u64,
+    plain_relisted: u64,
 }
 
 /// Everything the report says: the JSON form is this, serialised; the text form is
@@ -444,6 +448,8 @@ fn requests(ops: &crate::fs::OpStats, entries: &crate::fs::entries::EntryPolicy)
         read: ops.reads.load(Relaxed),
         plain_entries: entries.plain.load(Relaxed),
         plain_switches: entries.switched.load(Relaxed),
+        plain_relist_queued: entries.relist_queued.load(Relaxed),
+        plain_relisted: entries.relisted.load(Relaxed),
     }
 }
 
@@ -727,8 +733,8 @@ fn text_work(o: &mut String, r: &Report) {
     );
     let _ = writeln!(
         o,
-        "entries: {} handed out plain (not instantiated), {} lookups of those made listings full",
-        q.plain_entries, q.plain_switches
+        "entries: {} handed out plain (not instantiated), {} lookups of those made listings full (and dropped {} cached plain listings)",
+        q.plain_entries, q.plain_switches, q.plain_relisted
     );
     let _ = writeln!(
         o,
