@@ -669,6 +669,17 @@ on_both_transports! {
     }
 }
 
+/// The first number after `key` on its line of `/proc/PID/FILE`.
+fn proc_number(pid: u32, file: &str, key: &str) -> u64 {
+    let text = fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/{file}"))
+        .parse()
+        .unwrap()
+}
+
 #[test]
 fn mounting_600_archives_reads_only_their_indexes() {
     if !require_fuse() {
@@ -697,35 +708,15 @@ fn mounting_600_archives_reads_only_their_indexes() {
     // The server's descriptor table was grown before its threads started (each growth
     // after waits an RCU grace period: io::blob::reserve_descriptor_slots), so it holds
     // a descriptor for each of the 600 packages without growing.
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let slots: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("FDSize:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
-    let soft: usize = limits
-        .lines()
-        .find_map(|l| l.strip_prefix("Max open files"))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap()
-        .parse()
-        .unwrap();
-    let want = pkgfs::io::blob::RESERVED_SLOTS.min(soft);
+    let slots = proc_number(pid, "status", "FDSize:");
+    let soft = proc_number(pid, "limits", "Max open files");
+    let want = pkgfs::io::blob::RESERVED_SLOTS as u64;
+    let want = want.min(soft);
     assert!(
         slots >= want,
         "the server's table has {slots} slots, not {want}"
     );
-    let io = fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
-    let rchar: u64 = io
-        .lines()
-        .find_map(|l| l.strip_prefix("rchar: "))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let rchar = proc_number(pid, "io", "rchar:");
     // Each archive costs one read of its last 16 KiB (end record and, for archives this
     // small, the whole central directory): about 8% of these 200 KiB packages.
     assert!(
