@@ -103,7 +103,7 @@ impl IndexCache {
         // The rest straight into a buffer of its size (entries run to megabytes: no
         // second copy to drop the header).
         let len = f.metadata().ok()?.len().checked_sub(head_len as u64)?;
-        let mut bytes = Vec::with_capacity(usize::try_from(len).ok()?);
+        let mut bytes = crate::io::memory::bulk_vec(usize::try_from(len).ok()?);
         f.read_to_end(&mut bytes).ok()?;
         Some(bytes)
     }

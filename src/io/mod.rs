@@ -24,6 +24,7 @@ pub mod cache;
 pub mod digest;
 pub mod diskcache;
 pub mod inflate;
+pub mod memory;
 pub mod registry;
 pub mod remote;
 pub mod starts;
