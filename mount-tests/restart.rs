@@ -607,6 +607,80 @@ fn the_keeper_is_small_and_a_signal_to_it_unmounts() {
     assert_eq!(st["server_pid"], st["pid"]);
 }
 
+/// `pkgfs mount` leaves a daemon that is detached from its caller: the keeper leads a
+/// session of its own, and neither it nor its server holds a descriptor the caller
+/// passed (here a pipe's write end at descriptor 777): once the caller closes its end,
+/// the pipe's reader sees the end of it, with the mount still up. (The keeper is this
+/// command forked, not run again: what it inherits, it must close itself.)
+#[test]
+fn the_background_daemon_is_detached_and_holds_none_of_its_callers_descriptors() {
+    use std::os::unix::process::CommandExt as _;
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (arc, ext) = tarball(dir.path());
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let mut fds = [0; 2];
+    // SAFETY: a new pipe, both ends close-on-exec (other tests' commands must not
+    // inherit them); only the mount command gets the write end, as descriptor 777.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (reader, writer) = (fds[0], fds[1]);
+    let mut cmd = pkgfs();
+    cmd.arg("mount").arg(&arc).arg(&mp);
+    // SAFETY: dup2 in the child between fork and exec (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(move || match libc::dup2(writer, 777) {
+            -1 => Err(std::io::Error::last_os_error()),
+            _ => Ok(()),
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _guard = UmountGuard(&mp);
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(writer) };
+    let mut pfd = libc::pollfd {
+        fd: reader,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+    assert!(
+        ready == 1 && pfd.revents & libc::POLLHUP != 0,
+        "the pipe's write end is still held after its caller closed it (poll: {ready}, {:#x})",
+        pfd.revents
+    );
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(reader) };
+    let st = status_json(&mp);
+    let keeper = st["keeper_pid"].as_u64().unwrap();
+    let stat = fs::read_to_string(format!("/proc/{keeper}/stat")).unwrap();
+    // After the command name: state, parent, process group, session.
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .skip(1)
+        .take(3)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    assert_eq!(
+        fields[2], keeper,
+        "the keeper leads its own session: {stat}"
+    );
+    assert_ne!(fields[0], u64::from(std::process::id()), "{stat}");
+    let name = top_names(&ext).into_iter().next().unwrap();
+    assert!(mp.join(&name).exists(), "{name} is not served");
+}
+
 /// A live mount across kills around an activation: a package added while a read-all
 /// runs is activated (its entries take fresh inode numbers); the server is killed at
 /// once, and again later. The new servers number the tree as the activated one did (the

@@ -55,7 +55,7 @@ use super::report::LoadReport;
 use super::{Listed, LoadOptions};
 
 /// First bytes of a record (after the index cache's own header).
-const MAGIC: &[u8] = b"pkgfs-kept-scan 2\n";
+const MAGIC: &[u8] = b"pkgfs-kept-scan 3\n";
 
 /// A first scan's record, being read while the packages are listed ([`Keeping::start`]).
 pub(super) struct Early {
