@@ -143,10 +143,12 @@ impl Keeping {
     pub(super) fn load(&mut self, listed: &Listed, opts: &LoadOptions) -> Option<KeptScan> {
         let ahead = self.ahead.take()?;
         let damaged = |e: Damaged| {
-            warn!(
-                "{}: {e}; the packages are indexed again",
-                self.slot.path().display()
-            );
+            let path = self.slot.path().display();
+            if e.0 == OTHER_FORMAT {
+                debug!("{path}: {OTHER_FORMAT}; the packages are indexed again");
+            } else {
+                warn!("{path}: {e}; the packages are indexed again");
+            }
         };
         match ahead.recv().ok()? {
             Ahead::Inputs(Ok(i)) if i == self.inputs => {}
@@ -538,6 +540,10 @@ fn read_ahead(cache: IndexCache, slot: crate::format::cache::CacheKey) -> mpsc::
     rx
 }
 
+/// Why a whole record of another format is not used: not damage, so not a warning
+/// (the first mount after an upgrade meets the record the older pkgfs kept).
+const OTHER_FORMAT: &str = "kept by a pkgfs of another record format";
+
 /// The record's body after its magic, if its checksum holds.
 fn checked(bytes: &[u8]) -> Decoded<&[u8]> {
     let (body, crc) = bytes
@@ -546,7 +552,12 @@ fn checked(bytes: &[u8]) -> Decoded<&[u8]> {
     if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
         return Err(Damaged("checksum"));
     }
-    body.strip_prefix(MAGIC).ok_or(Damaged("not a kept scan"))
+    let family = MAGIC.split(|&b| b == b' ').next().unwrap_or(MAGIC);
+    match body.strip_prefix(MAGIC) {
+        Some(rest) => Ok(rest),
+        None if body.starts_with(family) => Err(Damaged(OTHER_FORMAT)),
+        None => Err(Damaged("not a kept scan")),
+    }
 }
 
 /// The record after its inputs, parsed (see [`encode`]).
@@ -798,5 +809,33 @@ impl Package for Deferred {
     }
     fn verify(&self, archive: &Archive, cx: &OpenContext) -> Result<Vec<String>> {
         self.package()?.verify(archive, cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sealed(body: &[u8]) -> Vec<u8> {
+        let mut b = body.to_vec();
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// A record of this format is read; one an older pkgfs kept is refused as another
+    /// format (logged quietly: an upgrade is not damage), anything else as damage.
+    #[test]
+    fn a_record_of_another_format_is_told_from_a_damaged_one() {
+        let mut ours = MAGIC.to_vec();
+        ours.extend_from_slice(b"rest");
+        assert_eq!(checked(&sealed(&ours)).unwrap(), b"rest");
+        let older = sealed(b"pkgfs-kept-scan 1\nrest");
+        assert_eq!(checked(&older).unwrap_err().0, OTHER_FORMAT);
+        let stranger = sealed(b"something else\nrest");
+        assert_eq!(checked(&stranger).unwrap_err().0, "not a kept scan");
+        let mut torn = sealed(&ours);
+        torn[3] ^= 1;
+        assert_eq!(checked(&torn).unwrap_err().0, "checksum");
     }
 }
